@@ -1,0 +1,1 @@
+// SKELETON: ${VAR} expansion — to be completed by the config helper.

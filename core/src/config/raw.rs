@@ -1,0 +1,1 @@
+// SKELETON: raw serde layer — to be completed by the config helper.

@@ -1,0 +1,31 @@
+//! HTTP codec errors, each mapped to the status a server answers with.
+// SKELETON — to be completed by the http helper.
+
+/// A request or response that cannot be parsed or exceeds a limit.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HttpError {
+    /// Head larger than `Limits::max_head_bytes` (431).
+    #[error("request header fields too large")]
+    HeadTooLarge,
+    /// Decoded body larger than `Limits::max_body_bytes` (413).
+    #[error("body too large")]
+    BodyTooLarge,
+    /// Syntax error (400).
+    #[error("malformed HTTP: {0}")]
+    Malformed(&'static str),
+    /// A Transfer-Encoding other than chunked (501).
+    #[error("unsupported transfer-encoding")]
+    UnsupportedTransferEncoding,
+}
+
+impl HttpError {
+    /// HTTP status a server answers this error with.
+    pub fn status(&self) -> u16 {
+        match self {
+            HttpError::HeadTooLarge => 431,
+            HttpError::BodyTooLarge => 413,
+            HttpError::Malformed(_) => 400,
+            HttpError::UnsupportedTransferEncoding => 501,
+        }
+    }
+}

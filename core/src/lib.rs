@@ -1,0 +1,16 @@
+//! iop-core: what the edge and the node share.
+//!
+//! - [`wire`]: generated edge↔node prost types ([`wire::pb`]) and the sans-IO
+//!   frame codec.
+//! - [`config`]: TOML configs of both binaries (raw serde layer, validated types).
+//! - [`rt`]: thread-per-core runtime bootstrap, per-core `SO_REUSEPORT`
+//!   listeners, cross-core mailboxes.
+//! - [`http`], [`sse`]: sans-IO HTTP/1.1 and server-sent-events codecs.
+//! - [`exec`]: run events, usage and failure classification.
+
+pub mod config;
+pub mod exec;
+pub mod http;
+pub mod rt;
+pub mod sse;
+pub mod wire;

@@ -1,0 +1,11 @@
+//! The edge↔node wire: generated prost types and the sans-IO frame codec.
+
+mod codec;
+
+pub use codec::{decode, encode, WireError, DEFAULT_MAX_FRAME_BYTES};
+
+/// Generated from `proto/iop/runtime.proto`.
+#[allow(clippy::all, missing_docs)]
+pub mod pb {
+    include!(concat!(env!("OUT_DIR"), "/iop.runtime.rs"));
+}
