@@ -1,0 +1,242 @@
+//! Bounded multi-producer single-consumer mailbox that works across cores:
+//! a lock-free `ArrayQueue` plus an `AtomicWaker` (monoio's `sync` feature
+//! makes wakers callable from other threads). Also used within one core,
+//! where it costs only a few atomics.
+
+use std::{
+    future::Future,
+    pin::Pin,
+    sync::{
+        atomic::{AtomicBool, AtomicUsize, Ordering},
+        Arc,
+    },
+    task::{Context, Poll, Waker},
+};
+
+use atomic_waker::AtomicWaker;
+use crossbeam_queue::ArrayQueue;
+use parking_lot::Mutex;
+
+struct Inner<T> {
+    queue: ArrayQueue<T>,
+    recv_waker: AtomicWaker,
+    senders: AtomicUsize,
+    receiver_alive: AtomicBool,
+    // Senders waiting for room; touched only when the queue was full.
+    space_waiters: Mutex<Vec<Waker>>,
+    has_space_waiters: AtomicBool,
+}
+
+/// Why a message could not be sent; the message is handed back.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SendError<T> {
+    /// The queue is at capacity.
+    Full(T),
+    /// The receiver is gone.
+    Closed(T),
+}
+
+impl<T> SendError<T> {
+    /// The message that was not sent.
+    pub fn into_inner(self) -> T {
+        match self {
+            SendError::Full(v) | SendError::Closed(v) => v,
+        }
+    }
+}
+
+/// Sending side; cheap to clone, `Send` when `T` is.
+pub struct Sender<T> {
+    inner: Arc<Inner<T>>,
+}
+
+/// Receiving side.
+pub struct Receiver<T> {
+    inner: Arc<Inner<T>>,
+}
+
+/// A mailbox holding at most `capacity` messages.
+pub fn mailbox<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
+    let inner = Arc::new(Inner {
+        queue: ArrayQueue::new(capacity.max(1)),
+        recv_waker: AtomicWaker::new(),
+        senders: AtomicUsize::new(1),
+        receiver_alive: AtomicBool::new(true),
+        space_waiters: Mutex::new(Vec::new()),
+        has_space_waiters: AtomicBool::new(false),
+    });
+    (Sender { inner: inner.clone() }, Receiver { inner })
+}
+
+impl<T> Sender<T> {
+    /// Sends without waiting.
+    pub fn try_send(&self, msg: T) -> Result<(), SendError<T>> {
+        if !self.inner.receiver_alive.load(Ordering::Acquire) {
+            return Err(SendError::Closed(msg));
+        }
+        match self.inner.queue.push(msg) {
+            Ok(()) => {
+                self.inner.recv_waker.wake();
+                Ok(())
+            }
+            Err(msg) => Err(SendError::Full(msg)),
+        }
+    }
+
+    /// Sends, waiting for room while the queue is full.
+    pub async fn send(&self, msg: T) -> Result<(), T> {
+        let mut slot = Some(msg);
+        std::future::poll_fn(|cx| {
+            let Some(msg) = slot.take() else { return Poll::Ready(Ok(())) };
+            match self.try_send(msg) {
+                Ok(()) => Poll::Ready(Ok(())),
+                Err(SendError::Closed(m)) => Poll::Ready(Err(m)),
+                Err(SendError::Full(m)) => {
+                    self.inner.space_waiters.lock().push(cx.waker().clone());
+                    self.inner.has_space_waiters.store(true, Ordering::Release);
+                    // Room may have appeared before we registered.
+                    match self.try_send(m) {
+                        Ok(()) => Poll::Ready(Ok(())),
+                        Err(SendError::Closed(m)) => Poll::Ready(Err(m)),
+                        Err(SendError::Full(m)) => {
+                            slot = Some(m);
+                            Poll::Pending
+                        }
+                    }
+                }
+            }
+        })
+        .await
+    }
+
+    /// The receiver was dropped.
+    pub fn is_closed(&self) -> bool {
+        !self.inner.receiver_alive.load(Ordering::Acquire)
+    }
+
+    /// Messages waiting.
+    pub fn len(&self) -> usize {
+        self.inner.queue.len()
+    }
+
+    /// No message waiting.
+    pub fn is_empty(&self) -> bool {
+        self.inner.queue.is_empty()
+    }
+}
+
+impl<T> Clone for Sender<T> {
+    fn clone(&self) -> Self {
+        self.inner.senders.fetch_add(1, Ordering::Relaxed);
+        Self { inner: self.inner.clone() }
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        if self.inner.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.inner.recv_waker.wake();
+        }
+    }
+}
+
+impl<T> Receiver<T> {
+    /// Next message without waiting.
+    pub fn try_recv(&self) -> Option<T> {
+        let msg = self.inner.queue.pop();
+        if msg.is_some() {
+            self.wake_space_waiters();
+        }
+        msg
+    }
+
+    /// Next message; `None` once every sender is gone and the queue is empty.
+    pub fn recv(&self) -> Recv<'_, T> {
+        Recv { rx: self }
+    }
+
+    fn wake_space_waiters(&self) {
+        if self.inner.has_space_waiters.swap(false, Ordering::AcqRel) {
+            let waiters = std::mem::take(&mut *self.inner.space_waiters.lock());
+            for w in waiters {
+                w.wake();
+            }
+        }
+    }
+}
+
+impl<T> Drop for Receiver<T> {
+    fn drop(&mut self) {
+        self.inner.receiver_alive.store(false, Ordering::Release);
+        self.wake_space_waiters();
+        // Drop queued messages now so resources they own are released.
+        while self.inner.queue.pop().is_some() {}
+    }
+}
+
+/// Future returned by [`Receiver::recv`].
+pub struct Recv<'a, T> {
+    rx: &'a Receiver<T>,
+}
+
+impl<T> Future for Recv<'_, T> {
+    type Output = Option<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let rx = self.rx;
+        if let Some(m) = rx.try_recv() {
+            return Poll::Ready(Some(m));
+        }
+        rx.inner.recv_waker.register(cx.waker());
+        if let Some(m) = rx.try_recv() {
+            return Poll::Ready(Some(m));
+        }
+        if rx.inner.senders.load(Ordering::Acquire) == 0 {
+            return Poll::Ready(rx.try_recv());
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn full_and_closed() {
+        let (tx, rx) = mailbox::<u32>(2);
+        tx.try_send(1).unwrap();
+        tx.try_send(2).unwrap();
+        assert_eq!(tx.try_send(3), Err(SendError::Full(3)));
+        assert_eq!(rx.try_recv(), Some(1));
+        drop(rx);
+        assert_eq!(tx.try_send(4), Err(SendError::Closed(4)));
+    }
+
+    #[test]
+    fn cross_thread_wakes_receiver_and_blocked_sender() {
+        let (tx, rx) = mailbox::<u64>(4);
+        let producer = std::thread::spawn(move || {
+            crate::rt::block_on_current(async move {
+                for i in 0..10_000u64 {
+                    tx.send(i).await.unwrap();
+                }
+            })
+            .unwrap();
+        });
+        let sum = crate::rt::block_on_current(async move {
+            let mut sum = 0u64;
+            let mut next = 0u64;
+            while let Some(v) = rx.recv().await {
+                assert_eq!(v, next, "messages arrive in order");
+                next += 1;
+                sum += v;
+            }
+            sum
+        })
+        .unwrap();
+        producer.join().unwrap();
+        assert_eq!(sum, (0..10_000u64).sum::<u64>());
+    }
+}
