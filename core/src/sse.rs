@@ -1,7 +1,12 @@
 //! Server-sent events: an incremental parser (for upstream streams) and writer.
-// SKELETON — to be completed by the http helper.
+//!
+//! Parsing follows the WHATWG event-stream rules that matter for LLM
+//! upstreams: any of `\n`, `\r\n`, `\r` ends a line (also when `\r\n` is
+//! split across reads), `:` lines are comments, `data:` loses one leading
+//! space, several `data:` lines join with `\n`, a blank line dispatches, and an
+//! event without data is dropped.
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 
 /// One parsed event. `data` lines are joined with '\n'.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,39 +28,345 @@ pub enum SseError {
     InvalidUtf8,
 }
 
+const BOM: &[u8] = b"\xEF\xBB\xBF";
+
+/// The event being assembled.
+#[derive(Debug, Default)]
+struct Pending {
+    data: Vec<u8>,
+    has_data: bool,
+    event: Option<String>,
+    /// Bytes held for this event (data and event name).
+    size: usize,
+}
+
+impl Pending {
+    fn reset(&mut self) {
+        self.data.clear();
+        self.has_data = false;
+        self.event = None;
+        self.size = 0;
+    }
+
+    /// Applies one line (without its terminator); returns a dispatched event.
+    fn line(&mut self, line: &[u8], max: usize) -> Result<Option<SseEvent>, SseError> {
+        if line.is_empty() {
+            if !self.has_data {
+                self.reset();
+                return Ok(None);
+            }
+            let data = std::mem::take(&mut self.data);
+            let event = self.event.take();
+            self.reset();
+            let data = String::from_utf8(data).map_err(|_| SseError::InvalidUtf8)?;
+            return Ok(Some(SseEvent { event, data }));
+        }
+        if line[0] == b':' {
+            return Ok(None);
+        }
+        let (field, value) = match memchr::memchr(b':', line) {
+            Some(colon) => {
+                let value = &line[colon + 1..];
+                (&line[..colon], value.strip_prefix(b" ").unwrap_or(value))
+            }
+            None => (line, &b""[..]),
+        };
+        match field {
+            b"data" => {
+                let size = self.size + value.len() + usize::from(self.has_data);
+                if size > max {
+                    return Err(SseError::EventTooLarge(max));
+                }
+                if self.has_data {
+                    self.data.push(b'\n');
+                }
+                self.data.extend_from_slice(value);
+                self.has_data = true;
+                self.size = size;
+            }
+            b"event" => {
+                let size = self.size + value.len();
+                if size > max {
+                    return Err(SseError::EventTooLarge(max));
+                }
+                let name = std::str::from_utf8(value).map_err(|_| SseError::InvalidUtf8)?;
+                self.event = Some(name.to_owned());
+                self.size = size;
+            }
+            // `id`, `retry` and unknown fields carry nothing an LLM relay uses.
+            _ => {}
+        }
+        Ok(None)
+    }
+}
+
 /// Incremental SSE parser; handles \n, \r\n and \r line ends, comments,
 /// `id:`/`retry:` fields (ignored), and events split across any byte boundary.
+///
+/// After an error the event in progress and any buffered input are dropped;
+/// the stream should be treated as broken.
 #[derive(Debug)]
 pub struct SseParser {
-    _private: (),
+    buf: BytesMut,
+    max_event_bytes: usize,
+    pending: Pending,
+    /// The previous line ended with `\r` at the end of the input: a `\n`
+    /// arriving next belongs to that line end.
+    skip_lf: bool,
+    /// A byte-order mark may still be stripped.
+    at_start: bool,
 }
 
 impl SseParser {
     /// A parser rejecting events above `max_event_bytes`.
     pub fn new(max_event_bytes: usize) -> Self {
-        let _ = max_event_bytes;
-        unimplemented!()
+        Self { buf: BytesMut::new(), max_event_bytes, pending: Pending::default(), skip_lf: false, at_start: true }
     }
 
     /// Appends input bytes.
     pub fn push(&mut self, data: &[u8]) {
-        let _ = data;
-        unimplemented!()
+        self.buf.extend_from_slice(data);
+    }
+
+    /// Bytes pushed but not yet consumed.
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
     }
 
     /// Next complete event, `Ok(None)` when more input is needed.
     pub fn next_event(&mut self) -> Result<Option<SseEvent>, SseError> {
-        unimplemented!()
+        let result = self.next_inner();
+        if result.is_err() {
+            self.pending.reset();
+            self.buf.clear();
+            self.skip_lf = false;
+        }
+        result
+    }
+
+    fn next_inner(&mut self) -> Result<Option<SseEvent>, SseError> {
+        if self.at_start {
+            if self.buf.starts_with(BOM) {
+                self.buf.advance(BOM.len());
+            } else if self.buf.len() < BOM.len() && BOM.starts_with(&self.buf) {
+                // Possibly a split BOM (or no input yet): wait for more.
+                return Ok(None);
+            }
+            self.at_start = false;
+        }
+        loop {
+            if self.skip_lf {
+                match self.buf.first() {
+                    None => return Ok(None),
+                    Some(b'\n') => self.buf.advance(1),
+                    Some(_) => {}
+                }
+                self.skip_lf = false;
+            }
+            let Some(end) = memchr::memchr2(b'\n', b'\r', &self.buf) else {
+                // An unfinished line is bounded too, or a peer could grow `buf` forever.
+                if self.pending.size + self.buf.len() > self.max_event_bytes {
+                    return Err(SseError::EventTooLarge(self.max_event_bytes));
+                }
+                return Ok(None);
+            };
+            let event = self.pending.line(&self.buf[..end], self.max_event_bytes)?;
+            let cr = self.buf[end] == b'\r';
+            self.buf.advance(end + 1);
+            if cr {
+                match self.buf.first() {
+                    Some(b'\n') => self.buf.advance(1),
+                    Some(_) => {}
+                    None => self.skip_lf = true,
+                }
+            }
+            if event.is_some() {
+                return Ok(event);
+            }
+        }
     }
 }
 
 /// Appends `data: <line>\n` for each line of `data`, then a blank line.
+/// `\r\n` and `\r` also end lines, as they would for a reader.
 pub fn write_event(out: &mut BytesMut, data: &[u8]) {
-    let _ = (out, data);
-    unimplemented!()
+    out.reserve(data.len() + 8);
+    let mut rest = data;
+    loop {
+        out.extend_from_slice(b"data: ");
+        match memchr::memchr2(b'\n', b'\r', rest) {
+            Some(end) => {
+                out.extend_from_slice(&rest[..end]);
+                out.extend_from_slice(b"\n");
+                let skip = if rest[end] == b'\r' && rest.get(end + 1) == Some(&b'\n') { 2 } else { 1 };
+                rest = &rest[end + skip..];
+            }
+            None => {
+                out.extend_from_slice(rest);
+                out.extend_from_slice(b"\n\n");
+                return;
+            }
+        }
+    }
 }
 
 /// Appends `data: [DONE]\n\n`.
 pub fn write_done(out: &mut BytesMut) {
     write_event(out, b"[DONE]");
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ev(data: &str) -> SseEvent {
+        SseEvent { event: None, data: data.to_owned() }
+    }
+
+    /// Parses `input` pushed in pieces split at `splits`.
+    fn parse_split(input: &[u8], splits: &[usize], max: usize) -> Result<Vec<SseEvent>, SseError> {
+        let mut p = SseParser::new(max);
+        let mut out = Vec::new();
+        let mut last = 0;
+        for &s in splits.iter().chain(std::iter::once(&input.len())) {
+            let s = s.clamp(last, input.len());
+            p.push(&input[last..s]);
+            last = s;
+            while let Some(e) = p.next_event()? {
+                out.push(e);
+            }
+        }
+        Ok(out)
+    }
+
+    const OPENAI: &[u8] = b": keep-alive\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}\n\nevent: message\r\ndata: line1\r\ndata:line2\r\nid: 7\r\nretry: 10\r\n\r\ndata: x\rdata:  y\r\rdata: [DONE]\n\n";
+
+    fn expected() -> Vec<SseEvent> {
+        vec![
+            ev("{\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}"),
+            SseEvent { event: Some("message".into()), data: "line1\nline2".into() },
+            ev("x\n y"),
+            ev("[DONE]"),
+        ]
+    }
+
+    #[test]
+    fn sse_parses_stream() {
+        assert_eq!(parse_split(OPENAI, &[], 1024).unwrap(), expected());
+    }
+
+    #[test]
+    fn sse_every_split_point() {
+        for split in 0..=OPENAI.len() {
+            assert_eq!(parse_split(OPENAI, &[split], 1024).unwrap(), expected(), "split {split}");
+        }
+        let bytewise: Vec<usize> = (0..OPENAI.len()).collect();
+        assert_eq!(parse_split(OPENAI, &bytewise, 1024).unwrap(), expected());
+    }
+
+    #[test]
+    fn sse_crlf_split_across_pushes() {
+        let mut p = SseParser::new(100);
+        p.push(b"data: a\r");
+        assert_eq!(p.next_event().unwrap(), None);
+        p.push(b"\n");
+        assert_eq!(p.next_event().unwrap(), None);
+        p.push(b"\r");
+        assert_eq!(p.next_event().unwrap(), Some(ev("a")));
+        p.push(b"\ndata: b\r\n\r\n");
+        assert_eq!(p.next_event().unwrap(), Some(ev("b")));
+        assert_eq!(p.next_event().unwrap(), None);
+    }
+
+    #[test]
+    fn sse_skips_events_without_data_and_handles_bom() {
+        let input = b"\xEF\xBB\xBFevent: ping\n\nid: 3\n\n:comment\n\ndata\n\ndata:\n\n";
+        assert_eq!(parse_split(input, &[1, 2], 100).unwrap(), vec![ev(""), ev("")]);
+        // An incomplete event at end of input is never dispatched.
+        assert_eq!(parse_split(b"data: x\n", &[], 100).unwrap(), vec![]);
+    }
+
+    #[test]
+    fn sse_event_size_limit() {
+        assert_eq!(parse_split(b"data: 12345\n\n", &[], 5).unwrap(), vec![ev("12345")]);
+        assert_eq!(parse_split(b"data: 123456\n\n", &[], 5), Err(SseError::EventTooLarge(5)));
+        assert_eq!(parse_split(b"data: 123\ndata: 45\n\n", &[], 5), Err(SseError::EventTooLarge(5)));
+        // A line that never ends is refused while incomplete.
+        let mut p = SseParser::new(16);
+        p.push(b"data: ");
+        assert_eq!(p.next_event().unwrap(), None);
+        p.push(&[b'a'; 20]);
+        assert_eq!(p.next_event(), Err(SseError::EventTooLarge(16)));
+        assert_eq!(p.buffered(), 0);
+        // Comments do not count towards an event.
+        let mut input = Vec::new();
+        for _ in 0..10 {
+            input.extend_from_slice(b": 0123456789\n");
+        }
+        input.extend_from_slice(b"data: ok\n\n");
+        assert_eq!(parse_split(&input, &[], 16).unwrap(), vec![ev("ok")]);
+    }
+
+    #[test]
+    fn sse_invalid_utf8() {
+        assert_eq!(parse_split(b"data: \xff\xfe\n\n", &[], 100), Err(SseError::InvalidUtf8));
+        assert_eq!(parse_split(b"event: \xff\ndata: x\n\n", &[], 100), Err(SseError::InvalidUtf8));
+        // The parser continues after an error with fresh input.
+        let mut p = SseParser::new(100);
+        p.push(b"data: \xff\n\n");
+        assert!(p.next_event().is_err());
+        p.push(b"data: ok\n\n");
+        assert_eq!(p.next_event().unwrap(), Some(ev("ok")));
+    }
+
+    #[test]
+    fn sse_write_event_splits_lines() {
+        let mut out = BytesMut::new();
+        write_event(&mut out, b"a\nb\r\nc\rd");
+        write_event(&mut out, b"");
+        write_done(&mut out);
+        assert_eq!(&out[..], &b"data: a\ndata: b\ndata: c\ndata: d\n\ndata: \n\ndata: [DONE]\n\n"[..]);
+        assert_eq!(parse_split(&out, &[], 100).unwrap(), vec![ev("a\nb\nc\nd"), ev(""), ev("[DONE]")]);
+    }
+
+    proptest! {
+        #[test]
+        fn sse_arbitrary_bytes_never_panic(input in proptest::collection::vec(any::<u8>(), 0..512),
+                                           splits in proptest::collection::vec(0usize..512, 0..6),
+                                           max in 0usize..64) {
+            let mut splits = splits;
+            splits.sort_unstable();
+            if let Ok(events) = parse_split(&input, &splits, max) {
+                for e in events {
+                    prop_assert!(e.data.len() <= max);
+                }
+            }
+        }
+
+        #[test]
+        fn sse_random_splits_match_whole(events in proptest::collection::vec("[a-z\n\r {}:\"]{0,40}", 0..8),
+                                         crlf: bool,
+                                         splits in proptest::collection::vec(0usize..2048, 0..8)) {
+            let mut wire = BytesMut::new();
+            for e in &events {
+                write_event(&mut wire, e.as_bytes());
+            }
+            let wire = if crlf {
+                String::from_utf8(wire.to_vec()).unwrap().replace('\n', "\r\n").into_bytes()
+            } else {
+                wire.to_vec()
+            };
+            let mut splits = splits;
+            splits.sort_unstable();
+            let whole = parse_split(&wire, &[], 4096).unwrap();
+            let parts = parse_split(&wire, &splits, 4096).unwrap();
+            prop_assert_eq!(&whole, &parts);
+            let normalized: Vec<String> =
+                events.iter().map(|e| e.replace("\r\n", "\n").replace('\r', "\n")).collect();
+            let got: Vec<String> = whole.into_iter().map(|e| e.data).collect();
+            prop_assert_eq!(got, normalized);
+        }
+    }
 }

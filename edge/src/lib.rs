@@ -1,1 +1,20 @@
-//! placeholder
+//! iop-edge: the front door. Serves the OpenAI API to clients, accepts node
+//! connections, and dispatches each request to a ready node.
+//!
+//! - [`start`] binds the listeners and starts one worker per core ([`worker`]).
+//! - [`transport`]: node sessions (register → ready → runs), [`registry`]:
+//!   which connection generation owns each node.
+//! - [`dispatch`]: model → node, run submission and the run event stream.
+//! - [`server`] + [`surface`]: HTTP/1.1 connections and the OpenAI surface.
+
+pub mod dispatch;
+pub mod payload;
+pub mod registry;
+pub mod server;
+pub mod shared;
+pub mod surface;
+pub mod transport;
+pub mod worker;
+mod start;
+
+pub use start::{start, EdgeHandle, StartError};

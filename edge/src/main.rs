@@ -1,1 +1,60 @@
-fn main() {}
+//! `iop-edge`: parse the CLI and config, start the workers, wait for a signal.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use iop_core::config::EdgeConfig;
+
+/// iop edge: OpenAI-compatible gateway in front of a fleet of iop nodes.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// Path to the edge TOML config.
+    #[arg(long, short)]
+    config: PathBuf,
+    /// Validate the config and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("iop-edge: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let args = Args::parse();
+    init_tracing();
+    let text = std::fs::read_to_string(&args.config)
+        .with_context(|| format!("cannot read config {}", args.config.display()))?;
+    let config = EdgeConfig::from_toml(&text, &|k| std::env::var(k).ok())
+        .with_context(|| format!("invalid config {}", args.config.display()))?;
+    if args.check_config {
+        eprintln!("config {} is valid", args.config.display());
+        return Ok(());
+    }
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+        .context("cannot install signal handlers")?;
+    let edge = iop_edge::start(config)?;
+    // The ready line: tests and scripts read the bound addresses from it.
+    #[allow(clippy::print_stdout)]
+    {
+        println!("iop-edge ready http={} nodes={} driver={}", edge.http_addr, edge.node_addr, edge.driver.name());
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    if let Some(sig) = signals.forever().next() {
+        tracing::info!(signal = sig, "shutting down");
+    }
+    edge.shutdown();
+    Ok(())
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("IOP_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+}

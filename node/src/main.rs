@@ -1,1 +1,64 @@
-fn main() {}
+//! `iop-node`: parse the CLI and config, run the node until a signal.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Parser;
+use iop_core::{config::NodeConfig, rt};
+use iop_node::NodeError;
+
+/// iop node: runs beside model servers and executes requests for the edge.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// Path to the node TOML config.
+    #[arg(long, short)]
+    config: PathBuf,
+    /// Validate the config and exit.
+    #[arg(long)]
+    check_config: bool,
+}
+
+fn main() {
+    match run() {
+        Ok(()) => {}
+        Err(e) => {
+            eprintln!("iop-node: {e:#}");
+            let code = match e.downcast_ref::<NodeError>() {
+                Some(NodeError::Fatal(_)) => 2,
+                Some(NodeError::Exhausted { .. }) => 3,
+                None => 1,
+            };
+            std::process::exit(code);
+        }
+    }
+}
+
+fn run() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("IOP_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    let text = std::fs::read_to_string(&args.config)
+        .with_context(|| format!("cannot read config {}", args.config.display()))?;
+    let config = NodeConfig::from_toml(&text, &|k| std::env::var(k).ok())
+        .with_context(|| format!("invalid config {}", args.config.display()))?;
+    if args.check_config {
+        eprintln!("config {} is valid", args.config.display());
+        return Ok(());
+    }
+    let (tx, rx) = rt::mailbox::mailbox(1);
+    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
+        .context("cannot install signal handlers")?;
+    std::thread::Builder::new()
+        .name("iop-node-signals".into())
+        .spawn(move || {
+            if let Some(sig) = signals.forever().next() {
+                tracing::info!(signal = sig, "shutting down");
+                let _ = tx.try_send(());
+            }
+        })
+        .context("cannot start the signal thread")?;
+    tracing::info!(driver = rt::Driver::detect().name(), edge = %config.edge, "iop-node starting");
+    rt::block_on_current(iop_node::run(config, rx))?.map_err(anyhow::Error::from)
+}

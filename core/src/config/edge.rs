@@ -1,9 +1,24 @@
 //! Validated edge configuration.
-// SKELETON — to be completed by the config helper.
 
-use std::{net::SocketAddr, num::NonZeroU32, time::Duration};
+use std::{
+    collections::HashMap,
+    net::{Ipv6Addr, SocketAddr},
+    num::NonZeroU32,
+    time::Duration,
+};
 
-use super::{ConfigError, Secret};
+use super::{
+    raw::{self, check, RawEdge, RawModel, RawNode, RawProvider, RawProviderKind},
+    ConfigError, Secret,
+};
+use crate::wire::DEFAULT_MAX_FRAME_BYTES;
+
+/// Smallest accepted `max_frame_bytes` (both binaries).
+pub const MIN_FRAME_BYTES: usize = 4096;
+/// Largest accepted `max_frame_bytes` (both binaries): 1 GiB.
+pub const MAX_FRAME_BYTES: usize = 1 << 30;
+/// Largest accepted `workers`.
+pub const MAX_WORKERS: usize = 1024;
 
 /// The whole validated edge configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -112,13 +127,40 @@ pub struct UpstreamUrl {
 impl UpstreamUrl {
     /// Parses `http://host[:port][/prefix]`.
     pub fn parse(s: &str) -> Result<Self, String> {
-        let _ = s;
-        unimplemented!()
+        let scheme_end = s.find("://").ok_or("expected an http:// URL, e.g. http://127.0.0.1:9000/v1")?;
+        let scheme = &s[..scheme_end];
+        if scheme.eq_ignore_ascii_case("https") {
+            return Err("https upstreams are not supported yet".into());
+        }
+        if !scheme.eq_ignore_ascii_case("http") {
+            return Err(format!("unsupported scheme `{scheme}`, expected http://"));
+        }
+        let rest = &s[scheme_end + 3..];
+        if rest.contains(['?', '#']) {
+            return Err("must not contain a query or fragment".into());
+        }
+        let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
+        if authority.contains('@') {
+            return Err("must not contain credentials (use api_key)".into());
+        }
+        let (host, port) = split_host_port(authority)?;
+        let port = match port {
+            None => 80,
+            Some(p) => match p.parse::<u16>() {
+                Ok(p) if p > 0 => p,
+                _ => return Err(format!("invalid port `{p}`")),
+            },
+        };
+        Ok(Self { host: host.to_owned(), port, path_prefix: path.trim_end_matches('/').to_owned() })
     }
 
     /// `host:port` for the Host header and for connecting.
     pub fn authority(&self) -> String {
-        unimplemented!()
+        if self.host.contains(':') {
+            format!("[{}]:{}", self.host, self.port)
+        } else {
+            format!("{}:{}", self.host, self.port)
+        }
     }
 }
 
@@ -138,14 +180,14 @@ pub struct ModelRoute {
 impl EdgeConfig {
     /// Parses and validates TOML text, expanding `${VAR}` through `env`.
     pub fn from_toml(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let _ = (text, env);
-        unimplemented!()
+        Self::try_from(raw::parse::<RawEdge>(text, env)?)
     }
 
     /// The node entry holding `token`, compared in constant time.
     pub fn node_by_token(&self, token: &str) -> Option<&NodeEntry> {
-        let _ = token;
-        unimplemented!()
+        // Compare against every node (no early exit) so timing does not tell
+        // how far down the list a guessed token got.
+        self.nodes.iter().fold(None, |found, node| if node.token.ct_eq(token) { Some(node) } else { found })
     }
 
     /// The node entry with this id.
@@ -156,5 +198,811 @@ impl EdgeConfig {
     /// The route for a public model name.
     pub fn model(&self, name: &str) -> Option<&ModelRoute> {
         self.models.iter().find(|m| m.name == name)
+    }
+}
+
+/// Splits `host[:port]` (host may be a bracketed IPv6 literal, returned
+/// without brackets). Rejects empty hosts and unbracketed IPv6.
+pub(crate) fn split_host_port(authority: &str) -> Result<(&str, Option<&str>), String> {
+    let (host, port) = if let Some(rest) = authority.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or("unclosed `[` in IPv6 address")?;
+        if host.parse::<Ipv6Addr>().is_err() {
+            return Err(format!("invalid IPv6 address `{host}`"));
+        }
+        let port = match after {
+            "" => None,
+            _ => Some(after.strip_prefix(':').ok_or_else(|| format!("unexpected `{after}` after IPv6 address"))?),
+        };
+        (host, port)
+    } else {
+        match authority.split_once(':') {
+            Some((_, p)) if p.contains(':') => return Err("IPv6 addresses must be in brackets, e.g. [::1]".into()),
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    if host.is_empty() {
+        return Err("missing host".into());
+    }
+    if !host.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | ':')) {
+        return Err(format!("invalid host `{host}`"));
+    }
+    Ok((host, port))
+}
+
+/// Empty secrets mean "not set" (so `${VAR:-}` can switch them off).
+fn optional_secret(value: Option<String>) -> Option<Secret> {
+    value.filter(|v| !v.is_empty()).map(Secret::new)
+}
+
+impl TryFrom<RawEdge> for EdgeConfig {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawEdge) -> Result<Self, ConfigError> {
+        let default_workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WORKERS);
+        let workers = check::range_usize("workers", raw.workers, default_workers, 1, MAX_WORKERS)?;
+        let max_frame_bytes = check::range_usize(
+            "max_frame_bytes",
+            raw.max_frame_bytes,
+            DEFAULT_MAX_FRAME_BYTES,
+            MIN_FRAME_BYTES,
+            MAX_FRAME_BYTES,
+        )?;
+        let admin_token = optional_secret(raw.admin_token);
+
+        let http = check::required("http", raw.http)?;
+        let http = HttpSettings {
+            listen: check::socket_addr("http.listen", http.listen)?,
+            max_header_bytes: check::range_usize("http.max_header_bytes", http.max_header_bytes, 16384, 1024, 1 << 20)?,
+            max_body_bytes: check::range_usize("http.max_body_bytes", http.max_body_bytes, 4 << 20, 1024, 256 << 20)?,
+            idle_timeout: check::secs("http.idle_timeout_sec", http.idle_timeout_sec, 60, 1)?,
+        };
+
+        if raw.nodes.is_empty() {
+            return Err(ConfigError::key("nodes", "at least one [[nodes]] entry is required"));
+        }
+        let nodes = raw.nodes.into_iter().enumerate().map(|(i, n)| node_entry(i, n)).collect::<Result<Vec<_>, _>>()?;
+        let mut ids = HashMap::new();
+        for (i, node) in nodes.iter().enumerate() {
+            if let Some(first) = ids.insert(node.id.as_str(), i) {
+                return Err(ConfigError::invalid(
+                    format!("nodes[{i}].id"),
+                    &node.id,
+                    format!("duplicates nodes[{first}].id"),
+                ));
+            }
+            if let Some(first) = nodes[..i].iter().position(|other| other.token == node.token) {
+                return Err(ConfigError::invalid(
+                    format!("nodes[{i}].token"),
+                    &node.token,
+                    format!("duplicates the token of nodes[{first}] (each node needs its own)"),
+                ));
+            }
+        }
+
+        let embedded_node = match raw.embedded_node {
+            None => None,
+            Some(e) => {
+                let node_id = check::non_empty("embedded_node.node", e.node)?;
+                if !ids.contains_key(node_id.as_str()) {
+                    return Err(ConfigError::invalid("embedded_node.node", &node_id, "no [[nodes]] entry has this id"));
+                }
+                Some(EmbeddedNode { node_id })
+            }
+        };
+        let node_listen = match raw.node_listener {
+            Some(l) => Some(check::socket_addr("node_listener.listen", l.listen)?),
+            None if embedded_node.is_some() => None,
+            None => return Err(ConfigError::key("node_listener", "is required unless [embedded_node] is set")),
+        };
+
+        if raw.models.is_empty() {
+            return Err(ConfigError::key("models", "at least one [[models]] entry is required"));
+        }
+        let mut models: Vec<ModelRoute> = Vec::with_capacity(raw.models.len());
+        for (i, m) in raw.models.into_iter().enumerate() {
+            let route = model_route(i, m, &nodes)?;
+            if let Some(first) = models.iter().position(|other| other.name == route.name) {
+                return Err(ConfigError::invalid(
+                    format!("models[{i}].name"),
+                    &route.name,
+                    format!("duplicates models[{first}].name"),
+                ));
+            }
+            models.push(route);
+        }
+
+        Ok(Self { workers, http, node_listen, max_frame_bytes, embedded_node, nodes, models, admin_token })
+    }
+}
+
+fn node_entry(i: usize, raw: RawNode) -> Result<NodeEntry, ConfigError> {
+    let id = check::id(&format!("nodes[{i}].id"), raw.id)?;
+    let token = Secret::new(check::non_empty(&format!("nodes[{i}].token"), raw.token)?);
+    if raw.providers.is_empty() {
+        return Err(ConfigError::key(
+            format!("nodes[{i}].providers"),
+            "at least one [[nodes.providers]] entry is required",
+        ));
+    }
+    let mut providers: Vec<ProviderEntry> = Vec::with_capacity(raw.providers.len());
+    for (j, p) in raw.providers.into_iter().enumerate() {
+        let key = format!("nodes[{i}].providers[{j}]");
+        let provider = provider_entry(&key, p)?;
+        if let Some(first) = providers.iter().position(|other| other.id == provider.id) {
+            return Err(ConfigError::invalid(
+                format!("{key}.id"),
+                &provider.id,
+                format!("duplicates nodes[{i}].providers[{first}].id"),
+            ));
+        }
+        providers.push(provider);
+    }
+    Ok(NodeEntry { id, token, providers })
+}
+
+fn provider_entry(key: &str, raw: RawProvider) -> Result<ProviderEntry, ConfigError> {
+    let id = check::id(&format!("{key}.id"), raw.id)?;
+    let kind = match check::required(&format!("{key}.kind"), raw.kind)? {
+        RawProviderKind::Mock => {
+            if let Some(url) = raw.base_url {
+                return Err(ConfigError::invalid(format!("{key}.base_url"), url, "not allowed when kind = \"mock\""));
+            }
+            ProviderKind::Mock(mock_settings(key, raw.mock)?)
+        }
+        RawProviderKind::OpenaiCompat => {
+            if raw.mock.is_some() {
+                return Err(ConfigError::key(format!("{key}.mock"), "only allowed when kind = \"mock\""));
+            }
+            let url_key = format!("{key}.base_url");
+            let url = check::required(&url_key, raw.base_url)
+                .map_err(|_| ConfigError::key(&url_key, "is required when kind = \"openai_compat\""))?;
+            let base_url = UpstreamUrl::parse(&url).map_err(|why| ConfigError::invalid(&url_key, &url, why))?;
+            ProviderKind::OpenAiCompat { base_url }
+        }
+    };
+    let max_concurrency = check::range_u32(&format!("{key}.max_concurrency"), raw.max_concurrency, 64, 1, u32::MAX)?;
+    let request_timeout = check::secs(&format!("{key}.request_timeout_sec"), raw.request_timeout_sec, 600, 1)?;
+    Ok(ProviderEntry {
+        id,
+        kind,
+        api_key: optional_secret(raw.api_key),
+        // Checked to be at least 1 just above.
+        max_concurrency: NonZeroU32::new(max_concurrency).unwrap_or(NonZeroU32::MIN),
+        request_timeout,
+    })
+}
+
+fn mock_settings(key: &str, raw: Option<raw::RawMock>) -> Result<MockSettings, ConfigError> {
+    let Some(raw) = raw else { return Ok(MockSettings::default()) };
+    let defaults = MockSettings::default();
+    Ok(MockSettings {
+        tokens: check::range_u32(&format!("{key}.mock.tokens"), raw.tokens, defaults.tokens, 1, 1_000_000)?,
+        token_interval: Duration::from_millis(u64::from(check::range_u32(
+            &format!("{key}.mock.token_interval_ms"),
+            raw.token_interval_ms,
+            0,
+            0,
+            u32::MAX,
+        )?)),
+        first_token_delay: Duration::from_millis(u64::from(check::range_u32(
+            &format!("{key}.mock.first_token_delay_ms"),
+            raw.first_token_delay_ms,
+            0,
+            0,
+            u32::MAX,
+        )?)),
+        reasoning: raw.reasoning.unwrap_or(defaults.reasoning),
+    })
+}
+
+impl Default for MockSettings {
+    /// 16 tokens, no delays, no reasoning.
+    fn default() -> Self {
+        Self { tokens: 16, token_interval: Duration::ZERO, first_token_delay: Duration::ZERO, reasoning: false }
+    }
+}
+
+fn model_route(i: usize, raw: RawModel, nodes: &[NodeEntry]) -> Result<ModelRoute, ConfigError> {
+    let name = check::non_empty(&format!("models[{i}].name"), raw.name)?;
+    let provider = check::non_empty(&format!("models[{i}].provider"), raw.provider)?;
+    let has_provider = |n: &NodeEntry| n.providers.iter().any(|p| p.id == provider);
+    match &raw.node {
+        Some(node_id) => {
+            let node = nodes.iter().find(|n| &n.id == node_id).ok_or_else(|| {
+                ConfigError::invalid(format!("models[{i}].node"), node_id, "no [[nodes]] entry has this id")
+            })?;
+            if !has_provider(node) {
+                return Err(ConfigError::invalid(
+                    format!("models[{i}].provider"),
+                    &provider,
+                    format!("node `{node_id}` has no provider with this id"),
+                ));
+            }
+        }
+        None => {
+            if !nodes.iter().any(has_provider) {
+                return Err(ConfigError::invalid(
+                    format!("models[{i}].provider"),
+                    &provider,
+                    "no node has a provider with this id",
+                ));
+            }
+        }
+    }
+    let upstream_model = match raw.upstream_model {
+        None => name.clone(),
+        Some(m) if m.is_empty() => {
+            return Err(ConfigError::invalid(
+                format!("models[{i}].upstream_model"),
+                "",
+                "must not be empty (omit it to use `name`)",
+            ))
+        }
+        Some(m) => m,
+    };
+    Ok(ModelRoute { name, node: raw.node, provider, upstream_model })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    /// Smallest valid config; tests patch it with `str::replace`.
+    const BASE: &str = r#"
+[http]
+listen = "127.0.0.1:8080"
+
+[node_listener]
+listen = "127.0.0.1:7070"
+
+[[nodes]]
+id = "node-1"
+token = "tok-1"
+
+[[nodes.providers]]
+id = "local"
+kind = "openai_compat"
+base_url = "http://127.0.0.1:9000/v1"
+
+[[models]]
+name = "m"
+provider = "local"
+"#;
+
+    fn ok(text: &str) -> EdgeConfig {
+        EdgeConfig::from_toml(text, &no_env).unwrap_or_else(|e| panic!("{e}\n---\n{text}"))
+    }
+
+    fn err(text: &str) -> ConfigError {
+        match EdgeConfig::from_toml(text, &no_env) {
+            Ok(c) => panic!("accepted: {c:?}\n---\n{text}"),
+            Err(e) => e,
+        }
+    }
+
+    /// Patches BASE (each `from` must occur) and expects a rejection naming `key`.
+    fn rejects(patches: &[(&str, &str)], key: &str, needle: &str) -> ConfigError {
+        let mut text = BASE.to_owned();
+        for (from, to) in patches {
+            assert!(text.contains(from), "patch target `{from}` not in BASE");
+            text = text.replacen(from, to, 1);
+        }
+        let e = err(&text);
+        assert_eq!(e.key_path(), Some(key), "{e}");
+        assert!(e.to_string().contains(needle), "`{e}` lacks `{needle}`");
+        assert!(e.to_string().starts_with(&format!("config key `{key}`: ")), "{e}");
+        e
+    }
+
+    fn top(line: &str) -> (&'static str, String) {
+        ("[http]", format!("{line}\n[http]"))
+    }
+
+    const PROVIDER_KIND: &str = "kind = \"openai_compat\"";
+    const PROVIDER_URL: &str = "base_url = \"http://127.0.0.1:9000/v1\"";
+
+    #[test]
+    fn base_and_defaults() {
+        let c = ok(BASE);
+        assert!(c.workers >= 1 && c.workers <= MAX_WORKERS);
+        assert_eq!(c.max_frame_bytes, DEFAULT_MAX_FRAME_BYTES);
+        assert_eq!(c.admin_token, None);
+        assert_eq!(c.http.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(c.http.max_header_bytes, 16384);
+        assert_eq!(c.http.max_body_bytes, 4 * 1024 * 1024);
+        assert_eq!(c.http.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.node_listen, Some("127.0.0.1:7070".parse().unwrap()));
+        assert_eq!(c.embedded_node, None);
+        let p = &c.nodes[0].providers[0];
+        assert_eq!(p.max_concurrency.get(), 64);
+        assert_eq!(p.request_timeout, Duration::from_secs(600));
+        assert_eq!(p.api_key, None);
+        assert_eq!(
+            p.kind,
+            ProviderKind::OpenAiCompat {
+                base_url: UpstreamUrl { host: "127.0.0.1".into(), port: 9000, path_prefix: "/v1".into() }
+            }
+        );
+        assert_eq!(
+            c.models,
+            vec![ModelRoute { name: "m".into(), node: None, provider: "local".into(), upstream_model: "m".into() }]
+        );
+        assert!(c.model("m").is_some() && c.model("x").is_none());
+        assert!(c.node("node-1").is_some() && c.node("x").is_none());
+    }
+
+    #[test]
+    fn explicit_values() {
+        let text = r#"
+workers = 3
+admin_token = "adm"
+max_frame_bytes = 4096
+[http]
+listen = "[::1]:8080"
+max_header_bytes = 1024
+max_body_bytes = 268435456
+idle_timeout_sec = 5
+[embedded_node]
+node = "b"
+[[nodes]]
+id = "a"
+token = "t-a"
+[[nodes.providers]]
+id = "up"
+kind = "openai_compat"
+base_url = "http://[::1]:9000/"
+api_key = "k"
+max_concurrency = 1
+request_timeout_sec = 7
+[[nodes]]
+id = "b"
+token = "t-b"
+[[nodes.providers]]
+id = "mock"
+kind = "mock"
+[nodes.providers.mock]
+tokens = 1000000
+token_interval_ms = 3
+first_token_delay_ms = 4
+reasoning = true
+[[models]]
+name = "x"
+node = "b"
+provider = "mock"
+upstream_model = "y"
+"#;
+        let c = ok(text);
+        assert_eq!(c.workers, 3);
+        assert_eq!(c.admin_token, Some(Secret::new("adm")));
+        assert_eq!(c.max_frame_bytes, 4096);
+        assert_eq!(c.http.listen, "[::1]:8080".parse().unwrap());
+        assert_eq!((c.http.max_header_bytes, c.http.max_body_bytes), (1024, 256 << 20));
+        assert_eq!(c.http.idle_timeout, Duration::from_secs(5));
+        assert_eq!(c.node_listen, None);
+        assert_eq!(c.embedded_node, Some(EmbeddedNode { node_id: "b".into() }));
+        let up = &c.nodes[0].providers[0];
+        assert_eq!(up.api_key, Some(Secret::new("k")));
+        assert_eq!(up.max_concurrency.get(), 1);
+        assert_eq!(up.request_timeout, Duration::from_secs(7));
+        let ProviderKind::OpenAiCompat { base_url } = &up.kind else { panic!() };
+        assert_eq!(base_url.authority(), "[::1]:9000");
+        assert_eq!(base_url.path_prefix, "");
+        assert_eq!(
+            c.nodes[1].providers[0].kind,
+            ProviderKind::Mock(MockSettings {
+                tokens: 1_000_000,
+                token_interval: Duration::from_millis(3),
+                first_token_delay: Duration::from_millis(4),
+                reasoning: true,
+            })
+        );
+        assert_eq!(c.models[0].upstream_model, "y");
+        assert_eq!(c.models[0].node.as_deref(), Some("b"));
+    }
+
+    #[test]
+    fn mock_defaults() {
+        let text = BASE.replacen(PROVIDER_KIND, "kind = \"mock\"", 1).replacen(PROVIDER_URL, "", 1);
+        assert_eq!(ok(&text).nodes[0].providers[0].kind, ProviderKind::Mock(MockSettings::default()));
+        // An empty [nodes.providers.mock] table means all defaults too.
+        let text =
+            BASE.replacen(PROVIDER_KIND, "kind = \"mock\"", 1).replacen(PROVIDER_URL, "[nodes.providers.mock]", 1);
+        assert_eq!(ok(&text).nodes[0].providers[0].kind, ProviderKind::Mock(MockSettings::default()));
+        assert_eq!(MockSettings::default().tokens, 16);
+    }
+
+    #[test]
+    fn env_expansion() {
+        let text = BASE
+            .replacen("tok-1", "${TOK}", 1)
+            .replacen("http://127.0.0.1:9000/v1", "${URL:-http://h:1/v1/}", 1)
+            .replacen("name = \"m\"", "name = \"$${m}\"", 1)
+            .replacen("[http]", "admin_token = \"${ADMIN:-}\"\n[http]", 1);
+        let env = |name: &str| (name == "TOK").then(|| "from-env".to_owned());
+        let c = EdgeConfig::from_toml(&text, &env).unwrap();
+        assert_eq!(c.nodes[0].token, Secret::new("from-env"));
+        assert_eq!(c.admin_token, None, "empty default = no admin token");
+        let ProviderKind::OpenAiCompat { base_url } = &c.nodes[0].providers[0].kind else { panic!() };
+        assert_eq!(base_url.authority(), "h:1");
+        assert_eq!(base_url.path_prefix, "/v1");
+        assert_eq!(c.models[0].name, "${m}");
+
+        // Set variables win over defaults.
+        let env = |name: &str| match name {
+            "TOK" => Some("t".to_owned()),
+            "URL" => Some("http://other:2".to_owned()),
+            "ADMIN" => Some("adm".to_owned()),
+            _ => None,
+        };
+        let c = EdgeConfig::from_toml(&text, &env).unwrap();
+        assert_eq!(c.admin_token, Some(Secret::new("adm")));
+        let ProviderKind::OpenAiCompat { base_url } = &c.nodes[0].providers[0].kind else { panic!() };
+        assert_eq!((base_url.authority().as_str(), base_url.path_prefix.as_str()), ("other:2", ""));
+
+        // Unset without default: names the key and the variable.
+        let e = EdgeConfig::from_toml(&text, &no_env).unwrap_err();
+        assert_eq!(e.key_path(), Some("nodes[0].token"), "{e}");
+        assert!(e.to_string().contains("`TOK`"), "{e}");
+    }
+
+    #[test]
+    fn rejects_syntax_errors_with_location() {
+        let e = err("[http]\nlisten = \n");
+        let ConfigError::Syntax { line, .. } = e else { panic!("{e:?}") };
+        assert_eq!(line, Some(2));
+    }
+
+    #[test]
+    fn rejects_unknown_keys() {
+        rejects(&[top("bogus = 1").as_ref_pair()], "bogus", "unknown key");
+        rejects(&[("[http]", "[http]\nlisen = \"x\"")], "http.lisen", "unknown key");
+        rejects(&[("[node_listener]", "[node_listener]\nport = 1")], "node_listener.port", "unknown key");
+        rejects(&[("id = \"node-1\"", "id = \"node-1\"\nname = \"x\"")], "nodes[0].name", "unknown key");
+        rejects(
+            &[(PROVIDER_KIND, "kind = \"openai_compat\"\nmodel = \"x\"")],
+            "nodes[0].providers[0].model",
+            "unknown key",
+        );
+        rejects(&[("name = \"m\"", "name = \"m\"\nalias = \"x\"")], "models[0].alias", "unknown key");
+        rejects(
+            &[(PROVIDER_KIND, "kind = \"mock\""), (PROVIDER_URL, "[nodes.providers.mock]\ntoken = 3")],
+            "nodes[0].providers[0].mock.token",
+            "unknown key",
+        );
+        rejects(
+            &[("[node_listener]", "[embedded_node]\nnode = \"node-1\"\nx = 1\n[node_listener]")],
+            "embedded_node.x",
+            "unknown key",
+        );
+    }
+
+    #[test]
+    fn rejects_wrong_types() {
+        rejects(&[top("workers = \"two\"").as_ref_pair()], "workers", "invalid type");
+        rejects(&[top("workers = -1").as_ref_pair()], "workers", "-1");
+        rejects(&[("listen = \"127.0.0.1:8080\"", "listen = 8080")], "http.listen", "invalid type");
+        rejects(
+            &[(PROVIDER_KIND, "kind = \"openai_compat\"\nmax_concurrency = \"x\"")],
+            "nodes[0].providers[0].max_concurrency",
+            "invalid type",
+        );
+        rejects(
+            &[("[[models]]\nname = \"m\"\nprovider = \"local\"\n", ""), top("models = 1").as_ref_pair()],
+            "models",
+            "invalid type",
+        );
+    }
+
+    #[test]
+    fn rejects_top_level_ranges() {
+        rejects(&[top("workers = 0").as_ref_pair()], "workers", "invalid value `0`: must be at least 1");
+        rejects(&[top("workers = 1025").as_ref_pair()], "workers", "must be at most 1024");
+        rejects(&[top("max_frame_bytes = 4095").as_ref_pair()], "max_frame_bytes", "must be at least 4096");
+        rejects(&[top("max_frame_bytes = 1073741825").as_ref_pair()], "max_frame_bytes", "must be at most 1073741824");
+    }
+
+    #[test]
+    fn rejects_http_settings() {
+        rejects(&[("[http]\nlisten = \"127.0.0.1:8080\"\n", "")], "http", "is required");
+        rejects(&[("listen = \"127.0.0.1:8080\"", "")], "http.listen", "is required");
+        rejects(&[("127.0.0.1:8080", "localhost:8080")], "http.listen", "invalid value `localhost:8080`");
+        rejects(&[("127.0.0.1:8080", "127.0.0.1")], "http.listen", "expected an IP address and port");
+        let with = |line: &str| ("[http]", format!("[http]\n{line}"));
+        rejects(&[with("max_header_bytes = 1023").as_ref_pair()], "http.max_header_bytes", "at least 1024");
+        rejects(&[with("max_header_bytes = 1048577").as_ref_pair()], "http.max_header_bytes", "at most 1048576");
+        rejects(&[with("max_body_bytes = 1023").as_ref_pair()], "http.max_body_bytes", "at least 1024");
+        rejects(&[with("max_body_bytes = 268435457").as_ref_pair()], "http.max_body_bytes", "at most 268435456");
+        rejects(&[with("idle_timeout_sec = 0").as_ref_pair()], "http.idle_timeout_sec", "at least 1");
+        rejects(&[with("idle_timeout_sec = 31536001").as_ref_pair()], "http.idle_timeout_sec", "at most 31536000");
+    }
+
+    #[test]
+    fn rejects_listener_and_embedded_node() {
+        rejects(&[("[node_listener]\nlisten = \"127.0.0.1:7070\"\n", "")], "node_listener", "unless [embedded_node]");
+        rejects(&[("listen = \"127.0.0.1:7070\"", "")], "node_listener.listen", "is required");
+        rejects(&[("127.0.0.1:7070", "nope")], "node_listener.listen", "invalid value `nope`");
+        rejects(
+            &[("[node_listener]", "[embedded_node]\nnode = \"ghost\"\n[node_listener]")],
+            "embedded_node.node",
+            "`ghost`",
+        );
+        rejects(&[("[node_listener]", "[embedded_node]\n[node_listener]")], "embedded_node.node", "is required");
+        // Both together are fine.
+        let text = BASE.replacen("[node_listener]", "[embedded_node]\nnode = \"node-1\"\n[node_listener]", 1);
+        let c = ok(&text);
+        assert!(c.embedded_node.is_some() && c.node_listen.is_some());
+    }
+
+    #[test]
+    fn rejects_nodes() {
+        let text = BASE.split("[[nodes]]").next().unwrap().to_owned() + "[[models]]\nname = \"m\"\nprovider = \"p\"\n";
+        let e = err(&text);
+        assert_eq!(e.key_path(), Some("nodes"), "{e}");
+        rejects(&[("id = \"node-1\"", "")], "nodes[0].id", "is required");
+        rejects(&[("id = \"node-1\"", "id = \"\"")], "nodes[0].id", "must not be empty");
+        rejects(&[("id = \"node-1\"", "id = \"node 1\"")], "nodes[0].id", "may only contain");
+        rejects(&[("id = \"node-1\"", "id = \"nodé\"")], "nodes[0].id", "may only contain");
+        let long = format!("id = \"{}\"", "n".repeat(65));
+        rejects(&[("id = \"node-1\"", long.as_str())], "nodes[0].id", "at most 64 characters");
+        let max = format!("id = \"{}\"", "n".repeat(64));
+        ok(&BASE.replacen("id = \"node-1\"", &max, 1));
+        rejects(&[("token = \"tok-1\"", "")], "nodes[0].token", "is required");
+        rejects(&[("token = \"tok-1\"", "token = \"\"")], "nodes[0].token", "invalid value `***`: must not be empty");
+        rejects(&[("[[nodes.providers]]\nid = \"local\"\nkind = \"openai_compat\"\nbase_url = \"http://127.0.0.1:9000/v1\"\n", "")], "nodes[0].providers", "at least one");
+
+        let second = |id: &str, token: &str| {
+            format!("[[nodes]]\nid = \"{id}\"\ntoken = \"{token}\"\n[[nodes.providers]]\nid = \"p\"\nkind = \"mock\"\n[[models]]")
+        };
+        rejects(&[("[[models]]", second("node-1", "tok-2").as_str())], "nodes[1].id", "duplicates nodes[0].id");
+        let e =
+            rejects(&[("[[models]]", second("node-2", "tok-1").as_str())], "nodes[1].token", "duplicates the token");
+        assert!(!e.to_string().contains("tok-1") && !format!("{e:?}").contains("tok-1"), "{e}");
+        ok(&BASE.replacen("[[models]]", &second("node-2", "tok-2"), 1));
+    }
+
+    #[test]
+    fn rejects_providers() {
+        let p = "nodes[0].providers[0]";
+        rejects(&[("id = \"local\"", "")], &format!("{p}.id"), "is required");
+        rejects(&[("id = \"local\"", "id = \"a/b\"")], &format!("{p}.id"), "may only contain");
+        rejects(&[(PROVIDER_KIND, "")], &format!("{p}.kind"), "is required");
+        rejects(&[(PROVIDER_KIND, "kind = \"vllm\"")], &format!("{p}.kind"), "unknown variant `vllm`");
+        rejects(&[(PROVIDER_URL, "")], &format!("{p}.base_url"), "is required when kind = \"openai_compat\"");
+        rejects(&[(PROVIDER_KIND, "kind = \"mock\"")], &format!("{p}.base_url"), "not allowed when kind = \"mock\"");
+        rejects(
+            &[(PROVIDER_URL, "base_url = \"https://api.example.com/v1\"")],
+            &format!("{p}.base_url"),
+            "invalid value `https://api.example.com/v1`: https upstreams are not supported yet",
+        );
+        rejects(
+            &[(PROVIDER_URL, "base_url = \"127.0.0.1:9000\"")],
+            &format!("{p}.base_url"),
+            "expected an http:// URL",
+        );
+        rejects(
+            &[(PROVIDER_URL, "base_url = \"http://h:1\"\n[nodes.providers.mock]")],
+            &format!("{p}.mock"),
+            "only allowed when kind = \"mock\"",
+        );
+        let e = rejects(
+            &[(PROVIDER_URL, "base_url = \"http://h:1\"\nmax_concurrency = 0")],
+            &format!("{p}.max_concurrency"),
+            "must be at least 1",
+        );
+        assert_eq!(
+            e.to_string(),
+            "config key `nodes[0].providers[0].max_concurrency`: invalid value `0`: must be at least 1"
+        );
+        rejects(
+            &[(PROVIDER_URL, "base_url = \"http://h:1\"\nmax_concurrency = 4294967296")],
+            &format!("{p}.max_concurrency"),
+            "must be at most 4294967295",
+        );
+        rejects(
+            &[(PROVIDER_URL, "base_url = \"http://h:1\"\nrequest_timeout_sec = 0")],
+            &format!("{p}.request_timeout_sec"),
+            "must be at least 1",
+        );
+        rejects(
+            &[(PROVIDER_URL, "base_url = \"http://h:1\"\nrequest_timeout_sec = 31536001")],
+            &format!("{p}.request_timeout_sec"),
+            "must be at most 31536000",
+        );
+        let mock = |line: &str| {
+            [(PROVIDER_KIND, "kind = \"mock\"".to_owned()), (PROVIDER_URL, format!("[nodes.providers.mock]\n{line}"))]
+        };
+        let pairs = mock("tokens = 0");
+        rejects(&[pairs[0].as_ref_pair(), pairs[1].as_ref_pair()], &format!("{p}.mock.tokens"), "at least 1");
+        let pairs = mock("tokens = 1000001");
+        rejects(&[pairs[0].as_ref_pair(), pairs[1].as_ref_pair()], &format!("{p}.mock.tokens"), "at most 1000000");
+        let pairs = mock("token_interval_ms = 4294967296");
+        rejects(&[pairs[0].as_ref_pair(), pairs[1].as_ref_pair()], &format!("{p}.mock.token_interval_ms"), "at most");
+        let pairs = mock("first_token_delay_ms = -1");
+        rejects(&[pairs[0].as_ref_pair(), pairs[1].as_ref_pair()], &format!("{p}.mock.first_token_delay_ms"), "-1");
+        let pairs = mock("reasoning = \"yes\"");
+        rejects(&[pairs[0].as_ref_pair(), pairs[1].as_ref_pair()], &format!("{p}.mock.reasoning"), "invalid type");
+
+        // A second provider on a node: duplicate id, and the path names index 1.
+        let dup = "[[nodes.providers]]\nid = \"local\"\nkind = \"mock\"\n[[models]]";
+        rejects(&[("[[models]]", dup)], "nodes[0].providers[1].id", "duplicates nodes[0].providers[0].id");
+        let zero = "[[nodes.providers]]\nid = \"other\"\nkind = \"mock\"\nmax_concurrency = 0\n[[models]]";
+        let e = rejects(&[("[[models]]", zero)], "nodes[0].providers[1].max_concurrency", "must be at least 1");
+        assert_eq!(
+            e.to_string(),
+            "config key `nodes[0].providers[1].max_concurrency`: invalid value `0`: must be at least 1"
+        );
+    }
+
+    #[test]
+    fn rejects_models() {
+        let text = BASE.split("[[models]]").next().unwrap();
+        let e = err(text);
+        assert_eq!(e.key_path(), Some("models"), "{e}");
+        rejects(&[("name = \"m\"", "")], "models[0].name", "is required");
+        rejects(&[("name = \"m\"", "name = \"\"")], "models[0].name", "must not be empty");
+        rejects(&[("provider = \"local\"", "")], "models[0].provider", "is required");
+        rejects(&[("provider = \"local\"", "provider = \"nope\"")], "models[0].provider", "no node has a provider");
+        rejects(&[("provider = \"local\"", "provider = \"local\"\nnode = \"ghost\"")], "models[0].node", "`ghost`");
+        rejects(
+            &[("provider = \"local\"", "provider = \"nope\"\nnode = \"node-1\"")],
+            "models[0].provider",
+            "node `node-1` has no provider",
+        );
+        rejects(
+            &[("provider = \"local\"", "provider = \"local\"\nupstream_model = \"\"")],
+            "models[0].upstream_model",
+            "must not be empty",
+        );
+        let dup = format!("{BASE}[[models]]\nname = \"m\"\nprovider = \"local\"\n");
+        let e = err(&dup);
+        assert_eq!(e.key_path(), Some("models[1].name"), "{e}");
+        assert!(e.to_string().contains("duplicates models[0].name"), "{e}");
+    }
+
+    #[test]
+    fn secrets_redacted_in_debug_and_errors() {
+        let text = BASE
+            .replacen("tok-1", "super-secret-token", 1)
+            .replacen(PROVIDER_URL, "base_url = \"http://h:1\"\napi_key = \"sk-very-secret\"", 1)
+            .replacen("[http]", "admin_token = \"admin-secret\"\n[http]", 1);
+        let c = ok(&text);
+        let debug = format!("{c:?}");
+        for s in ["super-secret-token", "sk-very-secret", "admin-secret"] {
+            assert!(!debug.contains(s), "{s} in {debug}");
+        }
+        assert_eq!(c.nodes[0].token.expose(), "super-secret-token");
+        // Wrong-typed secrets do not show their value either.
+        let e = err(&BASE.replacen("token = \"tok-1\"", "token = 987654321", 1));
+        assert_eq!(e.key_path(), Some("nodes[0].token"));
+        assert!(!e.to_string().contains("987654321"), "{e}");
+        let e = err(&BASE.replacen("[http]", "admin_token = [\"admin-secret\"]\n[http]", 1));
+        assert!(!e.to_string().contains("admin-secret") && !format!("{e:?}").contains("admin-secret"), "{e}");
+    }
+
+    #[test]
+    fn node_by_token_matches_exactly() {
+        let text = BASE.replacen(
+            "[[models]]",
+            "[[nodes]]\nid = \"node-2\"\ntoken = \"tok-2\"\n[[nodes.providers]]\nid = \"p\"\nkind = \"mock\"\n[[models]]",
+            1,
+        );
+        let c = ok(&text);
+        assert_eq!(c.node_by_token("tok-1").map(|n| n.id.as_str()), Some("node-1"));
+        assert_eq!(c.node_by_token("tok-2").map(|n| n.id.as_str()), Some("node-2"));
+        for wrong in ["", "tok-", "tok-11", "TOK-1", "tok-3"] {
+            assert!(c.node_by_token(wrong).is_none(), "{wrong}");
+        }
+    }
+
+    #[test]
+    fn upstream_url_parse() {
+        let u = |s: &str| UpstreamUrl::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
+        let url = |host: &str, port: u16, path: &str| UpstreamUrl { host: host.into(), port, path_prefix: path.into() };
+        assert_eq!(u("http://127.0.0.1:9000/v1"), url("127.0.0.1", 9000, "/v1"));
+        assert_eq!(u("http://127.0.0.1:9000/v1/"), url("127.0.0.1", 9000, "/v1"));
+        assert_eq!(u("http://example.com"), url("example.com", 80, ""));
+        assert_eq!(u("http://example.com/"), url("example.com", 80, ""));
+        assert_eq!(u("HTTP://example.com/a/b//"), url("example.com", 80, "/a/b"));
+        assert_eq!(u("http://[::1]:8000/v1"), url("::1", 8000, "/v1"));
+        assert_eq!(u("http://[fe80::1]"), url("fe80::1", 80, ""));
+        assert_eq!(u("http://[::1]:8000").authority(), "[::1]:8000");
+        assert_eq!(u("http://h").authority(), "h:80");
+        assert_eq!(u("http://my_host.local:65535").authority(), "my_host.local:65535");
+
+        let bad = |s: &str, why: &str| {
+            let e = UpstreamUrl::parse(s).unwrap_err();
+            assert!(e.contains(why), "{s}: `{e}` lacks `{why}`");
+        };
+        bad("https://api.openai.com/v1", "https upstreams are not supported yet");
+        bad("HTTPS://x", "https upstreams are not supported yet");
+        bad("ftp://x", "unsupported scheme");
+        bad("127.0.0.1:9000", "expected an http:// URL");
+        bad("", "expected an http:// URL");
+        bad("http://", "missing host");
+        bad("http:///v1", "missing host");
+        bad("http://:80", "missing host");
+        bad("http://h:0", "invalid port");
+        bad("http://h:65536", "invalid port");
+        bad("http://h:", "invalid port");
+        bad("http://h:x", "invalid port");
+        bad("http://::1:80", "brackets");
+        bad("http://[::1", "unclosed");
+        bad("http://[nothex]:80", "invalid IPv6");
+        bad("http://[::1]x", "unexpected");
+        bad("http://u:p@h", "credentials");
+        bad("http://h/v1?x=1", "query");
+        bad("http://h h", "invalid host");
+    }
+
+    #[test]
+    fn example_configs_parse() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs");
+        let mut seen = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.extension().and_then(|e| e.to_str()) != Some("toml") {
+                continue;
+            }
+            let name = path.file_name().unwrap().to_string_lossy().into_owned();
+            let text = std::fs::read_to_string(&path).unwrap();
+            // Node configs are named node*.toml; everything else is an edge config.
+            if name.starts_with("node") {
+                crate::config::NodeConfig::from_toml(&text, &no_env).unwrap_or_else(|e| panic!("{name}: {e}"));
+            } else {
+                EdgeConfig::from_toml(&text, &no_env).unwrap_or_else(|e| panic!("{name}: {e}"));
+            }
+            seen.push(name);
+        }
+        seen.sort();
+        assert_eq!(seen, ["edge.toml", "node.toml", "quickstart.toml"]);
+
+        let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+        let q = EdgeConfig::from_toml(&read("quickstart.toml"), &no_env).unwrap();
+        assert_eq!(q.http.listen, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(q.node_listen, None);
+        assert_eq!(q.embedded_node, Some(EmbeddedNode { node_id: "local".into() }));
+        assert_eq!(q.node_by_token("quickstart-embedded-token").map(|n| n.id.as_str()), Some("local"));
+        let mock = &q.nodes[0].providers[0];
+        assert_eq!((mock.id.as_str(), mock.max_concurrency.get()), ("mock", 256));
+        assert_eq!(
+            mock.kind,
+            ProviderKind::Mock(MockSettings {
+                tokens: 32,
+                token_interval: Duration::from_millis(10),
+                ..Default::default()
+            })
+        );
+        assert_eq!(q.model("mock").map(|m| (m.node.as_deref(), m.provider.as_str())), Some((Some("local"), "mock")));
+
+        let e = EdgeConfig::from_toml(&read("edge.toml"), &no_env).unwrap();
+        assert_eq!(e.node_listen, Some("127.0.0.1:7070".parse().unwrap()));
+        assert_eq!(e.admin_token, None);
+        assert_eq!(e.node_by_token("dev-node-token").map(|n| n.id.as_str()), Some("node-1"));
+        let up = &e.nodes[0].providers[0];
+        assert_eq!(up.api_key, None);
+        let ProviderKind::OpenAiCompat { base_url } = &up.kind else { panic!("{up:?}") };
+        assert_eq!((base_url.authority().as_str(), base_url.path_prefix.as_str()), ("127.0.0.1:9000", "/v1"));
+        let m = e.model("mock").unwrap();
+        assert_eq!(
+            (m.node.as_deref(), m.provider.as_str(), m.upstream_model.as_str()),
+            (Some("node-1"), "upstream", "mock")
+        );
+    }
+
+    /// Lets `rejects` take owned patch pairs.
+    trait AsRefPair {
+        fn as_ref_pair(&self) -> (&str, &str);
+    }
+
+    impl AsRefPair for (&str, String) {
+        fn as_ref_pair(&self) -> (&str, &str) {
+            (self.0, self.1.as_str())
+        }
     }
 }

@@ -1,9 +1,13 @@
 //! Validated node configuration.
-// SKELETON — to be completed by the config helper.
 
 use std::time::Duration;
 
-use super::{ConfigError, Secret};
+use super::{
+    edge::{split_host_port, MAX_FRAME_BYTES, MIN_FRAME_BYTES},
+    raw::{self, check, RawNodeConfig},
+    ConfigError, Secret,
+};
+use crate::wire::DEFAULT_MAX_FRAME_BYTES;
 
 /// The whole validated node configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -32,7 +36,171 @@ pub struct ReconnectPolicy {
 impl NodeConfig {
     /// Parses and validates TOML text, expanding `${VAR}` through `env`.
     pub fn from_toml(text: &str, env: &dyn Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let _ = (text, env);
-        unimplemented!()
+        Self::try_from(raw::parse::<RawNodeConfig>(text, env)?)
+    }
+}
+
+impl Default for ReconnectPolicy {
+    /// 10 attempts, 10 s apart.
+    fn default() -> Self {
+        Self { max_attempts: Some(10), interval: Duration::from_secs(10) }
+    }
+}
+
+impl TryFrom<RawNodeConfig> for NodeConfig {
+    type Error = ConfigError;
+
+    fn try_from(raw: RawNodeConfig) -> Result<Self, ConfigError> {
+        let edge = check::required("edge", raw.edge)?;
+        validate_edge_addr(&edge).map_err(|why| ConfigError::invalid("edge", &edge, why))?;
+        let token = Secret::new(check::non_empty("token", raw.token)?);
+        let max_frame_bytes = check::range_usize(
+            "max_frame_bytes",
+            raw.max_frame_bytes,
+            DEFAULT_MAX_FRAME_BYTES,
+            MIN_FRAME_BYTES,
+            MAX_FRAME_BYTES,
+        )?;
+        let shutdown_grace = check::secs("shutdown_grace_sec", raw.shutdown_grace_sec, 30, 0)?;
+        let defaults = ReconnectPolicy::default();
+        let reconnect = match raw.reconnect {
+            None => defaults,
+            Some(r) => ReconnectPolicy {
+                max_attempts: match r.max_attempts {
+                    None => defaults.max_attempts,
+                    // 0 means "never give up".
+                    Some(0) => None,
+                    Some(n) => Some(check::range_u32("reconnect.max_attempts", Some(n), 10, 1, u32::MAX)?),
+                },
+                interval: match r.interval_sec {
+                    None => defaults.interval,
+                    Some(s) => check::secs("reconnect.interval_sec", Some(s), 10, 1)?,
+                },
+            },
+        };
+        Ok(Self { edge, token, reconnect, max_frame_bytes, shutdown_grace })
+    }
+}
+
+/// `host:port` with a port in 1..=65535; the host may be a name.
+fn validate_edge_addr(addr: &str) -> Result<(), String> {
+    let (_, port) = split_host_port(addr)?;
+    let port = port.ok_or("expected host:port, e.g. 127.0.0.1:7070")?;
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err(format!("invalid port `{port}`, expected 1..=65535")),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn no_env(_: &str) -> Option<String> {
+        None
+    }
+
+    const BASE: &str = "edge = \"127.0.0.1:7070\"\ntoken = \"tok\"\n";
+
+    fn ok(text: &str) -> NodeConfig {
+        NodeConfig::from_toml(text, &no_env).unwrap_or_else(|e| panic!("{e}\n---\n{text}"))
+    }
+
+    fn rejects(text: &str, key: &str, needle: &str) -> ConfigError {
+        let e = match NodeConfig::from_toml(text, &no_env) {
+            Ok(c) => panic!("accepted: {c:?}\n---\n{text}"),
+            Err(e) => e,
+        };
+        assert_eq!(e.key_path(), Some(key), "{e}");
+        assert!(e.to_string().contains(needle), "`{e}` lacks `{needle}`");
+        e
+    }
+
+    #[test]
+    fn defaults() {
+        let c = ok(BASE);
+        assert_eq!(c.edge, "127.0.0.1:7070");
+        assert_eq!(c.token, Secret::new("tok"));
+        assert_eq!(c.max_frame_bytes, DEFAULT_MAX_FRAME_BYTES);
+        assert_eq!(c.shutdown_grace, Duration::from_secs(30));
+        assert_eq!(c.reconnect, ReconnectPolicy { max_attempts: Some(10), interval: Duration::from_secs(10) });
+        // An empty [reconnect] table is the same as none.
+        assert_eq!(ok(&format!("{BASE}[reconnect]\n")).reconnect, ReconnectPolicy::default());
+    }
+
+    #[test]
+    fn explicit_values() {
+        let text = format!(
+            "{BASE}max_frame_bytes = 1073741824\nshutdown_grace_sec = 0\n[reconnect]\nmax_attempts = 3\ninterval_sec = 1\n"
+        );
+        let c = ok(&text);
+        assert_eq!(c.max_frame_bytes, 1 << 30);
+        assert_eq!(c.shutdown_grace, Duration::ZERO);
+        assert_eq!(c.reconnect, ReconnectPolicy { max_attempts: Some(3), interval: Duration::from_secs(1) });
+        let c = ok(&format!("{BASE}[reconnect]\nmax_attempts = 0\n"));
+        assert_eq!(c.reconnect.max_attempts, None, "0 = unlimited");
+        assert_eq!(c.reconnect.interval, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn edge_address_forms() {
+        for edge in ["edge.example.com:7070", "localhost:1", "[::1]:7070", "10.0.0.1:65535", "my_edge:7070"] {
+            assert_eq!(ok(&BASE.replace("127.0.0.1:7070", edge)).edge, edge);
+        }
+    }
+
+    #[test]
+    fn env_expansion() {
+        let text = "edge = \"${EDGE:-127.0.0.1:7070}\"\ntoken = \"${TOK}\"\n";
+        let env = |name: &str| (name == "TOK").then(|| "t".to_owned());
+        let c = NodeConfig::from_toml(text, &env).unwrap();
+        assert_eq!((c.edge.as_str(), c.token.expose()), ("127.0.0.1:7070", "t"));
+        let e = NodeConfig::from_toml(text, &no_env).unwrap_err();
+        assert_eq!(e.key_path(), Some("token"), "{e}");
+        assert!(e.to_string().contains("environment variable `TOK` is not set"), "{e}");
+        let c = NodeConfig::from_toml("edge = \"h:1\"\ntoken = \"a$${b}\"\n", &no_env).unwrap();
+        assert_eq!(c.token.expose(), "a${b}");
+    }
+
+    #[test]
+    fn rejections() {
+        rejects("token = \"t\"\n", "edge", "is required");
+        for (edge, why) in [
+            ("127.0.0.1", "expected host:port"),
+            ("h:0", "invalid port"),
+            ("h:65536", "invalid port"),
+            ("h:x", "invalid port"),
+            (":7070", "missing host"),
+            ("", "missing host"),
+            ("::1:7070", "brackets"),
+            ("http://h:1", "invalid"),
+            ("h h:1", "invalid host"),
+        ] {
+            let e = rejects(&BASE.replace("127.0.0.1:7070", edge), "edge", why);
+            assert!(e.to_string().contains(&format!("invalid value `{edge}`")), "{e}");
+        }
+        rejects("edge = \"h:1\"\n", "token", "is required");
+        rejects("edge = \"h:1\"\ntoken = \"\"\n", "token", "invalid value `***`: must not be empty");
+        rejects(&format!("{BASE}max_frame_bytes = 4095\n"), "max_frame_bytes", "must be at least 4096");
+        rejects(&format!("{BASE}max_frame_bytes = 1073741825\n"), "max_frame_bytes", "must be at most");
+        rejects(&format!("{BASE}shutdown_grace_sec = -1\n"), "shutdown_grace_sec", "-1");
+        rejects(&format!("{BASE}shutdown_grace_sec = 31536001\n"), "shutdown_grace_sec", "must be at most 31536000");
+        rejects(&format!("{BASE}[reconnect]\ninterval_sec = 0\n"), "reconnect.interval_sec", "must be at least 1");
+        rejects(&format!("{BASE}[reconnect]\ninterval_sec = 31536001\n"), "reconnect.interval_sec", "at most");
+        rejects(&format!("{BASE}[reconnect]\nmax_attempts = 4294967296\n"), "reconnect.max_attempts", "at most");
+        rejects(&format!("{BASE}[reconnect]\nmax_attempts = -1\n"), "reconnect.max_attempts", "invalid value");
+        rejects(&format!("{BASE}[reconnect]\nmax_attempt = 1\n"), "reconnect.max_attempt", "unknown key");
+        rejects(&format!("{BASE}providers = []\n"), "providers", "unknown key");
+        rejects(&format!("{BASE}reconnect = 5\n"), "reconnect", "invalid type");
+        rejects("edge = 7070\ntoken = \"t\"\n", "edge", "invalid type");
+    }
+
+    #[test]
+    fn token_never_shown() {
+        let c = ok(&BASE.replace("\"tok\"", "\"node-secret-value\""));
+        assert!(!format!("{c:?}").contains("node-secret-value"));
+        let e = rejects("edge = \"h:1\"\ntoken = [\"node-secret-value\"]\n", "token", "invalid type");
+        assert!(!e.to_string().contains("node-secret-value") && !format!("{e:?}").contains("node-secret-value"));
     }
 }

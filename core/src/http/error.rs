@@ -1,5 +1,4 @@
 //! HTTP codec errors, each mapped to the status a server answers with.
-// SKELETON — to be completed by the http helper.
 
 /// A request or response that cannot be parsed or exceeds a limit.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -27,5 +26,18 @@ impl HttpError {
             HttpError::Malformed(_) => 400,
             HttpError::UnsupportedTransferEncoding => 501,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn http_error_statuses() {
+        assert_eq!(HttpError::HeadTooLarge.status(), 431);
+        assert_eq!(HttpError::BodyTooLarge.status(), 413);
+        assert_eq!(HttpError::Malformed("x").status(), 400);
+        assert_eq!(HttpError::UnsupportedTransferEncoding.status(), 501);
     }
 }

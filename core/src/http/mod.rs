@@ -1,11 +1,18 @@
 //! Sans-IO HTTP/1.1 codec: request heads and bodies for the servers, response
 //! heads and bodies for the upstream client. Built on `httparse`; no I/O here.
+//!
+//! Framing follows RFC 9112 strictly where lenience enables request
+//! smuggling: Content-Length must be digits (duplicates must agree), a message
+//! with both Content-Length and Transfer-Encoding is rejected, and chunk
+//! lines need CRLF.
 
 pub mod chunked;
 pub mod client;
 pub mod error;
 pub mod request;
 pub mod response;
+
+use bytes::{Bytes, BytesMut};
 
 pub use chunked::{BodyDecoder, BodyKind};
 pub use client::{parse_response_head, write_request_head, ResponseHead};
@@ -27,5 +34,264 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self { max_head_bytes: 16 * 1024, max_body_bytes: 4 * 1024 * 1024, max_headers: 64 }
+    }
+}
+
+/// First value of header `name` (case-insensitive) in a parsed header list.
+pub fn find_header<'a>(headers: &'a [(String, Bytes)], name: &str) -> Option<&'a [u8]> {
+    headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_ref())
+}
+
+/// Header storage on the stack for the usual limits; the heap only for larger ones.
+const STACK_HEADERS: usize = 64;
+
+/// What a head parser reports on a complete head: its length, the number of
+/// headers filled in, and its own output (start line fields).
+/// A complete head: the parser's output and the headers.
+pub(crate) type ParsedHead<T> = (T, Vec<(String, Bytes)>);
+
+pub(crate) type HeadStatus<T> = Result<httparse::Status<(usize, usize, T)>, httparse::Error>;
+
+/// Runs `parse` over the first `max_head_bytes` of `buf` with `max_headers`
+/// header slots. On a complete head, removes it from `buf` and returns the
+/// parse output and the headers with lower-cased names and zero-copy values
+/// sliced from the head.
+pub(crate) fn parse_head<T>(
+    buf: &mut BytesMut,
+    limits: &Limits,
+    parse: impl for<'h, 'b> FnOnce(&'h mut [httparse::Header<'b>], &'b [u8]) -> HeadStatus<T>,
+) -> Result<Option<ParsedHead<T>>, HttpError> {
+    // Only the allowed prefix is scanned, which bounds the work per call on
+    // trickled input and rejects an endless head before it completes.
+    let window = &buf[..buf.len().min(limits.max_head_bytes)];
+    let mut stack = [httparse::EMPTY_HEADER; STACK_HEADERS];
+    let mut heap;
+    let storage: &mut [httparse::Header<'_>] = if limits.max_headers <= STACK_HEADERS {
+        &mut stack[..limits.max_headers]
+    } else {
+        heap = vec![httparse::EMPTY_HEADER; limits.max_headers];
+        &mut heap
+    };
+    let base = window.as_ptr() as usize;
+    let (len, out, offsets) = match parse(storage, window) {
+        Ok(httparse::Status::Complete((len, count, out))) => {
+            // Values are sub-slices of `window`; remember their offsets so the
+            // head can be frozen once and sliced without copying.
+            let offsets: Vec<(String, usize, usize)> = storage
+                .iter()
+                .take(count)
+                .map(|h| {
+                    let start = (h.value.as_ptr() as usize).saturating_sub(base);
+                    (h.name.to_ascii_lowercase(), start, start + h.value.len())
+                })
+                .collect();
+            (len, out, offsets)
+        }
+        Ok(httparse::Status::Partial) => {
+            if buf.len() > limits.max_head_bytes {
+                return Err(HttpError::HeadTooLarge);
+            }
+            return Ok(None);
+        }
+        Err(httparse::Error::TooManyHeaders) => return Err(HttpError::HeadTooLarge),
+        Err(e) => return Err(HttpError::Malformed(httparse_error(e))),
+    };
+    let head = buf.split_to(len).freeze();
+    let mut headers = Vec::with_capacity(offsets.len());
+    for (name, start, end) in offsets {
+        let value = head.get(start..end).ok_or(HttpError::Malformed("header value out of range"))?;
+        headers.push((name, head.slice_ref(value)));
+    }
+    Ok(Some((out, headers)))
+}
+
+fn httparse_error(e: httparse::Error) -> &'static str {
+    match e {
+        httparse::Error::HeaderName => "invalid header name",
+        httparse::Error::HeaderValue => "invalid header value",
+        httparse::Error::NewLine => "invalid line ending",
+        httparse::Error::Status => "invalid status",
+        httparse::Error::Token => "invalid token",
+        httparse::Error::TooManyHeaders => "too many headers",
+        httparse::Error::Version => "invalid HTTP version",
+    }
+}
+
+/// Comma-separated list elements of every `name` header, trimmed, empty ones skipped.
+fn list_values<'a>(headers: &'a [(String, Bytes)], name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+    headers
+        .iter()
+        .filter(move |(n, _)| n == name)
+        .flat_map(|(_, v)| v.split(|&b| b == b','))
+        .map(trim_ows)
+        .filter(|s| !s.is_empty())
+}
+
+fn trim_ows(mut s: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = s {
+        s = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = s {
+        s = rest;
+    }
+    s
+}
+
+/// Explicit framing from Content-Length / Transfer-Encoding: `None` when
+/// neither is present.
+pub(crate) fn explicit_framing(headers: &[(String, Bytes)], version: u8) -> Result<Option<BodyKind>, HttpError> {
+    let has_cl = headers.iter().any(|(n, _)| n == "content-length");
+    let has_te = headers.iter().any(|(n, _)| n == "transfer-encoding");
+    if has_cl && has_te {
+        // RFC 9112 §6.3: the classic request-smuggling ambiguity; refuse it.
+        return Err(HttpError::Malformed("both content-length and transfer-encoding"));
+    }
+    if has_te {
+        if version == 0 {
+            return Err(HttpError::Malformed("transfer-encoding in HTTP/1.0"));
+        }
+        let mut chunked = 0usize;
+        for coding in list_values(headers, "transfer-encoding") {
+            if coding.eq_ignore_ascii_case(b"chunked") {
+                chunked += 1;
+            } else {
+                return Err(HttpError::UnsupportedTransferEncoding);
+            }
+        }
+        return match chunked {
+            0 => Err(HttpError::Malformed("empty transfer-encoding")),
+            1 => Ok(Some(BodyKind::Chunked)),
+            _ => Err(HttpError::Malformed("chunked applied more than once")),
+        };
+    }
+    if has_cl {
+        let mut length = None;
+        // Every header line must have a value; an empty one is an error too.
+        for (_, v) in headers.iter().filter(|(n, _)| n == "content-length") {
+            if trim_ows(v).is_empty() {
+                return Err(HttpError::Malformed("empty content-length"));
+            }
+        }
+        for value in list_values(headers, "content-length") {
+            let n = parse_decimal(value).ok_or(HttpError::Malformed("invalid content-length"))?;
+            match length {
+                Some(prev) if prev != n => return Err(HttpError::Malformed("conflicting content-length")),
+                _ => length = Some(n),
+            }
+        }
+        return Ok(length.map(BodyKind::Length));
+    }
+    Ok(None)
+}
+
+/// Digits only (no sign, no whitespace), without overflow.
+fn parse_decimal(s: &[u8]) -> Option<u64> {
+    if s.is_empty() {
+        return None;
+    }
+    s.iter().try_fold(0u64, |acc, &b| {
+        if !b.is_ascii_digit() {
+            return None;
+        }
+        acc.checked_mul(10)?.checked_add(u64::from(b - b'0'))
+    })
+}
+
+/// Persistence per RFC 9112 §9.3: HTTP/1.1 defaults to keep-alive, HTTP/1.0
+/// needs `Connection: keep-alive`; `close` always wins.
+pub(crate) fn keep_alive(headers: &[(String, Bytes)], version: u8) -> bool {
+    let mut close = false;
+    let mut keep = false;
+    for token in list_values(headers, "connection") {
+        if token.eq_ignore_ascii_case(b"close") {
+            close = true;
+        } else if token.eq_ignore_ascii_case(b"keep-alive") {
+            keep = true;
+        }
+    }
+    !close && (version >= 1 || keep)
+}
+
+/// Appends `s` minus CR/LF so a caller-supplied value can never inject a header line.
+pub(crate) fn put_sanitized(out: &mut BytesMut, s: &str) {
+    let bytes = s.as_bytes();
+    if memchr::memchr2(b'\r', b'\n', bytes).is_none() {
+        out.extend_from_slice(bytes);
+    } else {
+        out.extend(bytes.iter().copied().filter(|&b| b != b'\r' && b != b'\n'));
+    }
+}
+
+/// Appends the decimal form of `n`.
+pub(crate) fn put_decimal(out: &mut BytesMut, n: u64) {
+    let mut digits = [0u8; 20];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn hdrs(list: &[(&str, &str)]) -> Vec<(String, Bytes)> {
+        list.iter().map(|(n, v)| (n.to_string(), Bytes::copy_from_slice(v.as_bytes()))).collect()
+    }
+
+    #[test]
+    fn http_framing_rules() {
+        assert_eq!(explicit_framing(&hdrs(&[]), 1), Ok(None));
+        assert_eq!(explicit_framing(&hdrs(&[("content-length", "12")]), 1), Ok(Some(BodyKind::Length(12))));
+        assert_eq!(
+            explicit_framing(&hdrs(&[("content-length", "12"), ("content-length", "12, 12")]), 1),
+            Ok(Some(BodyKind::Length(12)))
+        );
+        assert_eq!(explicit_framing(&hdrs(&[("transfer-encoding", "Chunked")]), 1), Ok(Some(BodyKind::Chunked)));
+        assert_eq!(
+            explicit_framing(&hdrs(&[("transfer-encoding", "gzip, chunked")]), 1),
+            Err(HttpError::UnsupportedTransferEncoding)
+        );
+        for bad in [
+            hdrs(&[("content-length", "1"), ("content-length", "2")]),
+            hdrs(&[("content-length", "+1")]),
+            hdrs(&[("content-length", "1 2")]),
+            hdrs(&[("content-length", "0x10")]),
+            hdrs(&[("content-length", "")]),
+            hdrs(&[("content-length", "99999999999999999999999")]),
+            hdrs(&[("content-length", "5"), ("transfer-encoding", "chunked")]),
+            hdrs(&[("transfer-encoding", "chunked, chunked")]),
+            hdrs(&[("transfer-encoding", " , ")]),
+        ] {
+            assert!(matches!(explicit_framing(&bad, 1), Err(HttpError::Malformed(_))), "{bad:?}");
+        }
+        assert!(explicit_framing(&hdrs(&[("transfer-encoding", "chunked")]), 0).is_err());
+    }
+
+    #[test]
+    fn http_keep_alive_rules() {
+        assert!(keep_alive(&hdrs(&[]), 1));
+        assert!(!keep_alive(&hdrs(&[]), 0));
+        assert!(keep_alive(&hdrs(&[("connection", "Keep-Alive")]), 0));
+        assert!(!keep_alive(&hdrs(&[("connection", "upgrade, close")]), 1));
+    }
+
+    #[test]
+    fn http_decimal_and_sanitize() {
+        let mut out = BytesMut::new();
+        put_decimal(&mut out, 0);
+        out.extend_from_slice(b" ");
+        put_decimal(&mut out, u64::MAX);
+        out.extend_from_slice(b" ");
+        put_sanitized(&mut out, "a\r\nb");
+        assert_eq!(&out[..], b"0 18446744073709551615 ab");
     }
 }

@@ -1,7 +1,8 @@
 //! Server side: writing response heads and chunked bodies.
-// SKELETON — to be completed by the http helper.
 
 use bytes::BytesMut;
+
+use super::{put_decimal, put_sanitized};
 
 /// How the response body will be framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,6 +15,10 @@ pub enum Framing {
 
 /// Appends a status line, `headers`, the framing header and
 /// `Connection: keep-alive|close` plus a blank line to `out`.
+///
+/// CR and LF are stripped from names and values so that no header can be
+/// injected. No framing header is written for 1xx and 204 responses, which
+/// must not carry one (RFC 9110 §8.6).
 pub fn write_response_head(
     out: &mut BytesMut,
     status: u16,
@@ -21,24 +26,157 @@ pub fn write_response_head(
     framing: Framing,
     keep_alive: bool,
 ) {
-    let _ = (out, status, headers, framing, keep_alive);
-    unimplemented!()
+    out.reserve(64 + headers.iter().map(|(n, v)| n.len() + v.len() + 4).sum::<usize>());
+    out.extend_from_slice(b"HTTP/1.1 ");
+    put_decimal(out, u64::from(status));
+    out.extend_from_slice(b" ");
+    out.extend_from_slice(reason_phrase(status).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (name, value) in headers {
+        put_sanitized(out, name);
+        out.extend_from_slice(b": ");
+        put_sanitized(out, value);
+        out.extend_from_slice(b"\r\n");
+    }
+    if !(status < 200 || status == 204) {
+        match framing {
+            Framing::Length(n) => {
+                out.extend_from_slice(b"content-length: ");
+                put_decimal(out, n as u64);
+                out.extend_from_slice(b"\r\n");
+            }
+            Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+        }
+    }
+    out.extend_from_slice(if keep_alive { b"connection: keep-alive\r\n\r\n" } else { b"connection: close\r\n\r\n" });
 }
 
 /// Appends one chunk (no-op for empty `data`: an empty chunk would end the body).
 pub fn write_chunk(out: &mut BytesMut, data: &[u8]) {
-    let _ = (out, data);
-    unimplemented!()
+    if data.is_empty() {
+        return;
+    }
+    out.reserve(data.len() + 20);
+    put_hex(out, data.len());
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
 }
 
 /// Appends the terminating zero-length chunk.
 pub fn write_last_chunk(out: &mut BytesMut) {
-    let _ = out;
-    unimplemented!()
+    out.extend_from_slice(b"0\r\n\r\n");
 }
 
-/// Canonical reason phrase for a status code.
+/// Canonical reason phrase for a status code (empty for unknown codes,
+/// which the grammar allows).
 pub fn reason_phrase(status: u16) -> &'static str {
-    let _ = status;
-    unimplemented!()
+    match status {
+        100 => "Continue",
+        101 => "Switching Protocols",
+        200 => "OK",
+        201 => "Created",
+        202 => "Accepted",
+        204 => "No Content",
+        206 => "Partial Content",
+        301 => "Moved Permanently",
+        302 => "Found",
+        304 => "Not Modified",
+        307 => "Temporary Redirect",
+        308 => "Permanent Redirect",
+        400 => "Bad Request",
+        401 => "Unauthorized",
+        402 => "Payment Required",
+        403 => "Forbidden",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        406 => "Not Acceptable",
+        408 => "Request Timeout",
+        409 => "Conflict",
+        410 => "Gone",
+        411 => "Length Required",
+        412 => "Precondition Failed",
+        413 => "Content Too Large",
+        414 => "URI Too Long",
+        415 => "Unsupported Media Type",
+        417 => "Expectation Failed",
+        421 => "Misdirected Request",
+        422 => "Unprocessable Content",
+        425 => "Too Early",
+        426 => "Upgrade Required",
+        428 => "Precondition Required",
+        429 => "Too Many Requests",
+        431 => "Request Header Fields Too Large",
+        451 => "Unavailable For Legal Reasons",
+        499 => "Client Closed Request",
+        500 => "Internal Server Error",
+        501 => "Not Implemented",
+        502 => "Bad Gateway",
+        503 => "Service Unavailable",
+        504 => "Gateway Timeout",
+        505 => "HTTP Version Not Supported",
+        507 => "Insufficient Storage",
+        511 => "Network Authentication Required",
+        _ => "",
+    }
+}
+
+fn put_hex(out: &mut BytesMut, n: usize) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut digits = [0u8; 16];
+    let mut i = digits.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        digits[i] = HEX[n & 0xf];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&digits[i..]);
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::http::{parse_response_head, BodyDecoder, BodyKind, Limits};
+
+    #[test]
+    fn head_roundtrips_through_client_parser() {
+        let mut out = BytesMut::new();
+        write_response_head(&mut out, 200, &[("content-type", "text/event-stream")], Framing::Chunked, true);
+        write_chunk(&mut out, b"data: x\n\n");
+        write_chunk(&mut out, b"");
+        write_chunk(&mut out, &[b'a'; 300]);
+        write_last_chunk(&mut out);
+        assert!(
+            out.starts_with(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n")
+        );
+        let head = parse_response_head(&mut out, &Limits::default(), false).unwrap().unwrap();
+        assert_eq!((head.status, head.body, head.keep_alive), (200, BodyKind::Chunked, true));
+        let mut dec = BodyDecoder::new(head.body, 1 << 20);
+        let mut body = Vec::new();
+        while let Some(d) = dec.decode(&mut out).unwrap() {
+            body.extend_from_slice(&d);
+        }
+        assert!(dec.is_done());
+        assert_eq!(body.len(), 9 + 300);
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn length_framing_close_and_injection() {
+        let mut out = BytesMut::new();
+        write_response_head(&mut out, 404, &[("x-evil", "a\r\nset-cookie: b")], Framing::Length(5), false);
+        assert_eq!(
+            &out[..],
+            &b"HTTP/1.1 404 Not Found\r\nx-evil: aset-cookie: b\r\ncontent-length: 5\r\nconnection: close\r\n\r\n"[..]
+        );
+        let mut out = BytesMut::new();
+        write_response_head(&mut out, 204, &[], Framing::Length(0), true);
+        assert_eq!(&out[..], &b"HTTP/1.1 204 No Content\r\nconnection: keep-alive\r\n\r\n"[..]);
+        assert_eq!(reason_phrase(599), "");
+    }
 }

@@ -6,9 +6,12 @@
 //! completion-based runtime touches little else.
 
 pub mod blocking;
+pub mod frames;
+pub mod io;
 pub mod listener;
 pub mod mailbox;
 pub mod oneshot;
+pub mod signal;
 mod worker;
 
 pub use worker::{block_on_current, spawn_worker, yield_now, Driver};

@@ -1,12 +1,19 @@
 //! Sans-IO frame codec: u32 big-endian length, then one `Envelope`.
-// SKELETON — to be completed by the wire helper.
+//!
+//! The length counts only the payload (not the 4-byte prefix). Both sides
+//! enforce a hard maximum so a peer can never make us buffer an unbounded
+//! frame: `decode` rejects an oversize frame as soon as its prefix arrives.
 
-use bytes::BytesMut;
+use bytes::{Buf, BufMut, BytesMut};
+use prost::Message;
 
 use super::pb::Envelope;
 
 /// Default maximum frame size (payload bytes, excluding the 4-byte prefix).
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
+
+/// Bytes of the length prefix.
+const PREFIX_LEN: usize = 4;
 
 /// Frame decode/encode failures.
 #[derive(Debug, thiserror::Error)]
@@ -25,17 +32,497 @@ pub enum WireError {
     /// An Envelope without a body.
     #[error("frame has no body")]
     EmptyEnvelope,
+    /// The output buffer could not take the message (cannot happen with a
+    /// growable `BytesMut`; kept so encoding never needs to panic).
+    #[error("encode failed: {0}")]
+    Encode(#[from] prost::EncodeError),
 }
 
 /// Appends one frame holding `msg` to `out`.
+///
+/// Refuses (before writing anything) a message whose encoded length exceeds
+/// `max_frame_bytes`, so the peer's decoder would never see it.
 pub fn encode(msg: &Envelope, out: &mut BytesMut, max_frame_bytes: usize) -> Result<(), WireError> {
-    let _ = (msg, out, max_frame_bytes);
-    unimplemented!()
+    let len = msg.encoded_len();
+    // The prefix is a u32: a larger max must not let a length wrap around.
+    let prefix = match u32::try_from(len) {
+        Ok(prefix) if len <= max_frame_bytes => prefix,
+        _ => return Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
+    };
+    out.reserve(PREFIX_LEN + len);
+    out.put_u32(prefix);
+    msg.encode(out)?;
+    Ok(())
 }
 
 /// Decodes one frame from the front of `buf`: `Ok(None)` (buf untouched) when
 /// more bytes are needed; on success the frame's bytes are removed from `buf`.
+///
+/// Bytes fields of the result are zero-copy slices of `buf`'s allocation. On
+/// `Malformed`/`EmptyEnvelope` the offending frame has been consumed; on
+/// `FrameTooLarge` nothing is consumed. Either way the session should close.
 pub fn decode(buf: &mut BytesMut, max_frame_bytes: usize) -> Result<Option<Envelope>, WireError> {
-    let _ = (buf, max_frame_bytes);
-    unimplemented!()
+    let Some(prefix) = buf.get(..PREFIX_LEN) else {
+        return Ok(None);
+    };
+    let mut len_bytes = [0u8; PREFIX_LEN];
+    len_bytes.copy_from_slice(prefix);
+    // u32 always fits in usize on the 32/64-bit targets we build for; saturate otherwise.
+    let len = usize::try_from(u32::from_be_bytes(len_bytes)).unwrap_or(usize::MAX);
+    if len > max_frame_bytes {
+        return Err(WireError::FrameTooLarge { len, max: max_frame_bytes });
+    }
+    let frame_len = PREFIX_LEN + len;
+    if buf.len() < frame_len {
+        // Grow once for the whole frame instead of on every short read.
+        buf.reserve(frame_len - buf.len());
+        return Ok(None);
+    }
+    let mut frame = buf.split_to(frame_len).freeze();
+    frame.advance(PREFIX_LEN);
+    // Decoding from `Bytes` makes prost slice bytes fields instead of copying.
+    let envelope = Envelope::decode(frame)?;
+    if envelope.body.is_none() {
+        return Err(WireError::EmptyEnvelope);
+    }
+    Ok(Some(envelope))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use bytes::Bytes;
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::wire::pb::{self, envelope::Body};
+
+    const MAX: usize = DEFAULT_MAX_FRAME_BYTES;
+
+    fn env(id: u64, body: Body) -> Envelope {
+        Envelope { correlation_id: id, body: Some(body) }
+    }
+
+    fn usage() -> pb::Usage {
+        pb::Usage { input_tokens: 12, output_tokens: 34, reasoning_tokens: Some(5), cached_input_tokens: None }
+    }
+
+    fn run_error() -> pb::RunError {
+        pb::RunError {
+            code: "upstream_status".into(),
+            message: "bad gateway".into(),
+            status: 502,
+            retryable: true,
+            source: pb::ErrorSource::Provider as i32,
+        }
+    }
+
+    fn node_config() -> pb::NodeConfigPayload {
+        pb::NodeConfigPayload {
+            node_id: "node-1".into(),
+            revision: 7,
+            providers: vec![
+                pb::ProviderConfig {
+                    id: "mock".into(),
+                    kind: pb::ProviderKind::Mock as i32,
+                    max_concurrency: 4,
+                    mock: Some(pb::MockSettings {
+                        tokens: 16,
+                        token_interval_ms: 1,
+                        first_token_delay_ms: 2,
+                        reasoning: true,
+                    }),
+                    ..Default::default()
+                },
+                pb::ProviderConfig {
+                    id: "up".into(),
+                    kind: pb::ProviderKind::OpenaiCompat as i32,
+                    base_url: "http://127.0.0.1:9000/v1".into(),
+                    api_key: "k".into(),
+                    max_concurrency: 64,
+                    mock: None,
+                    request_timeout_ms: 600_000,
+                },
+            ],
+        }
+    }
+
+    fn run_event(kind: pb::run_event::Kind) -> Body {
+        Body::RunEvent(pb::RunEvent { run_id: "run-1".into(), seq: 3, kind: Some(kind), usage: Some(usage()) })
+    }
+
+    fn tunnel_frame(kind: pb::provider_tunnel_frame::Kind) -> Body {
+        Body::ProviderTunnelFrame(pb::ProviderTunnelFrame {
+            tunnel_id: "t-1".into(),
+            seq: 9,
+            kind: Some(kind),
+            usage: None,
+        })
+    }
+
+    /// One envelope per body variant (and per run-event / tunnel-frame kind).
+    fn all_variants() -> Vec<Envelope> {
+        use pb::{provider_tunnel_frame::Kind as Tk, run_event::Kind as Rk};
+        let header = pb::Header { name: "content-type".into(), value: Bytes::from_static(b"text/event-stream") };
+        let bodies = vec![
+            Body::RegisterRequest(pb::RegisterRequest { token: "tok".into(), node_version: "0.1.0".into() }),
+            Body::RegisterResponse(pb::RegisterResponse {
+                accepted: true,
+                reason: String::new(),
+                refusal: pb::RegisterRefusal::None as i32,
+                config: Some(node_config()),
+            }),
+            Body::RegisterResponse(pb::RegisterResponse {
+                accepted: false,
+                reason: "duplicate".into(),
+                refusal: pb::RegisterRefusal::DuplicateConnection as i32,
+                config: None,
+            }),
+            Body::NodeReadyRequest(pb::NodeReadyRequest { node_id: "node-1".into(), config_revision: 7 }),
+            Body::NodeReadyResponse(pb::NodeReadyResponse { ready: true, reason: String::new() }),
+            Body::RunRequest(pb::RunRequest {
+                run_id: "run-1".into(),
+                adapter: "mock".into(),
+                target: "mock-model".into(),
+                messages: vec![pb::ChatMessage {
+                    role: "user".into(),
+                    content: "héllo".into(),
+                    extra_json: Bytes::from_static(br#"{"name":"x"}"#),
+                }],
+                max_tokens: Some(0),
+                params_json: Bytes::from_static(br#"{"temperature":0.5}"#),
+                session_id: "s".into(),
+                deadline_ms: 1_700_000_000_000,
+            }),
+            run_event(Rk::Start(pb::RunStart { model: "m".into() })),
+            run_event(Rk::Delta(pb::TextDelta { text: "hi".into() })),
+            run_event(Rk::ReasoningDelta(pb::TextDelta { text: "hmm".into() })),
+            run_event(Rk::Complete(pb::RunComplete { finish_reason: "stop".into() })),
+            run_event(Rk::Error(run_error())),
+            run_event(Rk::Cancelled(pb::RunCancelled { reason: "client".into() })),
+            Body::CancelRequest(pb::CancelRequest {
+                kind: pb::CancelKind::CancelRun as i32,
+                run_id: "run-1".into(),
+                adapter: "mock".into(),
+                target: "m".into(),
+                session_id: "s".into(),
+                reason: "client gone".into(),
+            }),
+            Body::NodeCommandRequest(pb::NodeCommandRequest {
+                kind: pb::NodeCommandKind::Capabilities as i32,
+                adapter: "mock".into(),
+                target: String::new(),
+                payload_json: Bytes::from_static(b"{}"),
+            }),
+            Body::NodeCommandResponse(pb::NodeCommandResponse {
+                ok: true,
+                error: String::new(),
+                result_json: Bytes::from_static(b"[1,2]"),
+            }),
+            Body::ProviderTunnelRequest(pb::ProviderTunnelRequest {
+                tunnel_id: "t-1".into(),
+                adapter: "up".into(),
+                target: "m".into(),
+                method: "POST".into(),
+                path: "/chat/completions".into(),
+                headers: vec![header.clone()],
+                body: Bytes::from_static(b"{\"stream\":true}"),
+            }),
+            tunnel_frame(Tk::Status(pb::TunnelResponseStart { status: 200, headers: vec![header] })),
+            tunnel_frame(Tk::Body(Bytes::from_static(b"data: {}\n\n"))),
+            tunnel_frame(Tk::Body(Bytes::new())),
+            tunnel_frame(Tk::End(pb::TunnelEnd {})),
+            tunnel_frame(Tk::Error(run_error())),
+            Body::ConfigRefresh(pb::ConfigRefresh { config: Some(node_config()) }),
+            Body::ConfigRefreshAck(pb::ConfigRefreshAck { revision: 7, applied: false, error: "bad".into() }),
+            Body::Heartbeat(pb::Heartbeat { ping: true, sent_at_ms: 1 }),
+            Body::Heartbeat(pb::Heartbeat { ping: false, sent_at_ms: 0 }),
+        ];
+        bodies.into_iter().enumerate().map(|(i, b)| env(i as u64, b)).collect()
+    }
+
+    fn encode_all(msgs: &[Envelope]) -> BytesMut {
+        let mut out = BytesMut::new();
+        for m in msgs {
+            encode(m, &mut out, MAX).unwrap();
+        }
+        out
+    }
+
+    /// Feeds `wire` in chunks ending at `cuts` (sorted) and collects every frame.
+    fn decode_in_chunks(wire: &[u8], cuts: &[usize], max: usize) -> Vec<Envelope> {
+        let mut buf = BytesMut::new();
+        let mut out = Vec::new();
+        let mut start = 0;
+        for &end in cuts.iter().chain(std::iter::once(&wire.len())) {
+            buf.extend_from_slice(&wire[start..end]);
+            start = end;
+            while let Some(m) = decode(&mut buf, max).unwrap() {
+                out.push(m);
+            }
+        }
+        assert!(buf.is_empty(), "leftover bytes: {}", buf.len());
+        out
+    }
+
+    #[test]
+    fn roundtrip_every_variant() {
+        for msg in all_variants() {
+            let mut buf = BytesMut::new();
+            encode(&msg, &mut buf, MAX).unwrap();
+            assert_eq!(buf.len(), 4 + msg.encoded_len());
+            assert_eq!(&buf[..4], &(msg.encoded_len() as u32).to_be_bytes());
+            let back = decode(&mut buf, MAX).unwrap().expect("complete frame");
+            assert_eq!(back, msg);
+            assert!(buf.is_empty());
+        }
+    }
+
+    #[test]
+    fn encode_appends_after_existing_bytes() {
+        let msgs = all_variants();
+        let mut buf = BytesMut::from(&b"xyz"[..]);
+        encode(&msgs[0], &mut buf, MAX).unwrap();
+        assert_eq!(&buf[..3], b"xyz");
+        buf.advance(3);
+        assert_eq!(decode(&mut buf, MAX).unwrap(), Some(msgs[0].clone()));
+    }
+
+    #[test]
+    fn every_split_point_of_multi_frame_buffer() {
+        let msgs = all_variants();
+        let wire = encode_all(&msgs);
+        for cut in 0..=wire.len() {
+            assert_eq!(decode_in_chunks(&wire, &[cut], MAX), msgs, "cut at {cut}");
+        }
+    }
+
+    #[test]
+    fn byte_by_byte() {
+        let msgs = all_variants();
+        let wire = encode_all(&msgs);
+        let cuts: Vec<usize> = (1..wire.len()).collect();
+        assert_eq!(decode_in_chunks(&wire, &cuts, MAX), msgs);
+    }
+
+    #[test]
+    fn bytes_fields_are_zero_copy() {
+        let payload = vec![0xabu8; 1024];
+        let msg = env(1, tunnel_frame(pb::provider_tunnel_frame::Kind::Body(Bytes::from(payload.clone()))));
+        let mut buf = BytesMut::new();
+        encode(&msg, &mut buf, MAX).unwrap();
+        let range = buf.as_ptr() as usize..buf.as_ptr() as usize + buf.len();
+        let back = decode(&mut buf, MAX).unwrap().unwrap();
+        let Some(Body::ProviderTunnelFrame(pb::ProviderTunnelFrame {
+            kind: Some(pb::provider_tunnel_frame::Kind::Body(body)),
+            ..
+        })) = back.body
+        else {
+            panic!("wrong body: {back:?}");
+        };
+        assert_eq!(&body[..], &payload[..]);
+        assert!(range.contains(&(body.as_ptr() as usize)), "body was copied out of the frame");
+    }
+
+    #[test]
+    fn oversize_rejected_with_only_the_prefix() {
+        let max = 1024;
+        let mut buf = BytesMut::new();
+        buf.put_u32(1025);
+        let err = decode(&mut buf, max).unwrap_err();
+        assert!(matches!(err, WireError::FrameTooLarge { len: 1025, max: 1024 }), "{err:?}");
+        assert_eq!(buf.len(), 4, "nothing consumed");
+        // Exactly the max is fine (and incomplete here).
+        let mut buf = BytesMut::new();
+        buf.put_u32(1024);
+        assert!(decode(&mut buf, max).unwrap().is_none());
+        // u32::MAX never turns into an allocation.
+        let mut buf = BytesMut::from(&[0xff, 0xff, 0xff, 0xff][..]);
+        assert!(matches!(decode(&mut buf, MAX), Err(WireError::FrameTooLarge { .. })));
+    }
+
+    #[test]
+    fn encode_refuses_oversize() {
+        let msg = env(1, tunnel_frame(pb::provider_tunnel_frame::Kind::Body(Bytes::from(vec![0u8; 2000]))));
+        let mut buf = BytesMut::new();
+        let err = encode(&msg, &mut buf, 1024).unwrap_err();
+        assert!(matches!(err, WireError::FrameTooLarge { max: 1024, .. }), "{err:?}");
+        assert!(buf.is_empty(), "nothing written");
+        // The same message fits a bigger max, exactly.
+        encode(&msg, &mut buf, msg.encoded_len()).unwrap();
+    }
+
+    #[test]
+    fn truncated_is_none_until_complete() {
+        let msg = all_variants().swap_remove(5);
+        let mut wire = BytesMut::new();
+        encode(&msg, &mut wire, MAX).unwrap();
+        let mut buf = BytesMut::new();
+        for (i, &b) in wire.iter().enumerate() {
+            if i + 1 < wire.len() {
+                buf.put_u8(b);
+                assert!(decode(&mut buf, MAX).unwrap().is_none(), "at {i}");
+                assert_eq!(&buf[..], &wire[..=i], "buffer untouched");
+            }
+        }
+        buf.put_u8(wire[wire.len() - 1]);
+        assert_eq!(decode(&mut buf, MAX).unwrap(), Some(msg));
+    }
+
+    #[test]
+    fn empty_envelope_rejected() {
+        let mut buf = BytesMut::new();
+        // A zero-length frame decodes as an Envelope with no body.
+        buf.put_u32(0);
+        assert!(matches!(decode(&mut buf, MAX), Err(WireError::EmptyEnvelope)));
+        assert!(buf.is_empty());
+        // So does one carrying only a correlation id.
+        let msg = Envelope { correlation_id: 5, body: None };
+        encode(&msg, &mut buf, MAX).unwrap();
+        assert!(matches!(decode(&mut buf, MAX), Err(WireError::EmptyEnvelope)));
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        let cases: &[&[u8]] = &[
+            // Field 10 (register_request), length-delimited, length beyond the frame.
+            &[0x52, 0x7f],
+            // Invalid wire type 7.
+            &[0x0f],
+            // Truncated varint.
+            &[0x08, 0xff],
+            // Field number 0.
+            &[0x00, 0x00],
+            // Invalid UTF-8 in RegisterRequest.token.
+            &[0x52, 0x03, 0x0a, 0x01, 0xff],
+        ];
+        for payload in cases {
+            let mut buf = BytesMut::new();
+            buf.put_u32(payload.len() as u32);
+            buf.extend_from_slice(payload);
+            let err = decode(&mut buf, MAX).unwrap_err();
+            assert!(matches!(err, WireError::Malformed(_)), "{payload:?}: {err:?}");
+            assert!(buf.is_empty(), "bad frame consumed");
+        }
+    }
+
+    #[test]
+    fn errors_display() {
+        let e = WireError::FrameTooLarge { len: 10, max: 5 };
+        assert_eq!(e.to_string(), "frame of 10 bytes exceeds the maximum of 5");
+        assert_eq!(WireError::EmptyEnvelope.to_string(), "frame has no body");
+    }
+
+    fn arb_bytes() -> impl Strategy<Value = Bytes> {
+        proptest::collection::vec(any::<u8>(), 0..300).prop_map(Bytes::from)
+    }
+
+    fn arb_run_event() -> impl Strategy<Value = Body> {
+        use pb::run_event::Kind;
+        let kind = prop_oneof![
+            ".{0,40}".prop_map(|model| Kind::Start(pb::RunStart { model })),
+            ".{0,200}".prop_map(|text| Kind::Delta(pb::TextDelta { text })),
+            ".{0,200}".prop_map(|text| Kind::ReasoningDelta(pb::TextDelta { text })),
+            ".{0,10}".prop_map(|finish_reason| Kind::Complete(pb::RunComplete { finish_reason })),
+            (".{0,20}", ".{0,80}", any::<u32>(), any::<bool>()).prop_map(|(code, message, status, retryable)| {
+                Kind::Error(pb::RunError { code, message, status, retryable, source: 4 })
+            }),
+        ];
+        let usage = proptest::option::of((any::<u64>(), any::<u64>(), any::<Option<u64>>(), any::<Option<u64>>()))
+            .prop_map(|u| {
+                u.map(|(input_tokens, output_tokens, reasoning_tokens, cached_input_tokens)| pb::Usage {
+                    input_tokens,
+                    output_tokens,
+                    reasoning_tokens,
+                    cached_input_tokens,
+                })
+            });
+        (".{0,40}", any::<u64>(), proptest::option::of(kind), usage)
+            .prop_map(|(run_id, seq, kind, usage)| Body::RunEvent(pb::RunEvent { run_id, seq, kind, usage }))
+    }
+
+    fn arb_run_request() -> impl Strategy<Value = Body> {
+        let message = (".{0,10}", ".{0,100}", arb_bytes()).prop_map(|(role, content, extra_json)| pb::ChatMessage {
+            role,
+            content,
+            extra_json,
+        });
+        (
+            ".{0,40}",
+            ".{0,20}",
+            ".{0,20}",
+            proptest::collection::vec(message, 0..5),
+            any::<Option<u32>>(),
+            arb_bytes(),
+            any::<u64>(),
+        )
+            .prop_map(|(run_id, adapter, target, messages, max_tokens, params_json, deadline_ms)| {
+                Body::RunRequest(pb::RunRequest {
+                    run_id,
+                    adapter,
+                    target,
+                    messages,
+                    max_tokens,
+                    params_json,
+                    session_id: String::new(),
+                    deadline_ms,
+                })
+            })
+    }
+
+    fn arb_tunnel_body() -> impl Strategy<Value = Body> {
+        (".{0,40}", any::<u64>(), arb_bytes()).prop_map(|(tunnel_id, seq, body)| {
+            Body::ProviderTunnelFrame(pb::ProviderTunnelFrame {
+                tunnel_id,
+                seq,
+                kind: Some(pb::provider_tunnel_frame::Kind::Body(body)),
+                usage: None,
+            })
+        })
+    }
+
+    fn arb_envelope() -> impl Strategy<Value = Envelope> {
+        let body = prop_oneof![
+            arb_run_event(),
+            arb_run_request(),
+            arb_tunnel_body(),
+            (any::<bool>(), any::<u64>())
+                .prop_map(|(ping, sent_at_ms)| Body::Heartbeat(pb::Heartbeat { ping, sent_at_ms })),
+        ];
+        (any::<u64>(), body).prop_map(|(id, body)| env(id, body))
+    }
+
+    proptest! {
+        #[test]
+        fn prop_roundtrip_across_random_splits(
+            msgs in proptest::collection::vec(arb_envelope(), 1..8),
+            cuts in proptest::collection::vec(any::<prop::sample::Index>(), 0..10),
+        ) {
+            let wire = encode_all(&msgs);
+            let mut cuts: Vec<usize> = cuts.iter().map(|i| i.index(wire.len() + 1)).collect();
+            cuts.sort_unstable();
+            prop_assert_eq!(decode_in_chunks(&wire, &cuts, MAX), msgs);
+        }
+
+        #[test]
+        fn prop_arbitrary_bytes_never_panic(
+            data in proptest::collection::vec(any::<u8>(), 0..512),
+            max in 0usize..1024,
+        ) {
+            let mut buf = BytesMut::from(&data[..]);
+            // Keep decoding until the input runs out or errors; each step must
+            // either consume a frame, stop, or fail without panicking.
+            loop {
+                let before = buf.len();
+                match decode(&mut buf, max) {
+                    Ok(Some(_)) => prop_assert!(buf.len() < before),
+                    Ok(None) => {
+                        prop_assert_eq!(buf.len(), before);
+                        break;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+    }
 }

@@ -1,2 +1,225 @@
 //! Provider adapters: how the node talks to one provider.
-// SKELETON — to be completed by the adapter helper.
+//!
+//! [`Adapter`] is an enum over the kinds (no boxing); it is built from the
+//! edge-sent [`pb::ProviderConfig`] by [`Adapter::from_config`] and shared as
+//! `Rc<Adapter>` on the node's reactor thread.
+//!
+//! Contract of [`Adapter::execute`]: it emits `Start` first (once the provider
+//! accepted the request), then deltas, then exactly one terminal (`Complete`
+//! with usage, or `Error` with a classified failure). If it returns without a
+//! terminal the caller synthesises one. When `emit` reports
+//! [`SinkClosed`](crate::run::SinkClosed) it stops at once. Cancellation is by
+//! dropping the future, which closes the upstream connection.
+//!
+//! - [`mock`]: in-process deterministic mock.
+//! - [`openai_compat`]: any OpenAI-compatible `/chat/completions` server.
+
+pub mod mock;
+pub mod openai_compat;
+mod openai_stream;
+
+use std::time::Duration;
+
+use iop_core::{config::UpstreamUrl, wire::pb};
+
+pub use mock::MockAdapter;
+pub use openai_compat::OpenAiCompatAdapter;
+
+use crate::{
+    run::{EventSink, RunSpec},
+    upstream::UpstreamClient,
+};
+
+/// Upper bound for one upstream request when the config says 0.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// A provider config the node cannot run. Messages name the provider and
+/// the field, never the api_key value.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdapterConfigError {
+    /// `id` is empty.
+    #[error("provider config: field `id` is empty")]
+    EmptyId,
+    /// `kind` is unspecified or unknown.
+    #[error("provider {id:?}: field `kind` is unspecified or unknown ({value})")]
+    Kind {
+        /// Provider id.
+        id: String,
+        /// Raw enum value.
+        value: i32,
+    },
+    /// `base_url` does not parse.
+    #[error("provider {id:?}: field `base_url` is invalid: {reason}")]
+    BaseUrl {
+        /// Provider id.
+        id: String,
+        /// Why.
+        reason: String,
+    },
+    /// `max_concurrency` is 0.
+    #[error("provider {id:?}: field `max_concurrency` must be at least 1")]
+    MaxConcurrency {
+        /// Provider id.
+        id: String,
+    },
+}
+
+/// One provider on this node.
+#[derive(Debug)]
+pub enum Adapter {
+    /// In-process mock.
+    Mock(MockAdapter),
+    /// OpenAI-compatible HTTP server.
+    OpenAiCompat(OpenAiCompatAdapter),
+}
+
+impl Adapter {
+    /// Builds an adapter with its own upstream connection pool.
+    pub fn from_config(cfg: &pb::ProviderConfig) -> Result<Adapter, AdapterConfigError> {
+        Self::from_config_with_client(cfg, &UpstreamClient::default())
+    }
+
+    /// Builds an adapter that shares `client`'s connection pool.
+    pub fn from_config_with_client(
+        cfg: &pb::ProviderConfig,
+        client: &UpstreamClient,
+    ) -> Result<Adapter, AdapterConfigError> {
+        if cfg.id.is_empty() {
+            return Err(AdapterConfigError::EmptyId);
+        }
+        let id = cfg.id.clone();
+        if cfg.max_concurrency == 0 {
+            return Err(AdapterConfigError::MaxConcurrency { id });
+        }
+        let timeout = match cfg.request_timeout_ms {
+            0 => DEFAULT_REQUEST_TIMEOUT,
+            ms => Duration::from_millis(u64::from(ms)),
+        };
+        match pb::ProviderKind::try_from(cfg.kind) {
+            Ok(pb::ProviderKind::Mock) => {
+                let settings = cfg.mock.unwrap_or_default();
+                Ok(Adapter::Mock(MockAdapter::new(id, cfg.max_concurrency, settings.into())))
+            }
+            Ok(pb::ProviderKind::OpenaiCompat) => {
+                let url = UpstreamUrl::parse(&cfg.base_url)
+                    .map_err(|reason| AdapterConfigError::BaseUrl { id: id.clone(), reason })?;
+                let api_key = (!cfg.api_key.is_empty()).then_some(cfg.api_key.as_str());
+                Ok(Adapter::OpenAiCompat(OpenAiCompatAdapter::new(
+                    id,
+                    url,
+                    api_key,
+                    cfg.max_concurrency,
+                    timeout,
+                    client.clone(),
+                )))
+            }
+            Ok(pb::ProviderKind::Unspecified) | Err(_) => Err(AdapterConfigError::Kind { id, value: cfg.kind }),
+        }
+    }
+
+    /// Provider id.
+    pub fn id(&self) -> &str {
+        match self {
+            Adapter::Mock(a) => a.id(),
+            Adapter::OpenAiCompat(a) => a.id(),
+        }
+    }
+
+    /// Concurrent runs the node admits for this provider (≥ 1).
+    pub fn max_concurrency(&self) -> u32 {
+        match self {
+            Adapter::Mock(a) => a.max_concurrency(),
+            Adapter::OpenAiCompat(a) => a.max_concurrency(),
+        }
+    }
+
+    /// Runs `spec`, sending its events to `sink` (see the module docs for
+    /// the contract).
+    pub async fn execute<S: EventSink>(&self, spec: RunSpec, sink: &mut S) {
+        match self {
+            Adapter::Mock(a) => a.execute(spec, sink).await,
+            Adapter::OpenAiCompat(a) => a.execute(spec, sink).await,
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+pub(crate) mod tests {
+    use iop_core::exec::ExecEvent;
+
+    use super::*;
+    use crate::run::SinkClosed;
+
+    /// Collects events; optionally closes after `close_after` events.
+    #[derive(Debug, Default)]
+    pub(crate) struct VecSink {
+        pub(crate) events: Vec<ExecEvent>,
+        pub(crate) close_after: Option<usize>,
+    }
+
+    impl EventSink for VecSink {
+        async fn emit(&mut self, ev: ExecEvent) -> Result<(), SinkClosed> {
+            if self.close_after.is_some_and(|n| self.events.len() >= n) {
+                return Err(SinkClosed);
+            }
+            self.events.push(ev);
+            Ok(())
+        }
+    }
+
+    pub(crate) fn spec(target: &str, content: &str, max_tokens: Option<u32>) -> RunSpec {
+        RunSpec {
+            run_id: "run-1".into(),
+            target: target.into(),
+            messages: vec![pb::ChatMessage {
+                role: "user".into(),
+                content: content.into(),
+                extra_json: Default::default(),
+            }],
+            max_tokens,
+            params_json: Default::default(),
+        }
+    }
+
+    fn cfg(kind: pb::ProviderKind, base_url: &str, max_concurrency: u32) -> pb::ProviderConfig {
+        pb::ProviderConfig {
+            id: "p1".into(),
+            kind: kind as i32,
+            base_url: base_url.into(),
+            api_key: "sk-very-secret".into(),
+            max_concurrency,
+            mock: None,
+            request_timeout_ms: 0,
+        }
+    }
+
+    #[test]
+    fn builds_each_kind() {
+        let a = Adapter::from_config(&cfg(pb::ProviderKind::Mock, "", 3)).unwrap();
+        assert!(matches!(a, Adapter::Mock(_)));
+        assert_eq!((a.id(), a.max_concurrency()), ("p1", 3));
+        let a = Adapter::from_config(&cfg(pb::ProviderKind::OpenaiCompat, "http://127.0.0.1:9000/v1", 2)).unwrap();
+        assert!(matches!(a, Adapter::OpenAiCompat(_)));
+        assert_eq!((a.id(), a.max_concurrency()), ("p1", 2));
+        assert!(!format!("{a:?}").contains("very-secret"), "Debug leaks the api key: {a:?}");
+    }
+
+    #[test]
+    fn rejects_bad_configs() {
+        let e = Adapter::from_config(&cfg(pb::ProviderKind::Unspecified, "", 1)).unwrap_err();
+        assert_eq!(e, AdapterConfigError::Kind { id: "p1".into(), value: 0 });
+        let mut c = cfg(pb::ProviderKind::Mock, "", 1);
+        c.kind = 99;
+        assert!(matches!(Adapter::from_config(&c), Err(AdapterConfigError::Kind { value: 99, .. })));
+        let e = Adapter::from_config(&cfg(pb::ProviderKind::Mock, "", 0)).unwrap_err();
+        assert_eq!(e, AdapterConfigError::MaxConcurrency { id: "p1".into() });
+        let e = Adapter::from_config(&cfg(pb::ProviderKind::OpenaiCompat, "ftp://x", 1)).unwrap_err();
+        assert!(matches!(&e, AdapterConfigError::BaseUrl { id, .. } if id == "p1"), "{e:?}");
+        let msg = e.to_string();
+        assert!(msg.contains("p1") && msg.contains("base_url") && !msg.contains("very-secret"), "{msg}");
+        let mut c = cfg(pb::ProviderKind::Mock, "", 1);
+        c.id.clear();
+        assert_eq!(Adapter::from_config(&c).unwrap_err(), AdapterConfigError::EmptyId);
+    }
+}

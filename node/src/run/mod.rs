@@ -1,5 +1,9 @@
 //! Run execution on the node: admission, event sinks, cancellation.
 
+mod emitter;
+mod manager;
 mod spec;
 
+pub use emitter::Emitter;
+pub use manager::RunManager;
 pub use spec::{EventSink, RunSpec, SinkClosed};

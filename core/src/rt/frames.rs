@@ -1,0 +1,240 @@
+//! Frame I/O over a monoio stream: a reader that decodes frames with a
+//! cancellable read, and a shared, bounded write buffer drained by a writer
+//! task. Appending never awaits, so a session's read loop can never block on
+//! its own writes (which could deadlock two peers with full buffers); the
+//! hard limit bounds memory instead, and producers that can wait (run
+//! events) use `wait_writable` for backpressure.
+
+use std::{
+    cell::{Cell, RefCell},
+    future::poll_fn,
+    io,
+    rc::Rc,
+    task::{Poll, Waker},
+};
+
+use bytes::BytesMut;
+use monoio::{
+    buf::IoBufMut,
+    io::{AsyncWriteRentExt, CancelHandle, CancelableAsyncReadRent, Canceller},
+};
+
+use super::signal::LocalNotify;
+use crate::wire::{self, pb::Envelope, WireError};
+
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Why the frame reader stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    /// Socket error.
+    #[error("read failed: {0}")]
+    Io(#[from] io::Error),
+    /// The peer sent bytes that are not a valid frame.
+    #[error("{0}")]
+    Wire(#[from] WireError),
+    /// The connection ended in the middle of a frame.
+    #[error("connection closed mid-frame")]
+    Truncated,
+    /// The read was cancelled locally (e.g. heartbeat timeout).
+    #[error("read cancelled")]
+    Cancelled,
+}
+
+/// Decodes frames from a read half.
+pub struct FrameReader<R> {
+    io: R,
+    buf: BytesMut,
+    max_frame: usize,
+    canceller: Rc<RefCell<Canceller>>,
+    stop: Rc<Cell<bool>>,
+}
+
+/// Stops a [`FrameReader`] blocked in a read, from another task on the same core.
+#[derive(Clone)]
+pub struct ReadStopper {
+    canceller: Rc<RefCell<Canceller>>,
+    stop: Rc<Cell<bool>>,
+}
+
+impl ReadStopper {
+    /// Makes the reader's current or next read end with `ReadError::Cancelled`.
+    pub fn stop(&self) {
+        self.stop.set(true);
+        let c = std::mem::take(&mut *self.canceller.borrow_mut());
+        *self.canceller.borrow_mut() = c.cancel();
+    }
+}
+
+impl<R: CancelableAsyncReadRent> FrameReader<R> {
+    /// A reader accepting frames up to `max_frame` bytes. `initial` holds
+    /// bytes already read from the stream.
+    pub fn new(io: R, max_frame: usize, initial: BytesMut) -> Self {
+        Self {
+            io,
+            buf: initial,
+            max_frame,
+            canceller: Rc::new(RefCell::new(Canceller::new())),
+            stop: Rc::new(Cell::new(false)),
+        }
+    }
+
+    /// A handle that can stop this reader.
+    pub fn stopper(&self) -> ReadStopper {
+        ReadStopper { canceller: self.canceller.clone(), stop: self.stop.clone() }
+    }
+
+    /// Next frame; `Ok(None)` on a clean end of stream between frames.
+    pub async fn next(&mut self) -> Result<Option<Envelope>, ReadError> {
+        loop {
+            if let Some(env) = wire::decode(&mut self.buf, self.max_frame)? {
+                return Ok(Some(env));
+            }
+            if self.stop.get() {
+                return Err(ReadError::Cancelled);
+            }
+            let handle: CancelHandle = self.canceller.borrow().handle();
+            let mut buf = std::mem::take(&mut self.buf);
+            buf.reserve(READ_CHUNK);
+            let len = buf.len();
+            let cap = buf.capacity();
+            // monoio reads overwrite from index 0: read into the spare tail.
+            let (res, slice) = self.io.cancelable_read(buf.slice_mut(len..cap), handle).await;
+            self.buf = slice.into_inner();
+            match res {
+                Ok(0) => {
+                    return if self.buf.is_empty() { Ok(None) } else { Err(ReadError::Truncated) };
+                }
+                Ok(_) => {}
+                Err(_) if self.stop.get() => return Err(ReadError::Cancelled),
+                Err(e) => return Err(ReadError::Io(e)),
+            }
+        }
+    }
+}
+
+/// The frame could not be queued.
+#[derive(Debug, thiserror::Error)]
+pub enum SendError {
+    /// The writer is closed (connection gone or over its limit).
+    #[error("connection closed")]
+    Closed,
+    /// The message cannot be encoded within the frame limit.
+    #[error("{0}")]
+    Wire(#[from] WireError),
+}
+
+struct WriterInner {
+    buf: RefCell<BytesMut>,
+    max_frame: usize,
+    high_water: usize,
+    hard_limit: usize,
+    data: LocalNotify,
+    drained: RefCell<Vec<Waker>>,
+    closed: Cell<bool>,
+}
+
+/// Shared handle to a connection's outbound frame buffer.
+#[derive(Clone)]
+pub struct FrameWriter {
+    inner: Rc<WriterInner>,
+}
+
+impl FrameWriter {
+    /// A writer whose producers wait above `high_water` buffered bytes and
+    /// which closes the connection beyond `hard_limit` (a peer that stopped
+    /// reading).
+    pub fn new(max_frame: usize, high_water: usize, hard_limit: usize) -> Self {
+        Self {
+            inner: Rc::new(WriterInner {
+                buf: RefCell::new(BytesMut::with_capacity(16 * 1024)),
+                max_frame,
+                high_water,
+                hard_limit: hard_limit.max(high_water + max_frame),
+                data: LocalNotify::new(),
+                drained: RefCell::new(Vec::new()),
+                closed: Cell::new(false),
+            }),
+        }
+    }
+
+    /// Queues one frame without waiting.
+    pub fn send(&self, env: &Envelope) -> Result<(), SendError> {
+        let inner = &self.inner;
+        if inner.closed.get() {
+            return Err(SendError::Closed);
+        }
+        {
+            let mut buf = inner.buf.borrow_mut();
+            wire::encode(env, &mut buf, inner.max_frame)?;
+            if buf.len() > inner.hard_limit {
+                drop(buf);
+                tracing::warn!(limit = inner.hard_limit, "peer stopped reading; closing the connection");
+                self.close();
+                return Err(SendError::Closed);
+            }
+        }
+        inner.data.notify();
+        Ok(())
+    }
+
+    /// Waits until the buffer is below the high-water mark.
+    pub async fn wait_writable(&self) -> Result<(), SendError> {
+        poll_fn(|cx| {
+            if self.inner.closed.get() {
+                Poll::Ready(Err(SendError::Closed))
+            } else if self.inner.buf.borrow().len() < self.inner.high_water {
+                Poll::Ready(Ok(()))
+            } else {
+                self.inner.drained.borrow_mut().push(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    /// Closes the writer: queued bytes are still flushed, new frames refused.
+    pub fn close(&self) {
+        self.inner.closed.set(true);
+        self.inner.data.notify();
+        for w in self.inner.drained.take() {
+            w.wake();
+        }
+    }
+
+    /// Whether the writer was closed.
+    pub fn is_closed(&self) -> bool {
+        self.inner.closed.get()
+    }
+
+    /// Drains the buffer into `io` until closed and empty, or a write fails.
+    pub async fn run<W: AsyncWriteRentExt>(self, mut io: W) -> io::Result<()> {
+        let mut spare = BytesMut::with_capacity(16 * 1024);
+        loop {
+            let chunk = {
+                let mut buf = self.inner.buf.borrow_mut();
+                if buf.is_empty() {
+                    None
+                } else {
+                    spare.clear();
+                    Some(std::mem::replace(&mut *buf, std::mem::take(&mut spare)))
+                }
+            };
+            match chunk {
+                Some(chunk) => {
+                    let (res, chunk) = io.write_all(chunk).await;
+                    spare = chunk;
+                    for w in self.inner.drained.take() {
+                        w.wake();
+                    }
+                    if let Err(e) = res {
+                        self.close();
+                        return Err(e);
+                    }
+                }
+                None if self.inner.closed.get() => return Ok(()),
+                None => self.inner.data.notified().await,
+            }
+        }
+    }
+}

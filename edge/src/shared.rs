@@ -1,0 +1,37 @@
+//! State shared by every worker thread (cold paths only: registry, config,
+//! the inboxes used to broadcast to cores).
+
+use std::{net::SocketAddr, sync::Arc};
+
+use iop_core::{config::EdgeConfig, rt::mailbox};
+use parking_lot::Mutex;
+
+use crate::{registry::Registry, worker::CoreMsg};
+
+/// Process-wide edge state.
+pub struct Shared {
+    /// Active configuration.
+    pub config: Arc<EdgeConfig>,
+    /// Authoritative node ownership.
+    pub registry: Mutex<Registry>,
+    /// Inbox of each worker core, by index.
+    pub inboxes: Vec<mailbox::Sender<CoreMsg>>,
+    /// Prefix making run ids unique across edge processes.
+    pub instance: String,
+    /// Bound client HTTP address.
+    pub http_addr: SocketAddr,
+    /// Bound node listener address.
+    pub node_addr: SocketAddr,
+}
+
+impl Shared {
+    /// Delivers `msg` to every core, waiting for inbox room rather than
+    /// dropping a fence.
+    pub async fn broadcast(&self, msg: CoreMsg) {
+        for inbox in &self.inboxes {
+            if inbox.send(msg.clone()).await.is_err() {
+                tracing::debug!("core inbox closed during broadcast");
+            }
+        }
+    }
+}

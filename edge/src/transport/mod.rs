@@ -1,0 +1,61 @@
+//! Node transport: the listener nodes dial, the registration/ready
+//! handshake, and one session task per node connection.
+
+mod runs;
+mod session;
+
+use std::{rc::Rc, time::Duration};
+
+use iop_core::{exec::ExecEvent, rt::mailbox, wire::pb};
+
+use crate::worker::Worker;
+
+/// Events of one run, delivered to the core serving its client.
+pub type RunEvents = mailbox::Sender<ExecEvent>;
+
+/// Capacity of one run's event mailbox; beyond it the client is too slow
+/// and the run is failed instead of stalling the node connection.
+pub const RUN_EVENT_CAPACITY: usize = 256;
+
+/// Capacity of a session's command mailbox.
+pub const SESSION_CMD_CAPACITY: usize = 4096;
+
+/// Heartbeat interval and wait (spec: 30 s / 45 s on both sides).
+pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
+/// A peer silent this long is closed with reason `heartbeat_timeout`.
+pub const HEARTBEAT_WAIT: Duration = Duration::from_secs(45);
+
+/// Commands other cores send to a node session.
+pub enum SessionCmd {
+    /// Start a run; its events go to `events`.
+    Run {
+        /// The request as sent to the node.
+        req: pb::RunRequest,
+        /// Where the run's events go.
+        events: RunEvents,
+    },
+    /// Cancel a run (client gone).
+    Cancel {
+        /// Run id.
+        run_id: String,
+        /// Why, for the node's logs.
+        reason: &'static str,
+    },
+    /// The session ended; stop the command pump.
+    Shutdown,
+}
+
+/// Accepts node connections on this core.
+pub async fn accept_loop(worker: Rc<Worker>, listener: monoio::net::TcpListener) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, peer)) => {
+                monoio::spawn(session::serve(worker.clone(), stream, peer));
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "node accept failed");
+                monoio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}

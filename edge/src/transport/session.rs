@@ -1,0 +1,385 @@
+//! One node connection: registration, ready gating, run multiplexing,
+//! heartbeat, and teardown that fences exactly this generation.
+
+use std::{cell::RefCell, net::SocketAddr, rc::Rc, time::Instant};
+
+use bytes::BytesMut;
+use iop_core::{
+    exec::{codes, ExecEvent, FailureSource, RunFailure},
+    rt::{
+        frames::{FrameReader, FrameWriter, ReadError},
+        mailbox,
+        signal::LocalCancel,
+    },
+    wire::pb::{self, envelope::Body, Envelope},
+};
+use monoio::{io::Splitable, net::TcpStream};
+
+use super::{
+    runs::{Routed, RunTable},
+    SessionCmd, HEARTBEAT_INTERVAL, HEARTBEAT_WAIT, SESSION_CMD_CAPACITY,
+};
+use crate::{
+    payload::node_payload,
+    registry::{DisconnectOutcome, Generation, ReadyOutcome, RegisterRefusal},
+    worker::{CoreMsg, NodeRoute, Worker},
+};
+
+/// Outbound bytes above which run producers would wait (the edge sends little).
+const HIGH_WATER: usize = 1024 * 1024;
+/// A node that stopped reading this much is disconnected.
+const HARD_LIMIT: usize = 64 * 1024 * 1024;
+/// Time a new connection has to register and then to report ready.
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn envelope(correlation_id: u64, body: Body) -> Envelope {
+    Envelope { correlation_id, body: Some(body) }
+}
+
+/// Serves one accepted node connection to its end.
+pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr) {
+    let _ = stream.set_nodelay(true);
+    let max_frame = worker.config.borrow().max_frame_bytes;
+    let (rd, wr) = stream.into_split();
+    let writer = FrameWriter::new(max_frame, HIGH_WATER, HARD_LIMIT);
+    monoio::spawn(writer.clone().run(wr));
+    let mut reader = FrameReader::new(rd, max_frame, BytesMut::new());
+
+    let Some((node_id, generation)) = register(&worker, &mut reader, &writer, peer).await else {
+        writer.close();
+        return;
+    };
+    let (cmd_tx, cmd_rx) = mailbox::mailbox(SESSION_CMD_CAPACITY);
+    let session = Session {
+        worker: worker.clone(),
+        node_id: node_id.clone(),
+        generation,
+        writer: writer.clone(),
+        runs: Rc::new(RefCell::new(RunTable::default())),
+        closed: LocalCancel::new(),
+        last_seen: Rc::new(std::cell::Cell::new(Instant::now())),
+    };
+    let reason = session.run(&mut reader, cmd_tx, cmd_rx).await;
+    session.teardown(reason).await;
+}
+
+/// Reads the RegisterRequest and answers it.
+async fn register<R>(
+    worker: &Rc<Worker>,
+    reader: &mut FrameReader<R>,
+    writer: &FrameWriter,
+    peer: SocketAddr,
+) -> Option<(String, Generation)>
+where
+    R: monoio::io::CancelableAsyncReadRent,
+{
+    // A timeout here ends the connection, so losing a half-read frame is moot.
+    let first = match monoio::time::timeout(HANDSHAKE_TIMEOUT, reader.next()).await {
+        Ok(Ok(Some(env))) => env,
+        Ok(Ok(None)) => return None,
+        Ok(Err(e)) => {
+            tracing::info!(%peer, error = %e, "node connection failed before registering");
+            return None;
+        }
+        Err(_) => {
+            tracing::info!(%peer, "node did not register in time");
+            return None;
+        }
+    };
+    let Some(Body::RegisterRequest(req)) = first.body else {
+        tracing::warn!(%peer, "node connection sent something other than RegisterRequest first");
+        let resp = pb::RegisterResponse {
+            accepted: false,
+            reason: "expected RegisterRequest".into(),
+            refusal: pb::RegisterRefusal::Protocol as i32,
+            config: None,
+        };
+        let _ = writer.send(&envelope(first.correlation_id, Body::RegisterResponse(resp)));
+        return None;
+    };
+    let config = worker.config.borrow().clone();
+    let claimed = worker.shared.registry.lock().register(&config, &req.token);
+    let (resp, outcome) = match claimed {
+        Ok((node_id, generation)) => match config.node(&node_id) {
+            Some(entry) => {
+                tracing::info!(node = %node_id, generation, %peer, version = %req.node_version, "node registered");
+                let resp = pb::RegisterResponse {
+                    accepted: true,
+                    reason: String::new(),
+                    refusal: pb::RegisterRefusal::None as i32,
+                    config: Some(node_payload(entry, 1)),
+                };
+                (resp, Some((node_id, generation)))
+            }
+            None => {
+                // The registry just matched this id from the same config.
+                worker.shared.registry.lock().disconnect(&node_id, generation);
+                tracing::error!(node = %node_id, "registration refused: node config could not be built");
+                let resp = pb::RegisterResponse {
+                    accepted: false,
+                    reason: "node configuration could not be built".into(),
+                    refusal: pb::RegisterRefusal::ConfigBuildFailed as i32,
+                    config: None,
+                };
+                (resp, None)
+            }
+        },
+        Err(refusal) => {
+            let kind = match refusal {
+                RegisterRefusal::UnknownToken => pb::RegisterRefusal::UnknownToken,
+                RegisterRefusal::Duplicate(_) => pb::RegisterRefusal::DuplicateConnection,
+            };
+            tracing::warn!(%peer, reason = %refusal, "node registration refused");
+            let resp =
+                pb::RegisterResponse { accepted: false, reason: refusal.to_string(), refusal: kind as i32, config: None };
+            (resp, None)
+        }
+    };
+    if writer.send(&envelope(first.correlation_id, Body::RegisterResponse(resp))).is_err() {
+        if let Some((node_id, generation)) = &outcome {
+            worker.shared.registry.lock().disconnect(node_id, *generation);
+        }
+        return None;
+    }
+    outcome
+}
+
+struct Session {
+    worker: Rc<Worker>,
+    node_id: String,
+    generation: Generation,
+    writer: FrameWriter,
+    runs: Rc<RefCell<RunTable>>,
+    closed: LocalCancel,
+    last_seen: Rc<std::cell::Cell<Instant>>,
+}
+
+impl Session {
+    /// Serves frames until the connection ends; returns the close reason.
+    async fn run<R>(
+        &self,
+        reader: &mut FrameReader<R>,
+        cmd_tx: mailbox::Sender<SessionCmd>,
+        cmd_rx: mailbox::Receiver<SessionCmd>,
+    ) -> String
+    where
+        R: monoio::io::CancelableAsyncReadRent,
+    {
+        monoio::spawn(pump_commands(cmd_rx, self.runs.clone(), self.writer.clone(), self.closed.clone()));
+        monoio::spawn(heartbeat(
+            self.writer.clone(),
+            self.last_seen.clone(),
+            self.closed.clone(),
+            reader.stopper(),
+            self.node_id.clone(),
+        ));
+        let mut cmd_tx = Some(cmd_tx);
+        let mut ready = false;
+        loop {
+            let env = match reader.next().await {
+                Ok(Some(env)) => env,
+                Ok(None) => return "closed_by_node".into(),
+                Err(ReadError::Cancelled) => return "heartbeat_timeout".into(),
+                Err(e) => return format!("read_error: {e}"),
+            };
+            self.last_seen.set(Instant::now());
+            let cid = env.correlation_id;
+            match env.body {
+                Some(Body::NodeReadyRequest(req)) => {
+                    let ok = self.on_ready(&req, &mut cmd_tx).await;
+                    ready |= ok;
+                    let resp = pb::NodeReadyResponse {
+                        ready: ok,
+                        reason: if ok { String::new() } else { "stale or unknown connection".into() },
+                    };
+                    let _ = self.writer.send(&envelope(cid, Body::NodeReadyResponse(resp)));
+                }
+                Some(Body::RunEvent(ev)) if ready => self.on_run_event(ev),
+                Some(Body::Heartbeat(hb)) => {
+                    if hb.ping {
+                        let pong = pb::Heartbeat { ping: false, sent_at_ms: hb.sent_at_ms };
+                        let _ = self.writer.send(&envelope(cid, Body::Heartbeat(pong)));
+                    }
+                }
+                Some(Body::ConfigRefreshAck(ack)) => {
+                    tracing::info!(node = %self.node_id, revision = ack.revision, applied = ack.applied, error = %ack.error, "node config refresh acknowledged");
+                }
+                Some(Body::NodeCommandResponse(_)) | Some(Body::ProviderTunnelFrame(_)) => {
+                    tracing::debug!(node = %self.node_id, "ignoring response to a request this edge did not send");
+                }
+                other => {
+                    let what = other.as_ref().map(body_name).unwrap_or("empty");
+                    return format!("protocol_violation: unexpected {what}");
+                }
+            }
+            if self.writer.is_closed() {
+                return "write_failed".into();
+            }
+        }
+    }
+
+    async fn on_ready(&self, req: &pb::NodeReadyRequest, cmd_tx: &mut Option<mailbox::Sender<SessionCmd>>) -> bool {
+        if req.node_id != self.node_id {
+            tracing::warn!(node = %self.node_id, claimed = %req.node_id, "ready for another node id refused");
+            return false;
+        }
+        let outcome = self.worker.shared.registry.lock().ready(&self.node_id, self.generation);
+        match outcome {
+            ReadyOutcome::BecameReady => {
+                let providers = {
+                    let cfg = self.worker.config.borrow();
+                    cfg.node(&self.node_id).map(|n| n.providers.iter().map(|p| p.id.clone()).collect()).unwrap_or_default()
+                };
+                if let Some(session) = cmd_tx.take() {
+                    let route = NodeRoute { generation: self.generation, session, providers };
+                    self.worker.shared.broadcast(CoreMsg::NodeReady { node_id: self.node_id.clone(), route }).await;
+                }
+                tracing::info!(node = %self.node_id, generation = self.generation, "node ready");
+                true
+            }
+            ReadyOutcome::AlreadyReady => true,
+            ReadyOutcome::Stale => {
+                tracing::warn!(node = %self.node_id, generation = self.generation, "stale ready refused");
+                false
+            }
+        }
+    }
+
+    fn on_run_event(&self, ev: pb::RunEvent) {
+        let run_id = ev.run_id.clone();
+        let seq = ev.seq;
+        let Some(event) = ExecEvent::from_wire(ev) else {
+            tracing::warn!(node = %self.node_id, run = %run_id, "run event without a kind ignored");
+            return;
+        };
+        let routed = self.runs.borrow_mut().route(&run_id, seq, event);
+        if let Routed::CancelOnNode(reason) = routed {
+            send_cancel(&self.writer, run_id, reason);
+        }
+    }
+
+    async fn teardown(self, reason: String) {
+        self.closed.cancel();
+        let outcome = self.worker.shared.registry.lock().disconnect(&self.node_id, self.generation);
+        let failure = RunFailure::new(
+            codes::NODE_DISCONNECTED,
+            502,
+            FailureSource::Node,
+            format!("node `{}` disconnected ({reason})", self.node_id),
+        )
+        .retryable();
+        let in_flight = self.runs.borrow().len();
+        self.runs.borrow_mut().fail_all(&failure);
+        match outcome {
+            DisconnectOutcome::Current { was_ready } => {
+                tracing::info!(node = %self.node_id, generation = self.generation, %reason, in_flight, "node disconnected");
+                if was_ready {
+                    let msg = CoreMsg::NodeGone { node_id: self.node_id.clone(), generation: self.generation };
+                    self.worker.shared.broadcast(msg).await;
+                }
+            }
+            DisconnectOutcome::Stale => {
+                tracing::info!(node = %self.node_id, generation = self.generation, %reason, "stale node connection ended");
+            }
+        }
+        self.writer.close();
+    }
+}
+
+fn send_cancel(writer: &FrameWriter, run_id: String, reason: &str) {
+    let req = pb::CancelRequest {
+        kind: pb::CancelKind::CancelRun as i32,
+        run_id,
+        reason: reason.to_owned(),
+        ..Default::default()
+    };
+    let _ = writer.send(&envelope(0, Body::CancelRequest(req)));
+}
+
+/// Applies commands from any core to this session until it closes.
+async fn pump_commands(
+    rx: mailbox::Receiver<SessionCmd>,
+    runs: Rc<RefCell<RunTable>>,
+    writer: FrameWriter,
+    closed: LocalCancel,
+) {
+    loop {
+        let cmd = monoio::select! {
+            cmd = rx.recv() => cmd,
+            _ = closed.cancelled() => None,
+        };
+        let Some(cmd) = cmd else { break };
+        match cmd {
+            SessionCmd::Run { req, events } => {
+                let run_id = req.run_id.clone();
+                runs.borrow_mut().insert(run_id.clone(), events);
+                if writer.send(&envelope(0, Body::RunRequest(req))).is_err() {
+                    break;
+                }
+            }
+            SessionCmd::Cancel { run_id, reason } => {
+                if runs.borrow_mut().remove(&run_id) {
+                    send_cancel(&writer, run_id, reason);
+                }
+            }
+            SessionCmd::Shutdown => break,
+        }
+    }
+    // Commands still queued belong to a dead session: fail their runs now.
+    drop(rx_fail_remaining(rx));
+}
+
+fn rx_fail_remaining(rx: mailbox::Receiver<SessionCmd>) -> mailbox::Receiver<SessionCmd> {
+    let failure = RunFailure::new(codes::NODE_DISCONNECTED, 502, FailureSource::Node, "node connection closed")
+        .retryable();
+    while let Some(cmd) = rx.try_recv() {
+        if let SessionCmd::Run { events, .. } = cmd {
+            let _ = events.try_send(ExecEvent::Error(failure.clone()));
+        }
+    }
+    rx
+}
+
+/// Pings the node and closes the connection when it falls silent.
+async fn heartbeat(
+    writer: FrameWriter,
+    last_seen: Rc<std::cell::Cell<Instant>>,
+    closed: LocalCancel,
+    stopper: iop_core::rt::frames::ReadStopper,
+    node_id: String,
+) {
+    loop {
+        monoio::select! {
+            _ = monoio::time::sleep(HEARTBEAT_INTERVAL) => {}
+            _ = closed.cancelled() => return,
+        }
+        if last_seen.get().elapsed() > HEARTBEAT_WAIT {
+            tracing::warn!(node = %node_id, "node silent beyond the heartbeat wait; closing (heartbeat_timeout)");
+            stopper.stop();
+            return;
+        }
+        let ping = pb::Heartbeat { ping: true, sent_at_ms: 0 };
+        if writer.send(&envelope(0, Body::Heartbeat(ping))).is_err() {
+            return;
+        }
+    }
+}
+
+fn body_name(b: &Body) -> &'static str {
+    match b {
+        Body::RegisterRequest(_) => "RegisterRequest",
+        Body::RegisterResponse(_) => "RegisterResponse",
+        Body::NodeReadyRequest(_) => "NodeReadyRequest",
+        Body::NodeReadyResponse(_) => "NodeReadyResponse",
+        Body::RunRequest(_) => "RunRequest",
+        Body::RunEvent(_) => "RunEvent before ready",
+        Body::CancelRequest(_) => "CancelRequest",
+        Body::NodeCommandRequest(_) => "NodeCommandRequest",
+        Body::NodeCommandResponse(_) => "NodeCommandResponse",
+        Body::ProviderTunnelRequest(_) => "ProviderTunnelRequest",
+        Body::ProviderTunnelFrame(_) => "ProviderTunnelFrame",
+        Body::ConfigRefresh(_) => "ConfigRefresh",
+        Body::ConfigRefreshAck(_) => "ConfigRefreshAck",
+        Body::Heartbeat(_) => "Heartbeat",
+    }
+}

@@ -1,0 +1,135 @@
+//! One edge worker core: its listeners, its view of ready nodes, its inbox.
+
+use std::{
+    cell::{Cell, RefCell},
+    collections::HashMap,
+    rc::Rc,
+    sync::Arc,
+};
+
+use iop_core::{
+    config::EdgeConfig,
+    rt::{mailbox, signal::LocalCancel},
+};
+
+use crate::{registry::Generation, server, shared::Shared, transport};
+
+/// A ready node as seen by one core.
+#[derive(Clone)]
+pub struct NodeRoute {
+    /// Connection generation the route belongs to.
+    pub generation: Generation,
+    /// Command mailbox of the node's session task.
+    pub session: mailbox::Sender<transport::SessionCmd>,
+    /// Provider ids the node runs.
+    pub providers: Vec<String>,
+}
+
+/// Messages between cores.
+#[derive(Clone)]
+pub enum CoreMsg {
+    /// A node's current connection became ready.
+    NodeReady {
+        /// Node id.
+        node_id: String,
+        /// How to reach it.
+        route: NodeRoute,
+    },
+    /// A node's connection `generation` ended.
+    NodeGone {
+        /// Node id.
+        node_id: String,
+        /// The generation that ended.
+        generation: Generation,
+    },
+    /// Stop serving.
+    Shutdown,
+}
+
+/// Per-core state; lives in an `Rc` on its own thread.
+pub struct Worker {
+    /// Core index.
+    pub index: usize,
+    /// Process-wide state.
+    pub shared: Arc<Shared>,
+    /// Configuration as this core sees it.
+    pub config: RefCell<Arc<EdgeConfig>>,
+    /// Ready nodes by id.
+    pub routes: RefCell<HashMap<String, NodeRoute>>,
+    run_seq: Cell<u64>,
+    /// Raised when the worker stops.
+    pub stop: LocalCancel,
+}
+
+impl Worker {
+    /// A worker for core `index`.
+    pub fn new(index: usize, shared: Arc<Shared>) -> Self {
+        let config = shared.config.clone();
+        Self {
+            index,
+            shared,
+            config: RefCell::new(config),
+            routes: RefCell::new(HashMap::new()),
+            run_seq: Cell::new(0),
+            stop: LocalCancel::new(),
+        }
+    }
+
+    /// A run id unique in this process and across edge instances.
+    pub fn next_run_id(&self) -> String {
+        let n = self.run_seq.get() + 1;
+        self.run_seq.set(n);
+        format!("{}-{}-{}", self.shared.instance, self.index, n)
+    }
+
+    fn apply(&self, msg: CoreMsg) {
+        match msg {
+            CoreMsg::NodeReady { node_id, route } => {
+                let mut routes = self.routes.borrow_mut();
+                // Generations only grow; never let an older ready replace a newer one.
+                if routes.get(&node_id).is_none_or(|r| r.generation < route.generation) {
+                    routes.insert(node_id, route);
+                }
+            }
+            CoreMsg::NodeGone { node_id, generation } => {
+                let mut routes = self.routes.borrow_mut();
+                if routes.get(&node_id).is_some_and(|r| r.generation == generation) {
+                    routes.remove(&node_id);
+                }
+            }
+            CoreMsg::Shutdown => self.stop.cancel(),
+        }
+    }
+}
+
+/// Runs worker `index`: accepts clients and nodes on this core's listeners
+/// and applies inbox messages until shutdown.
+pub async fn run(
+    worker: Rc<Worker>,
+    http: std::net::TcpListener,
+    nodes: std::net::TcpListener,
+    inbox: mailbox::Receiver<CoreMsg>,
+) {
+    let http = match monoio::net::TcpListener::from_std(http) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(worker = worker.index, error = %e, "cannot adopt HTTP listener");
+            return;
+        }
+    };
+    let nodes = match monoio::net::TcpListener::from_std(nodes) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!(worker = worker.index, error = %e, "cannot adopt node listener");
+            return;
+        }
+    };
+    monoio::spawn(server::accept_loop(worker.clone(), http));
+    monoio::spawn(transport::accept_loop(worker.clone(), nodes));
+    while let Some(msg) = inbox.recv().await {
+        worker.apply(msg);
+        if worker.stop.is_cancelled() {
+            break;
+        }
+    }
+}

@@ -1,0 +1,433 @@
+//! One client connection: HTTP/1.1 keep-alive loop, routing, and paced
+//! streaming that notices a departed client between tokens.
+//!
+//! The socket is split so a read can stay in flight while chunks are written:
+//! that read is how a client close is seen within one token interval. The
+//! in-flight read is never dropped while the connection lives (monoio trap:
+//! under io_uring a dropped read can lose bytes); it is parked in [`Reader`]
+//! and picked up again by the next request.
+
+use std::future::{poll_fn, Future};
+use std::io;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::BytesMut;
+use iop_core::http::{
+    parse_request_head, write_chunk, write_last_chunk, write_response_head, BodyDecoder, BodyKind, Framing, HttpError,
+    RequestHead,
+};
+use iop_core::sse::{write_done, write_event};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
+use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
+use monoio::net::TcpStream;
+
+use super::chat::{self, Chunks, Plan};
+use super::{Ctx, Stats};
+
+/// Bytes asked of one read.
+const READ_CHUNK: usize = 16 * 1024;
+/// While streaming, stop reading ahead once this much pipelined input waits.
+const MAX_READ_AHEAD: usize = 64 * 1024;
+/// With no token interval, yield to sibling tasks every this many chunks
+/// (monoio has no fair `yield_now`).
+const YIELD_EVERY: u64 = 32;
+/// Lingering close after an error response: drain the client's unread input
+/// so the kernel does not answer it with a reset that could destroy the response.
+const LINGER: Duration = Duration::from_secs(1);
+const LINGER_BYTES: usize = 256 * 1024;
+
+type ReadDone = (TcpOwnedReadHalf, io::Result<usize>, Vec<u8>);
+type ReadFut = Pin<Box<dyn Future<Output = ReadDone>>>;
+
+enum ReadState {
+    Idle(TcpOwnedReadHalf, Vec<u8>),
+    Busy(ReadFut),
+    /// Only between taking `Idle` apart and starting the read.
+    Broken,
+}
+
+/// The read half with at most one read in flight, kept across awaits.
+struct Reader {
+    state: ReadState,
+}
+
+impl Reader {
+    /// The in-flight read, starting one if none is.
+    fn inflight(&mut self) -> Option<&mut ReadFut> {
+        if let ReadState::Idle(..) = self.state {
+            if let ReadState::Idle(mut half, mut buf) = std::mem::replace(&mut self.state, ReadState::Broken) {
+                buf.clear();
+                self.state = ReadState::Busy(Box::pin(async move {
+                    let (res, buf) = half.read(buf).await;
+                    (half, res, buf)
+                }));
+            }
+        }
+        match &mut self.state {
+            ReadState::Busy(fut) => Some(fut),
+            _ => None,
+        }
+    }
+
+    /// Takes a finished read's bytes into `inbuf`; returns its length (0 = EOF).
+    fn complete(&mut self, done: ReadDone, inbuf: &mut BytesMut) -> io::Result<usize> {
+        let (half, res, buf) = done;
+        if let Ok(n) = res {
+            inbuf.extend_from_slice(&buf[..n.min(buf.len())]);
+        }
+        self.state = ReadState::Idle(half, buf);
+        res
+    }
+
+    async fn read_more(&mut self, inbuf: &mut BytesMut) -> io::Result<usize> {
+        let Some(fut) = self.inflight() else {
+            return Err(io::Error::other("connection reader unavailable"));
+        };
+        let done = fut.await;
+        self.complete(done, inbuf)
+    }
+}
+
+enum Waited {
+    Slept,
+    Read(io::Result<usize>),
+}
+
+/// What the connection does after a response.
+enum Next {
+    KeepAlive,
+    Close,
+}
+
+/// The client went away mid-answer.
+struct Gone;
+
+/// Counts a stream as active for its lifetime.
+struct ActiveStream(Arc<Stats>);
+
+impl ActiveStream {
+    fn new(stats: &Arc<Stats>) -> Self {
+        stats.active_streams.fetch_add(1, Ordering::Relaxed);
+        Self(stats.clone())
+    }
+}
+
+impl Drop for ActiveStream {
+    fn drop(&mut self) {
+        self.0.active_streams.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+struct Conn {
+    reader: Reader,
+    wr: TcpOwnedWriteHalf,
+    inbuf: BytesMut,
+    /// Our own write buffer (monoio's BufWriter is unsound in 0.2.4).
+    out: BytesMut,
+    /// One SSE event before chunk framing.
+    event: BytesMut,
+    ctx: Rc<Ctx>,
+}
+
+/// Serves one connection until it closes; errors are logged, never fatal.
+pub(crate) async fn serve(stream: TcpStream, ctx: Rc<Ctx>) {
+    let (rd, wr) = stream.into_split();
+    let mut conn = Conn {
+        reader: Reader { state: ReadState::Idle(rd, Vec::with_capacity(READ_CHUNK)) },
+        wr,
+        inbuf: BytesMut::with_capacity(READ_CHUNK),
+        out: BytesMut::with_capacity(READ_CHUNK),
+        event: BytesMut::with_capacity(1024),
+        ctx,
+    };
+    if let Err(e) = conn.run().await {
+        tracing::debug!(error = %e, "connection ended with an error");
+    }
+}
+
+fn now_secs() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
+
+impl Conn {
+    async fn run(&mut self) -> io::Result<()> {
+        loop {
+            let head = loop {
+                match parse_request_head(&mut self.inbuf, &self.ctx.limits) {
+                    Ok(Some(head)) => break head,
+                    Ok(None) => {
+                        if self.reader.read_more(&mut self.inbuf).await? == 0 {
+                            return Ok(());
+                        }
+                    }
+                    Err(e) => return self.reject(&e).await,
+                }
+            };
+            if head.expect_continue && head.body != BodyKind::Empty && self.inbuf.is_empty() {
+                self.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+                self.flush().await?;
+            }
+            let body = match self.read_body(head.body).await? {
+                Ok(body) => body,
+                Err(e) => return self.reject(&e).await,
+            };
+            let next = self.route(&head, &body).await?;
+            if !head.keep_alive || matches!(next, Next::Close) {
+                return Ok(());
+            }
+        }
+    }
+
+    async fn read_body(&mut self, kind: BodyKind) -> io::Result<Result<BytesMut, HttpError>> {
+        let mut decoder = BodyDecoder::new(kind, self.ctx.limits.max_body_bytes);
+        let mut body = BytesMut::new();
+        loop {
+            match decoder.decode(&mut self.inbuf) {
+                Ok(Some(data)) => body.extend_from_slice(&data),
+                Ok(None) if decoder.is_done() => return Ok(Ok(body)),
+                Ok(None) => {
+                    if self.reader.read_more(&mut self.inbuf).await? == 0 {
+                        return Err(io::ErrorKind::UnexpectedEof.into());
+                    }
+                }
+                Err(e) => return Ok(Err(e)),
+            }
+        }
+    }
+
+    async fn route(&mut self, head: &RequestHead, body: &[u8]) -> io::Result<Next> {
+        let ka = head.keep_alive;
+        match (head.method.as_str(), head.path()) {
+            ("POST", "/v1/chat/completions") => self.chat(body, ka).await,
+            ("GET", "/v1/models") => {
+                let body = chat::models_body(&self.ctx.config.model);
+                self.respond(200, "application/json", body.as_bytes(), ka).await
+            }
+            ("GET", "/healthz") => self.respond(200, "text/plain", b"ok", ka).await,
+            ("GET", "/stats") => {
+                let body = self.ctx.stats.to_json();
+                self.respond(200, "application/json", body.as_bytes(), ka).await
+            }
+            (_, "/v1/chat/completions" | "/v1/models" | "/healthz" | "/stats") => {
+                let body = chat::error_body("method not allowed", "invalid_request_error", "null");
+                self.respond(405, "application/json", body.as_bytes(), ka).await
+            }
+            _ => {
+                let body = chat::error_body("not found", "invalid_request_error", "null");
+                self.respond(404, "application/json", body.as_bytes(), ka).await
+            }
+        }
+    }
+
+    async fn chat(&mut self, body: &[u8], ka: bool) -> io::Result<Next> {
+        let seq = Stats::bump(&self.ctx.stats.requests) + 1;
+        let plan = match chat::plan(body, &self.ctx.config, seq, now_secs()) {
+            Ok(plan) => plan,
+            Err(e) => {
+                let body = chat::error_body(&e.0, "invalid_request_error", "null");
+                return self.respond(400, "application/json", body.as_bytes(), ka).await;
+            }
+        };
+        if let Some(status) = plan.error_status {
+            let body = chat::mock_error_body(status);
+            return self.respond(status, "application/json", body.as_bytes(), ka).await;
+        }
+        if plan.stream {
+            self.stream(&plan, ka).await
+        } else {
+            self.complete(&plan, ka).await
+        }
+    }
+
+    async fn complete(&mut self, plan: &Plan, ka: bool) -> io::Result<Next> {
+        // As long as a real server would take to produce the same tokens.
+        let gaps = u32::try_from(plan.completion_tokens().saturating_sub(1)).unwrap_or(u32::MAX);
+        if self.pause(plan.ttft.saturating_add(plan.interval.saturating_mul(gaps))).await.is_err() {
+            Stats::bump(&self.ctx.stats.early_closed);
+            return Ok(Next::Close);
+        }
+        if plan.aborts() {
+            Stats::bump(&self.ctx.stats.aborted);
+            return Ok(Next::Close);
+        }
+        let body = chat::completion_body(plan);
+        self.respond(200, "application/json", body.as_bytes(), ka).await
+    }
+
+    async fn stream(&mut self, plan: &Plan, ka: bool) -> io::Result<Next> {
+        let stats = self.ctx.stats.clone();
+        Stats::bump(&stats.streams_started);
+        let _active = ActiveStream::new(&stats);
+        match self.stream_inner(plan, ka).await {
+            Ok(next) => Ok(next),
+            Err(Gone) => {
+                Stats::bump(&stats.early_closed);
+                Ok(Next::Close)
+            }
+        }
+    }
+
+    async fn stream_inner(&mut self, plan: &Plan, ka: bool) -> Result<Next, Gone> {
+        let chunks = Chunks::new(plan);
+        write_response_head(
+            &mut self.out,
+            200,
+            &[("content-type", "text/event-stream"), ("cache-control", "no-cache")],
+            Framing::Chunked,
+            ka,
+        );
+        self.push_event(&chunks.role());
+        self.flush().await.map_err(|_| Gone)?;
+        self.pause(plan.ttft).await?;
+        let mut sent = 0u64;
+        for i in 0..plan.reasoning {
+            self.pace(sent, plan.interval).await?;
+            self.push_event(&chunks.reasoning(&chat::reasoning_token(i)));
+            self.flush().await.map_err(|_| Gone)?;
+            sent += 1;
+        }
+        for i in 0..plan.content {
+            if plan.abort_after == Some(i) {
+                Stats::bump(&self.ctx.stats.aborted);
+                return Ok(Next::Close);
+            }
+            self.pace(sent, plan.interval).await?;
+            self.push_event(&chunks.content(&chat::content_token(i)));
+            self.flush().await.map_err(|_| Gone)?;
+            sent += 1;
+        }
+        if plan.abort_after == Some(plan.content) {
+            Stats::bump(&self.ctx.stats.aborted);
+            return Ok(Next::Close);
+        }
+        self.push_event(&chunks.finish(plan.finish_reason));
+        if plan.include_usage {
+            self.push_event(&chunks.usage(plan));
+        }
+        self.event.clear();
+        write_done(&mut self.event);
+        write_chunk(&mut self.out, &self.event);
+        write_last_chunk(&mut self.out);
+        self.flush().await.map_err(|_| Gone)?;
+        Stats::bump(&self.ctx.stats.streams_completed);
+        Ok(Next::KeepAlive)
+    }
+
+    /// Waits the token interval before every token but the first.
+    async fn pace(&mut self, sent: u64, interval: Duration) -> Result<(), Gone> {
+        if sent == 0 {
+            return Ok(());
+        }
+        if interval.is_zero() {
+            if sent % YIELD_EVERY == 0 {
+                monoio::time::sleep(Duration::ZERO).await;
+            }
+            return Ok(());
+        }
+        self.pause(interval).await
+    }
+
+    /// Appends one SSE event as one HTTP chunk.
+    fn push_event(&mut self, json: &str) {
+        self.event.clear();
+        write_event(&mut self.event, json.as_bytes());
+        write_chunk(&mut self.out, &self.event);
+    }
+
+    /// Sleeps `d` while watching the socket: EOF or a read error means the
+    /// client left. Bytes it pipelined meanwhile are kept for the next request.
+    async fn pause(&mut self, d: Duration) -> Result<(), Gone> {
+        let deadline = Instant::now() + d;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(());
+            }
+            if self.inbuf.len() >= MAX_READ_AHEAD {
+                monoio::time::sleep(left).await;
+                return Ok(());
+            }
+            match self.wait(left).await {
+                Waited::Slept => return Ok(()),
+                Waited::Read(Ok(0) | Err(_)) => return Err(Gone),
+                Waited::Read(Ok(_)) => {}
+            }
+        }
+    }
+
+    /// Waits for `d` to pass or the in-flight read to finish, whichever is first.
+    async fn wait(&mut self, d: Duration) -> Waited {
+        let mut sleep = std::pin::pin!(monoio::time::sleep(d));
+        let Some(fut) = self.reader.inflight() else {
+            sleep.await;
+            return Waited::Slept;
+        };
+        let done = poll_fn(|cx| {
+            if let Poll::Ready(done) = fut.as_mut().poll(cx) {
+                return Poll::Ready(Some(done));
+            }
+            if sleep.as_mut().poll(cx).is_ready() {
+                return Poll::Ready(None);
+            }
+            Poll::Pending
+        })
+        .await;
+        match done {
+            Some(done) => Waited::Read(self.reader.complete(done, &mut self.inbuf)),
+            None => Waited::Slept,
+        }
+    }
+
+    async fn respond(&mut self, status: u16, content_type: &str, body: &[u8], ka: bool) -> io::Result<Next> {
+        write_response_head(&mut self.out, status, &[("content-type", content_type)], Framing::Length(body.len()), ka);
+        self.out.extend_from_slice(body);
+        self.flush().await?;
+        Ok(Next::KeepAlive)
+    }
+
+    /// Answers an unparsable request and closes the connection.
+    async fn reject(&mut self, e: &HttpError) -> io::Result<()> {
+        tracing::debug!(error = %e, "rejecting request");
+        let body = chat::error_body(&e.to_string(), "invalid_request_error", "null");
+        write_response_head(
+            &mut self.out,
+            e.status(),
+            &[("content-type", "application/json")],
+            Framing::Length(body.len()),
+            false,
+        );
+        self.out.extend_from_slice(body.as_bytes());
+        self.flush().await?;
+        let _ = self.wr.shutdown().await;
+        let deadline = Instant::now() + LINGER;
+        let mut drained = 0usize;
+        while drained < LINGER_BYTES {
+            self.inbuf.clear();
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break;
+            }
+            match self.wait(left).await {
+                Waited::Read(Ok(n)) if n > 0 => drained += n,
+                _ => break,
+            }
+        }
+        Ok(())
+    }
+
+    async fn flush(&mut self) -> io::Result<()> {
+        if self.out.is_empty() {
+            return Ok(());
+        }
+        let buf = std::mem::take(&mut self.out);
+        let (res, mut buf) = self.wr.write_all(buf).await;
+        buf.clear();
+        self.out = buf;
+        res.map(|_| ())
+    }
+}

@@ -1,0 +1,207 @@
+//! `iop-mockprov`: an OpenAI-compatible upstream model server shaped like
+//! vLLM / llama.cpp server output, for end-to-end and load tests.
+//!
+//! - [`MockConfig`]: CLI defaults; a request may override them with a
+//!   `"mock": {...}` object in its JSON body ([`chat::MockOverrides`]).
+//! - [`MockProv`]: the server on one monoio runtime; [`run_blocking`] builds
+//!   the runtime, [`spawn`] runs it on a background thread for in-process tests.
+//! - [`Stats`]: counters served at `GET /stats`.
+//!
+//! Endpoints: `POST /v1/chat/completions` (streamed or not), `GET /v1/models`,
+//! `GET /healthz`, `GET /stats`.
+
+pub mod chat;
+mod conn;
+
+use std::io;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use iop_core::http::Limits;
+
+/// Defaults for every request (each can be overridden per request).
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "iop-mockprov", about = "Mock OpenAI-compatible model server for iop tests")]
+pub struct MockConfig {
+    /// Address to listen on (port 0 picks a free port).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// Content tokens per answer.
+    #[arg(long, default_value_t = 16)]
+    pub tokens: u64,
+    /// Delay between tokens, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub token_interval_ms: u64,
+    /// Delay before the first token, in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    pub ttft_ms: u64,
+    /// Answer chat requests with this HTTP status and an OpenAI-shaped error.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(400..=599))]
+    pub error_status: Option<u16>,
+    /// Close the connection after this many content chunks (no finish, no [DONE]).
+    #[arg(long)]
+    pub abort_after: Option<u64>,
+    /// Reasoning (`reasoning_content`) chunks before the content.
+    #[arg(long, default_value_t = 0)]
+    pub reasoning: u64,
+    /// Model name reported when a request names none, and in /v1/models.
+    #[arg(long, default_value = "mock")]
+    pub model: String,
+}
+
+impl MockConfig {
+    /// The CLI defaults.
+    pub fn for_tests() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            tokens: 16,
+            token_interval_ms: 0,
+            ttft_ms: 0,
+            error_status: None,
+            abort_after: None,
+            reasoning: 0,
+            model: "mock".to_owned(),
+        }
+    }
+}
+
+/// Server counters, readable from any thread.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Chat-completion requests received (other endpoints are not counted).
+    pub requests: AtomicU64,
+    /// Streamed answers begun.
+    pub streams_started: AtomicU64,
+    /// Streamed answers that reached `[DONE]`.
+    pub streams_completed: AtomicU64,
+    /// Chat answers (streamed or not) whose client closed the connection
+    /// before the answer was complete.
+    pub early_closed: AtomicU64,
+    /// Answers ended on purpose by `abort_after`.
+    pub aborted: AtomicU64,
+    /// Streamed answers in progress.
+    pub active_streams: AtomicU64,
+    /// TCP connections accepted.
+    pub connections_accepted: AtomicU64,
+}
+
+impl Stats {
+    /// The `GET /stats` body.
+    pub fn to_json(&self) -> String {
+        let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        format!(
+            "{{\"requests\":{},\"streams_started\":{},\"streams_completed\":{},\"early_closed\":{},\
+             \"aborted\":{},\"active_streams\":{},\"connections_accepted\":{}}}",
+            g(&self.requests),
+            g(&self.streams_started),
+            g(&self.streams_completed),
+            g(&self.early_closed),
+            g(&self.aborted),
+            g(&self.active_streams),
+            g(&self.connections_accepted)
+        )
+    }
+
+    pub(crate) fn bump(counter: &AtomicU64) -> u64 {
+        counter.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+/// Shared by the connections of one server.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    pub(crate) config: MockConfig,
+    pub(crate) stats: Arc<Stats>,
+    pub(crate) limits: Limits,
+}
+
+/// A bound mock provider. Create and run it inside a monoio runtime.
+#[derive(Debug)]
+pub struct MockProv {
+    listener: monoio::net::TcpListener,
+    ctx: Rc<Ctx>,
+}
+
+impl MockProv {
+    /// Binds `config.listen` (without `SO_REUSEPORT`, so a stale server can
+    /// never silently share the port).
+    pub fn bind(config: MockConfig) -> io::Result<Self> {
+        let opts = monoio::net::ListenerOpts::new().reuse_port(false);
+        let listener = monoio::net::TcpListener::bind_with_config(config.listen, &opts)?;
+        let ctx = Rc::new(Ctx { config, stats: Arc::new(Stats::default()), limits: Limits::default() });
+        Ok(Self { listener, ctx })
+    }
+
+    /// The bound address (with the real port).
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// The server's counters.
+    pub fn stats(&self) -> Arc<Stats> {
+        self.ctx.stats.clone()
+    }
+
+    /// Accepts connections forever, one task per connection.
+    pub async fn run(self) -> io::Result<()> {
+        loop {
+            match self.listener.accept().await {
+                Ok((stream, peer)) => {
+                    Stats::bump(&self.ctx.stats.connections_accepted);
+                    // Token chunks are tiny; Nagle would batch them and distort timing.
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!(%peer, error = %e, "set_nodelay failed");
+                    }
+                    monoio::spawn(conn::serve(stream, self.ctx.clone()));
+                }
+                Err(e) => {
+                    // Typically EMFILE: back off instead of spinning, keep serving.
+                    tracing::warn!(error = %e, "accept failed");
+                    monoio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+}
+
+/// Builds a single-threaded monoio runtime (io_uring, epoll fallback), binds,
+/// calls `on_ready` with the bound address and serves until an error.
+pub fn run_blocking(config: MockConfig, on_ready: impl FnOnce(SocketAddr, Arc<Stats>)) -> io::Result<()> {
+    let uring = monoio::utils::detect_uring();
+    tracing::info!(driver = if uring { "io_uring" } else { "epoll" }, "starting monoio runtime");
+    let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build()?;
+    rt.block_on(async move {
+        let server = MockProv::bind(config)?;
+        on_ready(server.local_addr()?, server.stats());
+        server.run().await
+    })
+}
+
+/// A mock provider running on a background thread (for in-process tests).
+/// The thread lives until the process exits.
+#[derive(Debug, Clone)]
+pub struct Background {
+    /// Bound address.
+    pub addr: SocketAddr,
+    /// Live counters.
+    pub stats: Arc<Stats>,
+}
+
+/// Starts a mock provider on its own thread and waits until it listens.
+pub fn spawn(config: MockConfig) -> io::Result<Background> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(1);
+    let err_tx = tx.clone();
+    std::thread::Builder::new().name("iop-mockprov".into()).spawn(move || {
+        let result = run_blocking(config, |addr, stats| {
+            let _ = tx.send(Ok(Background { addr, stats }));
+        });
+        if let Err(e) = result {
+            tracing::error!(error = %e, "mock provider stopped");
+            let _ = err_tx.send(Err(e));
+        }
+    })?;
+    rx.recv().map_err(|_| io::Error::other("mock provider thread exited"))?
+}

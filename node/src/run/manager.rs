@@ -1,0 +1,180 @@
+//! Admits runs by adapter concurrency, runs them as tasks, cancels them,
+//! and guarantees each ends with exactly one terminal event.
+
+use std::{
+    cell::{Cell, RefCell},
+    collections::HashMap,
+    rc::Rc,
+};
+
+use iop_core::{
+    exec::{codes, ExecEvent, FailureSource, RunFailure},
+    rt::{
+        frames::FrameWriter,
+        signal::{LocalCancel, LocalNotify},
+    },
+    wire::pb,
+};
+
+use super::{
+    emitter::Emitter,
+    spec::{EventSink, RunSpec},
+};
+use crate::adapter::Adapter;
+
+/// Runs in flight on one edge session.
+pub struct RunManager {
+    adapters: RefCell<HashMap<String, Rc<Adapter>>>,
+    inflight: RefCell<HashMap<String, u32>>,
+    runs: RefCell<HashMap<String, LocalCancel>>,
+    writer: FrameWriter,
+    draining: Cell<bool>,
+    idle: LocalNotify,
+}
+
+/// Releases a run's admission slot however its task ends.
+struct Slot {
+    manager: Rc<RunManager>,
+    adapter: String,
+    run_id: String,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        if let Some(n) = self.manager.inflight.borrow_mut().get_mut(&self.adapter) {
+            *n = n.saturating_sub(1);
+        }
+        self.manager.runs.borrow_mut().remove(&self.run_id);
+        if self.manager.runs.borrow().is_empty() {
+            self.manager.idle.notify();
+        }
+    }
+}
+
+impl RunManager {
+    /// A manager running `adapters`, writing events to `writer`.
+    pub fn new(adapters: Vec<Adapter>, writer: FrameWriter) -> Rc<Self> {
+        let adapters = adapters.into_iter().map(|a| (a.id().to_owned(), Rc::new(a))).collect();
+        Rc::new(Self {
+            adapters: RefCell::new(adapters),
+            inflight: RefCell::new(HashMap::new()),
+            runs: RefCell::new(HashMap::new()),
+            writer,
+            draining: Cell::new(false),
+            idle: LocalNotify::new(),
+        })
+    }
+
+    /// Replaces the adapter set; runs in flight keep the adapter they started with.
+    pub fn replace_adapters(&self, adapters: Vec<Adapter>) {
+        *self.adapters.borrow_mut() = adapters.into_iter().map(|a| (a.id().to_owned(), Rc::new(a))).collect();
+    }
+
+    /// Ids of the configured adapters.
+    pub fn adapter_ids(&self) -> Vec<String> {
+        self.adapters.borrow().keys().cloned().collect()
+    }
+
+    /// Runs in flight.
+    pub fn active(&self) -> usize {
+        self.runs.borrow().len()
+    }
+
+    /// Starts `req`, or answers it at once with an error terminal.
+    pub fn start(self: &Rc<Self>, req: pb::RunRequest) {
+        let run_id = req.run_id.clone();
+        if run_id.is_empty() || self.runs.borrow().contains_key(&run_id) {
+            tracing::warn!(run = %run_id, "run request with an empty or duplicate run id ignored");
+            return;
+        }
+        let adapter = self.adapters.borrow().get(&req.adapter).cloned();
+        let refuse = |f: RunFailure| {
+            let mut e = Emitter::new(self.writer.clone(), run_id.clone());
+            monoio::spawn(async move {
+                let _ = e.emit(ExecEvent::Error(f)).await;
+            });
+        };
+        let Some(adapter) = adapter else {
+            let msg = format!("node has no provider `{}`", req.adapter);
+            return refuse(RunFailure::new(codes::UNKNOWN_ADAPTER, 404, FailureSource::Node, msg));
+        };
+        if self.draining.get() {
+            return refuse(
+                RunFailure::new(codes::CAPACITY, 503, FailureSource::Node, "node is shutting down").retryable(),
+            );
+        }
+        {
+            let mut inflight = self.inflight.borrow_mut();
+            let n = inflight.entry(req.adapter.clone()).or_insert(0);
+            if *n >= adapter.max_concurrency() {
+                drop(inflight);
+                let msg = format!("provider `{}` is at its concurrency limit", req.adapter);
+                return refuse(RunFailure::new(codes::CAPACITY, 429, FailureSource::Node, msg).retryable());
+            }
+            *n += 1;
+        }
+        let cancel = LocalCancel::new();
+        self.runs.borrow_mut().insert(run_id.clone(), cancel.clone());
+        let slot = Slot { manager: self.clone(), adapter: req.adapter.clone(), run_id: run_id.clone() };
+        let spec = RunSpec {
+            run_id: run_id.clone(),
+            target: req.target,
+            messages: req.messages,
+            max_tokens: req.max_tokens,
+            params_json: req.params_json,
+        };
+        let emitter = Emitter::new(self.writer.clone(), run_id);
+        monoio::spawn(execute(adapter, spec, emitter, cancel, slot));
+    }
+
+    /// Cancels a run (its adapter future is dropped, closing the upstream request).
+    pub fn cancel(&self, run_id: &str) {
+        let cancel = self.runs.borrow().get(run_id).cloned();
+        if let Some(c) = cancel {
+            c.cancel();
+        }
+    }
+
+    /// Cancels every run (connection lost or drain deadline passed).
+    pub fn cancel_all(&self) {
+        let all: Vec<_> = self.runs.borrow().values().cloned().collect();
+        for c in all {
+            c.cancel();
+        }
+    }
+
+    /// Refuses new runs from now on.
+    pub fn start_draining(&self) {
+        self.draining.set(true);
+    }
+
+    /// Resolves when no run is in flight.
+    pub async fn wait_idle(&self) {
+        while !self.runs.borrow().is_empty() {
+            self.idle.notified().await;
+        }
+    }
+}
+
+async fn execute(adapter: Rc<Adapter>, spec: RunSpec, mut emitter: Emitter, cancel: LocalCancel, slot: Slot) {
+    let run_id = spec.run_id.clone();
+    monoio::select! {
+        _ = adapter.execute(spec, &mut emitter) => {}
+        _ = cancel.cancelled() => {}
+    }
+    if !emitter.terminal_sent() {
+        let ev = if cancel.is_cancelled() {
+            ExecEvent::Cancelled { reason: "cancelled by edge".into() }
+        } else {
+            tracing::warn!(run = %run_id, adapter = adapter.id(), "adapter ended without a terminal event");
+            ExecEvent::Error(RunFailure::new(
+                codes::INTERNAL,
+                502,
+                FailureSource::Node,
+                "provider adapter ended without a terminal event",
+            ))
+        };
+        let _ = emitter.emit(ev).await;
+    }
+    drop(slot);
+}

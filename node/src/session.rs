@@ -1,0 +1,308 @@
+//! One connection to the edge: register, apply the config, report ready,
+//! then serve runs until the connection ends.
+
+use std::{cell::Cell, rc::Rc, time::Instant};
+
+use bytes::BytesMut;
+use iop_core::{
+    config::NodeConfig,
+    rt::{
+        blocking,
+        frames::{FrameReader, FrameWriter, ReadError, ReadStopper},
+        signal::LocalCancel,
+    },
+    wire::pb::{self, envelope::Body, Envelope},
+};
+use monoio::{io::Splitable, net::TcpStream};
+
+use crate::{adapter::Adapter, run::RunManager};
+
+/// Run events may buffer this much before adapters wait for the socket.
+const HIGH_WATER: usize = 1024 * 1024;
+/// An edge that stopped reading this much is disconnected.
+const HARD_LIMIT: usize = 256 * 1024 * 1024;
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Heartbeat interval and wait (spec: 30 s / 45 s on both sides).
+const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+const HEARTBEAT_WAIT: std::time::Duration = std::time::Duration::from_secs(45);
+
+/// How a session ended.
+#[derive(Debug)]
+pub enum SessionEnd {
+    /// Local shutdown: exit normally.
+    Shutdown,
+    /// Cannot succeed by retrying (unknown token, invalid config).
+    Fatal(String),
+    /// Retry with the reconnect policy; `established` if the node had been ready.
+    Retry {
+        /// The node reached ready on this connection.
+        established: bool,
+        /// Why it ended.
+        reason: String,
+    },
+}
+
+fn envelope(correlation_id: u64, body: Body) -> Envelope {
+    Envelope { correlation_id, body: Some(body) }
+}
+
+fn retry(reason: impl Into<String>) -> SessionEnd {
+    SessionEnd::Retry { established: false, reason: reason.into() }
+}
+
+/// Connects, registers and serves until the connection ends or `shutdown` is raised.
+pub async fn run(cfg: &NodeConfig, shutdown: &LocalCancel) -> SessionEnd {
+    let addrs = match blocking::resolve(cfg.edge.clone()).await {
+        Ok(a) if !a.is_empty() => a,
+        Ok(_) => return retry(format!("edge address {} resolved to nothing", cfg.edge)),
+        Err(e) => return retry(format!("cannot resolve edge address {}: {e}", cfg.edge)),
+    };
+    let mut last_err = String::new();
+    let mut stream = None;
+    for addr in addrs {
+        let attempt = monoio::select! {
+            r = monoio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect_addr(addr)) => r,
+            _ = shutdown.cancelled() => return SessionEnd::Shutdown,
+        };
+        match attempt {
+            Ok(Ok(s)) => {
+                stream = Some(s);
+                break;
+            }
+            Ok(Err(e)) => last_err = format!("cannot connect to edge {addr}: {e}"),
+            Err(_) => last_err = format!("connecting to edge {addr} timed out"),
+        }
+    }
+    let Some(stream) = stream else { return retry(last_err) };
+    let _ = stream.set_nodelay(true);
+    let (rd, wr) = stream.into_split();
+    let writer = FrameWriter::new(cfg.max_frame_bytes, HIGH_WATER, HARD_LIMIT);
+    monoio::spawn(writer.clone().run(wr));
+    let mut reader = FrameReader::new(rd, cfg.max_frame_bytes, BytesMut::new());
+    let end = serve(cfg, shutdown, &writer, &mut reader).await;
+    writer.close();
+    end
+}
+
+async fn next_frame<R: monoio::io::CancelableAsyncReadRent>(
+    reader: &mut FrameReader<R>,
+    shutdown: &LocalCancel,
+    what: &str,
+) -> Result<Envelope, SessionEnd> {
+    // A handshake timeout or shutdown ends the connection, so losing a
+    // half-read frame is moot.
+    let read = monoio::select! {
+        r = monoio::time::timeout(HANDSHAKE_TIMEOUT, reader.next()) => r,
+        _ = shutdown.cancelled() => return Err(SessionEnd::Shutdown),
+    };
+    match read {
+        Ok(Ok(Some(env))) => Ok(env),
+        Ok(Ok(None)) => Err(retry(format!("edge closed the connection while waiting for {what}"))),
+        Ok(Err(e)) => Err(retry(format!("connection failed while waiting for {what}: {e}"))),
+        Err(_) => Err(retry(format!("edge did not send {what} in time"))),
+    }
+}
+
+async fn serve<R: monoio::io::CancelableAsyncReadRent>(
+    cfg: &NodeConfig,
+    shutdown: &LocalCancel,
+    writer: &FrameWriter,
+    reader: &mut FrameReader<R>,
+) -> SessionEnd {
+    let register = pb::RegisterRequest {
+        token: cfg.token.expose().to_owned(),
+        node_version: env!("CARGO_PKG_VERSION").to_owned(),
+    };
+    if writer.send(&envelope(1, Body::RegisterRequest(register))).is_err() {
+        return retry("connection closed before registering");
+    }
+    let resp = match next_frame(reader, shutdown, "RegisterResponse").await {
+        Ok(env) => match env.body {
+            Some(Body::RegisterResponse(r)) => r,
+            _ => return retry("edge answered registration with an unexpected frame"),
+        },
+        Err(end) => return end,
+    };
+    if !resp.accepted {
+        return match pb::RegisterRefusal::try_from(resp.refusal) {
+            Ok(pb::RegisterRefusal::UnknownToken) => {
+                SessionEnd::Fatal(format!("edge refused the registration: {} (check the node token)", resp.reason))
+            }
+            Ok(pb::RegisterRefusal::ConfigBuildFailed) => {
+                SessionEnd::Fatal(format!("edge could not build this node's config: {}", resp.reason))
+            }
+            _ => retry(format!("edge refused the registration: {}", resp.reason)),
+        };
+    }
+    let Some(payload) = resp.config else {
+        return SessionEnd::Fatal("edge accepted the registration but sent no config".into());
+    };
+    let adapters = match build_adapters(&payload) {
+        Ok(a) => a,
+        Err(e) => return SessionEnd::Fatal(format!("invalid provider config from the edge: {e}")),
+    };
+    let node_id = payload.node_id.clone();
+    let manager = RunManager::new(adapters, writer.clone());
+
+    let ready = pb::NodeReadyRequest { node_id: node_id.clone(), config_revision: payload.revision };
+    if writer.send(&envelope(2, Body::NodeReadyRequest(ready))).is_err() {
+        return retry("connection closed before ready");
+    }
+    match next_frame(reader, shutdown, "NodeReadyResponse").await {
+        Ok(env) => match env.body {
+            Some(Body::NodeReadyResponse(r)) if r.ready => {}
+            Some(Body::NodeReadyResponse(r)) => return retry(format!("edge refused ready: {}", r.reason)),
+            _ => return retry("edge answered ready with an unexpected frame"),
+        },
+        Err(end) => return end,
+    }
+    tracing::info!(node = %node_id, providers = ?manager.adapter_ids(), "node ready");
+
+    let last_seen = Rc::new(Cell::new(Instant::now()));
+    let closed = LocalCancel::new();
+    monoio::spawn(heartbeat(writer.clone(), last_seen.clone(), closed.clone(), reader.stopper()));
+    monoio::spawn(drain_on_shutdown(shutdown.clone(), closed.clone(), manager.clone(), reader.stopper(), cfg.shutdown_grace));
+
+    let reason = serve_frames(reader, writer, &manager, &last_seen).await;
+    closed.cancel();
+    // Runs are bound to this connection: their events could go nowhere now.
+    manager.cancel_all();
+    if shutdown.is_cancelled() {
+        return SessionEnd::Shutdown;
+    }
+    SessionEnd::Retry { established: true, reason }
+}
+
+fn build_adapters(payload: &pb::NodeConfigPayload) -> Result<Vec<Adapter>, String> {
+    payload.providers.iter().map(|p| Adapter::from_config(p).map_err(|e| e.to_string())).collect()
+}
+
+async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
+    reader: &mut FrameReader<R>,
+    writer: &FrameWriter,
+    manager: &Rc<RunManager>,
+    last_seen: &Cell<Instant>,
+) -> String {
+    loop {
+        let env = match reader.next().await {
+            Ok(Some(env)) => env,
+            Ok(None) => return "edge closed the connection".into(),
+            Err(ReadError::Cancelled) => return "heartbeat_timeout or shutdown".into(),
+            Err(e) => return format!("connection failed: {e}"),
+        };
+        last_seen.set(Instant::now());
+        let cid = env.correlation_id;
+        match env.body {
+            Some(Body::RunRequest(req)) => manager.start(req),
+            Some(Body::CancelRequest(c)) => manager.cancel(&c.run_id),
+            Some(Body::Heartbeat(hb)) => {
+                if hb.ping {
+                    let pong = pb::Heartbeat { ping: false, sent_at_ms: hb.sent_at_ms };
+                    let _ = writer.send(&envelope(cid, Body::Heartbeat(pong)));
+                }
+            }
+            Some(Body::ConfigRefresh(refresh)) => {
+                let ack = match refresh.config.as_ref().map(build_adapters) {
+                    Some(Ok(adapters)) => {
+                        manager.replace_adapters(adapters);
+                        let revision = refresh.config.as_ref().map(|c| c.revision).unwrap_or(0);
+                        tracing::info!(revision, "provider config refreshed");
+                        pb::ConfigRefreshAck { revision, applied: true, error: String::new() }
+                    }
+                    Some(Err(e)) => pb::ConfigRefreshAck { revision: 0, applied: false, error: e },
+                    None => pb::ConfigRefreshAck { revision: 0, applied: false, error: "refresh without config".into() },
+                };
+                let _ = writer.send(&envelope(cid, Body::ConfigRefreshAck(ack)));
+            }
+            Some(Body::NodeCommandRequest(cmd)) => {
+                let resp = command(&cmd, manager);
+                let _ = writer.send(&envelope(cid, Body::NodeCommandResponse(resp)));
+            }
+            Some(Body::ProviderTunnelRequest(t)) => {
+                let err = pb::RunError {
+                    code: iop_core::exec::codes::INVALID_REQUEST.into(),
+                    message: "provider tunnel is not supported by this node".into(),
+                    status: 501,
+                    retryable: false,
+                    source: pb::ErrorSource::Node as i32,
+                };
+                let frame = pb::ProviderTunnelFrame {
+                    tunnel_id: t.tunnel_id,
+                    seq: 0,
+                    kind: Some(pb::provider_tunnel_frame::Kind::Error(err)),
+                    usage: None,
+                };
+                let _ = writer.send(&envelope(cid, Body::ProviderTunnelFrame(frame)));
+            }
+            Some(Body::NodeReadyResponse(_)) | Some(Body::RegisterResponse(_)) => {
+                tracing::debug!("ignoring a late handshake response");
+            }
+            _ => return "protocol violation: unexpected frame from the edge".into(),
+        }
+        if writer.is_closed() {
+            return "write to edge failed".into();
+        }
+    }
+}
+
+fn command(cmd: &pb::NodeCommandRequest, manager: &RunManager) -> pb::NodeCommandResponse {
+    let result = match pb::NodeCommandKind::try_from(cmd.kind) {
+        Ok(pb::NodeCommandKind::Capabilities) => serde_json::json!({ "providers": manager.adapter_ids() }),
+        Ok(pb::NodeCommandKind::TransportStatus) => serde_json::json!({ "active_runs": manager.active() }),
+        _ => {
+            return pb::NodeCommandResponse {
+                ok: false,
+                error: "unsupported command".into(),
+                result_json: Default::default(),
+            }
+        }
+    };
+    pb::NodeCommandResponse {
+        ok: true,
+        error: String::new(),
+        result_json: serde_json::to_vec(&result).unwrap_or_default().into(),
+    }
+}
+
+async fn heartbeat(writer: FrameWriter, last_seen: Rc<Cell<Instant>>, closed: LocalCancel, stopper: ReadStopper) {
+    loop {
+        monoio::select! {
+            _ = monoio::time::sleep(HEARTBEAT_INTERVAL) => {}
+            _ = closed.cancelled() => return,
+        }
+        if last_seen.get().elapsed() > HEARTBEAT_WAIT {
+            tracing::warn!("edge silent beyond the heartbeat wait; closing (heartbeat_timeout)");
+            stopper.stop();
+            return;
+        }
+        let ping = pb::Heartbeat { ping: true, sent_at_ms: 0 };
+        if writer.send(&envelope(0, Body::Heartbeat(ping))).is_err() {
+            return;
+        }
+    }
+}
+
+/// On shutdown: refuse new runs, let in-flight runs finish within `grace`,
+/// then cancel the rest and end the session.
+async fn drain_on_shutdown(
+    shutdown: LocalCancel,
+    closed: LocalCancel,
+    manager: Rc<RunManager>,
+    stopper: ReadStopper,
+    grace: std::time::Duration,
+) {
+    monoio::select! {
+        _ = shutdown.cancelled() => {}
+        _ = closed.cancelled() => return,
+    }
+    manager.start_draining();
+    tracing::info!(active = manager.active(), "shutdown: draining in-flight runs");
+    let drained = monoio::time::timeout(grace, manager.wait_idle()).await.is_ok();
+    if !drained {
+        tracing::warn!(active = manager.active(), "drain deadline passed; cancelling the remaining runs");
+        manager.cancel_all();
+        let _ = monoio::time::timeout(std::time::Duration::from_secs(1), manager.wait_idle()).await;
+    }
+    stopper.stop();
+}

@@ -1,0 +1,493 @@
+//! Sending one request and reading its response over a pooled connection.
+
+use std::{fmt, io, rc::Rc};
+
+use bytes::{Bytes, BytesMut};
+use iop_core::http::{parse_response_head, write_request_head, BodyDecoder, BodyKind, ResponseHead};
+use monoio::{
+    buf::IoBufMut,
+    io::{AsyncReadRent, AsyncWriteRentExt},
+    net::TcpStream,
+};
+
+use super::{
+    authority,
+    connect::connect,
+    pool::{Pool, PoolKey},
+    ClientConfig, UpstreamError,
+};
+
+/// Bytes asked of the kernel per read.
+const READ_CHUNK: usize = 16 * 1024;
+
+/// One HTTP request to send.
+#[derive(Clone, Copy)]
+pub struct Request<'a> {
+    /// Method, e.g. "POST".
+    pub method: &'a str,
+    /// Host name or IP literal (no brackets).
+    pub host: &'a str,
+    /// TCP port.
+    pub port: u16,
+    /// Request target: path and query.
+    pub target: &'a str,
+    /// Extra headers (`Host` and `Content-Length` are added).
+    pub headers: &'a [(&'a str, &'a str)],
+    /// Request body.
+    pub body: &'a [u8],
+}
+
+impl fmt::Debug for Request<'_> {
+    // Header values may hold credentials: print names only.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Request")
+            .field("method", &self.method)
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("target", &self.target)
+            .field("headers", &self.headers.iter().map(|(n, _)| *n).collect::<Vec<_>>())
+            .field("body_len", &self.body.len())
+            .finish()
+    }
+}
+
+struct Inner {
+    cfg: ClientConfig,
+    pool: Pool,
+}
+
+/// HTTP/1.1 client with a keep-alive pool; clones share the pool. Pooled
+/// connections are registered with the runtime that opened them: keep a
+/// client on one runtime (one per reactor thread).
+#[derive(Clone)]
+pub struct UpstreamClient {
+    inner: Rc<Inner>,
+}
+
+impl fmt::Debug for UpstreamClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UpstreamClient").field("cfg", &self.inner.cfg).finish_non_exhaustive()
+    }
+}
+
+impl Default for UpstreamClient {
+    fn default() -> Self {
+        Self::new(ClientConfig::default())
+    }
+}
+
+/// How one exchange on one connection failed.
+enum Attempt {
+    /// Nothing of a response arrived: a stale pooled connection may be retried.
+    NoResponse(UpstreamError),
+    /// Part of a response arrived: never retried.
+    Failed(UpstreamError),
+}
+
+impl Attempt {
+    fn into_error(self) -> UpstreamError {
+        match self {
+            Attempt::NoResponse(e) | Attempt::Failed(e) => e,
+        }
+    }
+}
+
+impl UpstreamClient {
+    /// A client with its own, empty pool.
+    pub fn new(cfg: ClientConfig) -> Self {
+        let pool = Pool::new(cfg.max_idle_per_host, cfg.idle_timeout);
+        Self { inner: Rc::new(Inner { cfg, pool }) }
+    }
+
+    /// The client's settings.
+    pub fn config(&self) -> &ClientConfig {
+        &self.inner.cfg
+    }
+
+    /// Idle connections parked for `host:port`.
+    pub fn idle_connections(&self, host: &str, port: u16) -> usize {
+        self.inner.pool.idle_count(&PoolKey { host: host.to_owned(), port })
+    }
+
+    /// Sends `req` and waits for the response head. Reuses an idle
+    /// connection when one is parked; if that one turns out dead before any
+    /// response byte, retries once on a fresh connection.
+    pub async fn send(&self, req: &Request<'_>) -> Result<Response, UpstreamError> {
+        let key = PoolKey { host: req.host.to_owned(), port: req.port };
+        let wire = encode_request(req);
+        let head_request = req.method.eq_ignore_ascii_case("HEAD");
+        if let Some(stream) = self.inner.pool.take(&key) {
+            match self.exchange(stream, wire.clone(), head_request, key.clone(), true).await {
+                Ok(resp) => return Ok(resp),
+                Err(Attempt::NoResponse(e)) => {
+                    tracing::debug!(host = %req.host, port = req.port, error = %e, "stale pooled connection, retrying");
+                }
+                Err(Attempt::Failed(e)) => return Err(e),
+            }
+        }
+        let stream = connect(req.host, req.port, self.inner.cfg.connect_timeout).await?;
+        self.exchange(stream, wire, head_request, key, false).await.map_err(Attempt::into_error)
+    }
+
+    async fn exchange(
+        &self,
+        mut stream: TcpStream,
+        wire: Bytes,
+        head_request: bool,
+        key: PoolKey,
+        reused: bool,
+    ) -> Result<Response, Attempt> {
+        let (res, _) = stream.write_all(wire).await;
+        res.map_err(|e| Attempt::NoResponse(UpstreamError::Io(e)))?;
+        let limits = self.inner.cfg.limits;
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        let mut received = false;
+        let head = loop {
+            if received {
+                if let Some(head) =
+                    parse_response_head(&mut buf, &limits, head_request).map_err(|e| Attempt::Failed(e.into()))?
+                {
+                    break head;
+                }
+            }
+            let (res, back) = read_more(&mut stream, buf).await;
+            buf = back;
+            match res {
+                Ok(0) if received => {
+                    return Err(Attempt::Failed(UpstreamError::Closed("in the middle of the response head")))
+                }
+                Ok(0) => return Err(Attempt::NoResponse(UpstreamError::Closed("before responding"))),
+                Ok(_) => received = true,
+                Err(e) if received => return Err(Attempt::Failed(UpstreamError::Io(e))),
+                Err(e) => return Err(Attempt::NoResponse(UpstreamError::Io(e))),
+            }
+        };
+        let decoder = BodyDecoder::new(head.body, limits.max_body_bytes);
+        let mut resp = Response {
+            head,
+            decoder,
+            buf,
+            conn: Some(stream),
+            client: Rc::clone(&self.inner),
+            key,
+            reused,
+            done: false,
+        };
+        if resp.decoder.is_done() {
+            resp.finish();
+        }
+        Ok(resp)
+    }
+}
+
+/// Head and body in one buffer, so the request goes out in one write.
+fn encode_request(req: &Request<'_>) -> Bytes {
+    let mut out = BytesMut::with_capacity(
+        256 + req.body.len() + req.headers.iter().map(|(n, v)| n.len() + v.len() + 4).sum::<usize>(),
+    );
+    let bodyless = matches!(req.method, "GET" | "HEAD" | "DELETE" | "OPTIONS") && req.body.is_empty();
+    let content_length = if bodyless { None } else { Some(req.body.len()) };
+    write_request_head(&mut out, req.method, req.target, &authority(req.host, req.port), req.headers, content_length);
+    out.extend_from_slice(req.body);
+    out.freeze()
+}
+
+/// Appends what one read returns to `buf` (monoio reads write from index 0 of
+/// the buffer they get, so hand it only the spare capacity).
+async fn read_more(stream: &mut TcpStream, mut buf: BytesMut) -> (io::Result<usize>, BytesMut) {
+    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
+        buf.reserve(READ_CHUNK);
+    }
+    let (len, cap) = (buf.len(), buf.capacity());
+    let (res, slice) = stream.read(buf.slice_mut(len..cap)).await;
+    (res, slice.into_inner())
+}
+
+/// A response whose head arrived; the body is read with [`Response::chunk`].
+/// Dropping it before the end of the body closes the connection.
+pub struct Response {
+    head: ResponseHead,
+    decoder: BodyDecoder,
+    buf: BytesMut,
+    conn: Option<TcpStream>,
+    client: Rc<Inner>,
+    key: PoolKey,
+    reused: bool,
+    done: bool,
+}
+
+impl fmt::Debug for Response {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Response")
+            .field("status", &self.head.status)
+            .field("body", &self.head.body)
+            .field("reused", &self.reused)
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Response {
+    /// Status code.
+    pub fn status(&self) -> u16 {
+        self.head.status
+    }
+
+    /// The parsed head.
+    pub fn head(&self) -> &ResponseHead {
+        &self.head
+    }
+
+    /// First value of a header (case-insensitive name).
+    pub fn header(&self, name: &str) -> Option<&[u8]> {
+        self.head.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| &v[..])
+    }
+
+    /// Whether the request went out on a pooled connection.
+    pub fn reused_connection(&self) -> bool {
+        self.reused
+    }
+
+    /// The body was read to its end.
+    pub fn is_done(&self) -> bool {
+        self.done
+    }
+
+    /// Next decoded body chunk; `Ok(None)` at the end of the body.
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, UpstreamError> {
+        loop {
+            if self.done {
+                return Ok(None);
+            }
+            let before = self.buf.len();
+            let data = self.decoder.decode(&mut self.buf)?;
+            if self.decoder.is_done() {
+                self.finish();
+            }
+            if let Some(data) = data.filter(|d| !d.is_empty()) {
+                return Ok(Some(data));
+            }
+            if self.done || self.buf.len() < before {
+                // Framing bytes were consumed: decode again before reading.
+                continue;
+            }
+            let Some(stream) = self.conn.as_mut() else {
+                return Err(UpstreamError::Closed("before the end of the body"));
+            };
+            let (res, back) = read_more(stream, std::mem::take(&mut self.buf)).await;
+            self.buf = back;
+            match res {
+                Ok(0) => {
+                    // The connection is finished either way.
+                    self.conn = None;
+                    self.decoder.finish_on_eof().map_err(|_| UpstreamError::Closed("before the end of the body"))?;
+                    self.done = true;
+                    // Bytes the decoder could still hand out after EOF.
+                    if let Some(rest) = self.decoder.decode(&mut self.buf)?.filter(|d| !d.is_empty()) {
+                        return Ok(Some(rest));
+                    }
+                    return Ok(None);
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    self.conn = None;
+                    return Err(UpstreamError::Io(e));
+                }
+            }
+        }
+    }
+
+    /// Reads the rest of the body, keeping at most `max` bytes. Returns the
+    /// bytes and whether the body was longer (then the connection is closed
+    /// rather than read to its end).
+    pub async fn read_to_end(&mut self, max: usize) -> Result<(Bytes, bool), UpstreamError> {
+        let mut out = BytesMut::new();
+        while let Some(chunk) = self.chunk().await? {
+            let room = max.saturating_sub(out.len());
+            if chunk.len() > room {
+                out.extend_from_slice(&chunk[..room]);
+                self.conn = None;
+                self.done = true;
+                return Ok((out.freeze(), true));
+            }
+            out.extend_from_slice(&chunk);
+        }
+        Ok((out.freeze(), false))
+    }
+
+    /// The body ended: park the connection if it can carry another request.
+    fn finish(&mut self) {
+        self.done = true;
+        let Some(stream) = self.conn.take() else { return };
+        let reusable = self.head.keep_alive && self.buf.is_empty() && self.head.body != BodyKind::UntilClose;
+        if reusable {
+            self.client.pool.put(self.key.clone(), stream);
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::upstream::test_server::{with_body, Event, Reply, TestServer};
+
+    fn get(port: u16) -> Request<'static> {
+        Request { method: "GET", host: "127.0.0.1", port, target: "/x", headers: &[("x-test", "1")], body: b"" }
+    }
+
+    async fn body_of(client: &UpstreamClient, req: &Request<'_>) -> (u16, Bytes, bool) {
+        let mut resp = client.send(req).await.unwrap();
+        let reused = resp.reused_connection();
+        let (body, truncated) = resp.read_to_end(1 << 20).await.unwrap();
+        assert!(!truncated);
+        (resp.status(), body, reused)
+    }
+
+    #[test]
+    fn sequential_requests_share_one_connection() {
+        let server = TestServer::start(vec![
+            Reply::keep(with_body(200, "text/plain", "one")),
+            Reply::keep(with_body(201, "text/plain", "two")),
+        ]);
+        let port = server.addr.port();
+        let client = UpstreamClient::default();
+        let (a, b, idle) = iop_core::rt::block_on_current(async {
+            let a = body_of(&client, &get(port)).await;
+            let b = body_of(&client, &get(port)).await;
+            (a, b, client.idle_connections("127.0.0.1", port))
+        })
+        .unwrap();
+        assert_eq!(a, (200, Bytes::from_static(b"one"), false));
+        assert_eq!(b, (201, Bytes::from_static(b"two"), true));
+        assert_eq!(idle, 1);
+        assert_eq!(server.next_event(), Event::Accepted(0));
+        let Event::Request { conn: 0, head, body } = server.next_event() else { panic!() };
+        assert!(head.starts_with("GET /x HTTP/1.1\r\n"), "{head}");
+        assert!(head.to_ascii_lowercase().contains(&format!("\r\nhost: 127.0.0.1:{port}")), "{head}");
+        assert!(body.is_empty());
+        assert!(matches!(server.next_event(), Event::Request { conn: 0, .. }));
+    }
+
+    #[test]
+    fn stale_pooled_connection_is_retried_on_a_fresh_one() {
+        // The server says keep-alive but closes after the first reply.
+        let server = TestServer::start(vec![
+            Reply::close(with_body(200, "text/plain", "one")),
+            Reply::keep(with_body(200, "text/plain", "two")),
+        ]);
+        let port = server.addr.port();
+        let client = UpstreamClient::default();
+        let (a, b) = iop_core::rt::block_on_current(async {
+            let a = body_of(&client, &get(port)).await;
+            // Let the FIN arrive so the parked connection is surely dead.
+            monoio::time::sleep(Duration::from_millis(50)).await;
+            let b = body_of(&client, &get(port)).await;
+            (a, b)
+        })
+        .unwrap();
+        assert_eq!(a.1, Bytes::from_static(b"one"));
+        assert_eq!((b.1, b.2), (Bytes::from_static(b"two"), false));
+        let accepted = [server.next_event(), server.next_event(), server.next_event()]
+            .into_iter()
+            .chain(server.drain())
+            .filter(|e| matches!(e, Event::Accepted(_)))
+            .count();
+        assert!(accepted >= 2, "a fresh connection was opened");
+    }
+
+    #[test]
+    fn unfinished_or_close_responses_are_not_pooled() {
+        let partial = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n0123456789".to_vec();
+        let close = b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\nconnection: close\r\n\r\nbye".to_vec();
+        let server = TestServer::start(vec![Reply::keep(partial), Reply::keep(close)]);
+        let port = server.addr.port();
+        let client = UpstreamClient::default();
+        let (idle_after_partial, idle_after_close, second_reused) = iop_core::rt::block_on_current(async {
+            let mut resp = client.send(&get(port)).await.unwrap();
+            assert_eq!(resp.chunk().await.unwrap().as_deref(), Some(&b"0123456789"[..]));
+            drop(resp);
+            let idle_after_partial = client.idle_connections("127.0.0.1", port);
+            let (status, body, reused) = body_of(&client, &get(port)).await;
+            assert_eq!((status, &body[..]), (200, &b"bye"[..]));
+            (idle_after_partial, client.idle_connections("127.0.0.1", port), reused)
+        })
+        .unwrap();
+        assert_eq!((idle_after_partial, idle_after_close, second_reused), (0, 0, false));
+        let events: Vec<_> = (0..5).map(|_| server.next_event()).collect();
+        assert!(events.contains(&Event::Eof(0)), "the unfinished connection was closed: {events:?}");
+        assert!(events.contains(&Event::Accepted(1)), "{events:?}");
+    }
+
+    #[test]
+    fn read_to_end_truncates_and_closes() {
+        let mut long = b"HTTP/1.1 200 OK\r\ncontent-length: 100000\r\n\r\n".to_vec();
+        long.extend(std::iter::repeat_n(b'a', 100_000));
+        let server = TestServer::start(vec![Reply::keep(long)]);
+        let port = server.addr.port();
+        let client = UpstreamClient::default();
+        let (body, truncated, idle) = iop_core::rt::block_on_current(async {
+            let mut resp = client.send(&get(port)).await.unwrap();
+            let (body, truncated) = resp.read_to_end(1000).await.unwrap();
+            assert!(resp.is_done());
+            assert_eq!(resp.chunk().await.unwrap(), None);
+            (body, truncated, client.idle_connections("127.0.0.1", port))
+        })
+        .unwrap();
+        assert_eq!((body.len(), truncated, idle), (1000, true, 0));
+    }
+
+    #[test]
+    fn pool_is_bounded_and_expires() {
+        let server = TestServer::start((0..3).map(|_| Reply::keep(with_body(200, "text/plain", "x"))).collect());
+        let port = server.addr.port();
+        let client = UpstreamClient::new(ClientConfig {
+            max_idle_per_host: 1,
+            idle_timeout: Duration::from_millis(100),
+            ..ClientConfig::default()
+        });
+        let reused = iop_core::rt::block_on_current(async {
+            // Two responses open at once need two connections; one stays.
+            let mut r1 = client.send(&get(port)).await.unwrap();
+            let mut r2 = client.send(&get(port)).await.unwrap();
+            r1.read_to_end(16).await.unwrap();
+            r2.read_to_end(16).await.unwrap();
+            assert_eq!(client.idle_connections("127.0.0.1", port), 1);
+            monoio::time::sleep(Duration::from_millis(150)).await;
+            let r3 = client.send(&get(port)).await.unwrap();
+            r3.reused_connection()
+        })
+        .unwrap();
+        assert!(!reused, "an expired connection was reused");
+    }
+
+    #[test]
+    fn connect_errors_are_classified() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let client = UpstreamClient::default();
+        let err = iop_core::rt::block_on_current(async { client.send(&get(port)).await.unwrap_err() }).unwrap();
+        assert!(err.is_connect(), "{err:?}");
+        let req = Request { host: "no-such-host.invalid", ..get(80) };
+        let err = iop_core::rt::block_on_current(async { client.send(&req).await.unwrap_err() }).unwrap();
+        assert!(matches!(err, UpstreamError::Resolve { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn request_debug_hides_header_values() {
+        let req = Request { headers: &[("authorization", "Bearer sk-secret")], ..get(1) };
+        let dbg = format!("{req:?}");
+        assert!(dbg.contains("authorization") && !dbg.contains("sk-secret"), "{dbg}");
+    }
+
+    #[test]
+    fn garbage_head_is_an_error() {
+        let server = TestServer::start(vec![Reply::close(b"NOT HTTP AT ALL\r\n\r\n".to_vec())]);
+        let client = UpstreamClient::default();
+        let err =
+            iop_core::rt::block_on_current(async { client.send(&get(server.addr.port())).await.unwrap_err() }).unwrap();
+        assert!(matches!(err, UpstreamError::Http(_)), "{err:?}");
+        assert!(!err.is_connect());
+    }
+}
