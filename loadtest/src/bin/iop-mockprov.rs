@@ -1,7 +1,7 @@
 //! `iop-mockprov`: mock OpenAI-compatible upstream. Prints exactly one line,
 //! `iop-mockprov listening on <addr>`, to stdout once bound; logs go to stderr.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 
 use clap::Parser;
 use iop_loadtest::mockprov::{run_blocking, MockConfig};
@@ -11,6 +11,7 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")))
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let config = MockConfig::parse();
     run_blocking(config, |addr, _stats| {

@@ -112,7 +112,8 @@ pub fn valid_error_status(status: u16) -> bool {
 
 /// Validates a chat request body and plans the answer. `seq` numbers the id.
 pub fn plan(body: &[u8], config: &MockConfig, seq: u64, created: u64) -> Result<Plan, BadRequest> {
-    let req: ChatRequest = serde_json::from_slice(body).map_err(|e| BadRequest(format!("invalid request body: {e}")))?;
+    let req: ChatRequest =
+        serde_json::from_slice(body).map_err(|e| BadRequest(format!("invalid request body: {e}")))?;
     if req.messages.is_empty() {
         return Err(BadRequest("'messages' must not be empty".into()));
     }
@@ -274,7 +275,11 @@ pub fn completion_body(plan: &Plan) -> String {
 
 /// OpenAI-shaped error body. `code` is a JSON value (number, string or null).
 pub fn error_body(message: &str, kind: &str, code: &str) -> String {
-    format!("{{\"error\":{{\"message\":{},\"type\":{},\"param\":null,\"code\":{code}}}}}", json_str(message), json_str(kind))
+    format!(
+        "{{\"error\":{{\"message\":{},\"type\":{},\"param\":null,\"code\":{code}}}}}",
+        json_str(message),
+        json_str(kind)
+    )
 }
 
 /// The configured provider error (`--error-status`).
@@ -316,7 +321,8 @@ mod tests {
 
     #[test]
     fn max_tokens_caps_reasoning_then_content() {
-        let body = br#"{"messages":[{"content":[{"type":"text","text":"12345678"}]}],"max_tokens":5,"mock":{"reasoning":3}}"#;
+        let body =
+            br#"{"messages":[{"content":[{"type":"text","text":"12345678"}]}],"max_tokens":5,"mock":{"reasoning":3}}"#;
         let p = plan(body, &config(), 1, 0).unwrap();
         assert_eq!((p.prompt_tokens, p.reasoning, p.content, p.finish_reason), (2, 3, 2, "length"));
         let body = br#"{"messages":[{"content":"x"}],"max_tokens":100,"max_completion_tokens":4}"#;

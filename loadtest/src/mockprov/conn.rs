@@ -324,7 +324,7 @@ impl Conn {
             return Ok(());
         }
         if interval.is_zero() {
-            if sent % YIELD_EVERY == 0 {
+            if sent.is_multiple_of(YIELD_EVERY) {
                 monoio::time::sleep(Duration::ZERO).await;
             }
             return Ok(());

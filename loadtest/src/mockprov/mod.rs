@@ -170,9 +170,12 @@ impl MockProv {
 /// Builds a single-threaded monoio runtime (io_uring, epoll fallback), binds,
 /// calls `on_ready` with the bound address and serves until an error.
 pub fn run_blocking(config: MockConfig, on_ready: impl FnOnce(SocketAddr, Arc<Stats>)) -> io::Result<()> {
-    let uring = monoio::utils::detect_uring();
-    tracing::info!(driver = if uring { "io_uring" } else { "epoll" }, "starting monoio runtime");
     let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build()?;
+    let driver = match rt {
+        monoio::FusionRuntime::Uring(_) => "io_uring",
+        monoio::FusionRuntime::Legacy(_) => "epoll",
+    };
+    tracing::info!(driver, "monoio runtime started");
     rt.block_on(async move {
         let server = MockProv::bind(config)?;
         on_ready(server.local_addr()?, server.stats());
@@ -204,4 +207,24 @@ pub fn spawn(config: MockConfig) -> io::Result<Background> {
         }
     })?;
     rx.recv().map_err(|_| io::Error::other("mock provider thread exited"))?
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use std::io::{Read, Write};
+
+    use super::*;
+
+    #[test]
+    fn spawn_serves_in_process() {
+        let bg = spawn(MockConfig::for_tests()).unwrap();
+        let mut s = std::net::TcpStream::connect(bg.addr).unwrap();
+        s.write_all(b"GET /healthz HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).unwrap();
+        assert!(raw.starts_with("HTTP/1.1 200 OK\r\n"), "{raw}");
+        assert!(raw.ends_with("\r\n\r\nok"), "{raw}");
+        assert_eq!(bg.stats.connections_accepted.load(Ordering::Relaxed), 1);
+    }
 }

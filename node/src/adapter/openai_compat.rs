@@ -208,7 +208,9 @@ fn request_body(spec: &RunSpec) -> Result<Vec<u8>, RunFailure> {
     for m in &spec.messages {
         let mut msg = json_object(&m.extra_json, "message extra_json")?;
         msg.insert("role".into(), Value::String(m.role.clone()));
-        msg.insert("content".into(), Value::String(m.content.clone()));
+        // extra_json carries the original content when it was structured
+        // (parts, or an explicit null); it wins over the flattened text.
+        msg.entry("content").or_insert_with(|| Value::String(m.content.clone()));
         messages.push(Value::Object(msg));
     }
     body.insert("model".into(), Value::String(spec.target.clone()));

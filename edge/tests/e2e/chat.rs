@@ -1,0 +1,173 @@
+//! Completions through edge → node → openai_compat → iop-mockprov.
+
+use serde_json::json;
+
+use crate::harness::*;
+
+fn setup(mock_flags: &[&str], envs: &[(&str, &str)]) -> (MockProv, Edge, Proc) {
+    let mock = MockProv::start(mock_flags);
+    let edge = Edge::start_with_env(&edge_config(&mock.base_url(), ""), envs);
+    let node = edge.node(NODE_TOKEN, envs);
+    edge.wait_nodes_ready(1);
+    (mock, edge, node)
+}
+
+fn check_stream(edge: &Edge) {
+    let r = post_json(
+        edge.http,
+        "/v1/chat/completions",
+        &json!({"model": "gpt-test", "stream": true, "stream_options": {"include_usage": true},
+                "messages": [{"role": "user", "content": "hello world, how are you"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("content-type"), Some("text/event-stream"));
+    let data = r.sse_data();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<serde_json::Value> =
+        data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["model"] == "gpt-test"));
+    let text: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect::<Vec<_>>().concat();
+    assert_eq!(text, "tok0 tok1 tok2 tok3 tok4 ");
+    let finish = chunks.iter().find_map(|c| c["choices"][0]["finish_reason"].as_str());
+    assert_eq!(finish, Some("stop"));
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"], 5);
+    assert!(usage["prompt_tokens"].as_u64().unwrap() >= 1);
+    assert_eq!(chunks.last().unwrap()["choices"].as_array().unwrap().len(), 0);
+}
+
+#[test]
+fn streamed_completion_through_openai_compat() {
+    let (_mock, edge, _node) = setup(&["--tokens", "5"], &[]);
+    check_stream(&edge);
+}
+
+#[test]
+fn streamed_completion_on_the_epoll_driver() {
+    let envs = [("MONOIO_FORCE_LEGACY_DRIVER", "1")];
+    let (_mock, edge, _node) = setup(&["--tokens", "5"], &envs);
+    assert!(edge.proc.log_text().contains("epoll"), "edge should log the epoll driver");
+    check_stream(&edge);
+}
+
+#[test]
+fn non_streamed_completion_with_usage_and_reasoning() {
+    let (_mock, edge, _node) = setup(&["--tokens", "3", "--reasoning", "2"], &[]);
+    let r = post_json(
+        edge.http,
+        "/v1/chat/completions",
+        &json!({"model": "gpt-test", "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "gpt-test");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["choices"][0]["message"]["content"], "tok0 tok1 tok2 ");
+    assert_eq!(v["choices"][0]["message"]["reasoning_content"], "think0 think1 ");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    assert_eq!(v["usage"]["completion_tokens_details"]["reasoning_tokens"], 2);
+    assert!(v["usage"]["total_tokens"].as_u64().unwrap() >= 3);
+}
+
+#[test]
+fn max_tokens_caps_the_completion() {
+    let (_mock, edge, _node) = setup(&["--tokens", "10"], &[]);
+    let r = post_json(
+        edge.http,
+        "/v1/chat/completions",
+        &json!({"model": "gpt-test", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
+    );
+    let v = r.json();
+    assert_eq!(v["choices"][0]["message"]["content"], "tok0 tok1 ");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+}
+
+#[test]
+fn model_list_and_health() {
+    let (_mock, edge, _node) = setup(&[], &[]);
+    let r = request(edge.http, "GET", "/v1/models", None, &[]);
+    assert_eq!(r.status, 200);
+    let v = r.json();
+    assert_eq!(v["object"], "list");
+    assert_eq!(v["data"][0]["id"], "gpt-test");
+    let h = request(edge.http, "GET", "/healthz", None, &[]).json();
+    assert_eq!(h["status"], "ok");
+}
+
+#[test]
+fn keep_alive_serves_several_requests_on_one_connection() {
+    use std::io::{Read, Write};
+    let (_mock, edge, _node) = setup(&["--tokens", "2"], &[]);
+    let mut s = std::net::TcpStream::connect(edge.http).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let body = json!({"model": "gpt-test", "messages": [{"role": "user", "content": "x"}]}).to_string();
+    for _ in 0..3 {
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        // Read exactly one Content-Length response.
+        let mut buf = Vec::new();
+        let mut byte = [0u8; 1];
+        while !buf.ends_with(b"\r\n\r\n") {
+            s.read_exact(&mut byte).unwrap();
+            buf.push(byte[0]);
+        }
+        let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        let len: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map(|v| v.trim().parse().unwrap())
+            .unwrap();
+        let mut body = vec![0u8; len];
+        s.read_exact(&mut body).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["choices"][0]["message"]["content"], "tok0 tok1 ");
+    }
+}
+
+#[test]
+fn client_disconnect_mid_stream_closes_the_upstream_connection() {
+    use std::io::{Read, Write};
+    let (mock, edge, _node) = setup(&["--tokens", "1000", "--token-interval-ms", "50"], &[]);
+    let mut s = std::net::TcpStream::connect(edge.http).unwrap();
+    let body = json!({"model": "gpt-test", "stream": true, "messages": [{"role": "user", "content": "x"}]}).to_string();
+    let req =
+        format!("POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    s.write_all(req.as_bytes()).unwrap();
+    // Wait until content is flowing, then hang up.
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&got).contains("tok1 ") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "stream ended early");
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert_eq!(mock.stats()["early_closed"], 0);
+    drop(s);
+    let start = std::time::Instant::now();
+    eventually(std::time::Duration::from_secs(1), "upstream connection closed early", || {
+        mock.stats()["early_closed"] == 1
+    });
+    println!("upstream closed {:?} after the client left", start.elapsed());
+}
+
+#[test]
+fn upstream_abort_mid_stream_ends_with_an_error_event() {
+    let (_mock, edge, _node) = setup(&["--tokens", "10", "--abort-after", "3"], &[]);
+    let r = post_json(
+        edge.http,
+        "/v1/chat/completions",
+        &json!({"model": "gpt-test", "stream": true, "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(r.status, 200);
+    let data = r.sse_data();
+    let last: serde_json::Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert!(last["error"]["message"].is_string(), "last event should be an error: {data:?}");
+    assert!(!data.iter().any(|d| d == "[DONE]"), "no [DONE] after an error terminal");
+}
