@@ -12,9 +12,9 @@ pub mod payload;
 pub mod registry;
 pub mod server;
 pub mod shared;
+mod start;
 pub mod surface;
 pub mod transport;
 pub mod worker;
-mod start;
 
 pub use start::{start, EdgeHandle, StartError};

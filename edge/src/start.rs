@@ -105,7 +105,8 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
     tracing::info!(driver = driver.name(), workers, %http_addr, %node_addr, "iop-edge starting");
 
     let (inboxes, receivers): (Vec<_>, Vec<_>) = (0..workers).map(|_| mailbox::mailbox(INBOX_CAPACITY)).unzip();
-    let instance = format!("{:x}", SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros()).unwrap_or(0) & 0xffff_ffff);
+    let instance =
+        format!("{:x}", SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros()).unwrap_or(0) & 0xffff_ffff);
     let shared = Arc::new(Shared {
         config: Arc::new(config),
         registry: Mutex::new(Registry::new()),

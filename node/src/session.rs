@@ -162,7 +162,13 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     let last_seen = Rc::new(Cell::new(Instant::now()));
     let closed = LocalCancel::new();
     monoio::spawn(heartbeat(writer.clone(), last_seen.clone(), closed.clone(), reader.stopper()));
-    monoio::spawn(drain_on_shutdown(shutdown.clone(), closed.clone(), manager.clone(), reader.stopper(), cfg.shutdown_grace));
+    monoio::spawn(drain_on_shutdown(
+        shutdown.clone(),
+        closed.clone(),
+        manager.clone(),
+        reader.stopper(),
+        cfg.shutdown_grace,
+    ));
 
     let reason = serve_frames(reader, writer, &manager, &last_seen).await;
     closed.cancel();
@@ -211,7 +217,9 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
                         pb::ConfigRefreshAck { revision, applied: true, error: String::new() }
                     }
                     Some(Err(e)) => pb::ConfigRefreshAck { revision: 0, applied: false, error: e },
-                    None => pb::ConfigRefreshAck { revision: 0, applied: false, error: "refresh without config".into() },
+                    None => {
+                        pb::ConfigRefreshAck { revision: 0, applied: false, error: "refresh without config".into() }
+                    }
                 };
                 let _ = writer.send(&envelope(cid, Body::ConfigRefreshAck(ack)));
             }

@@ -124,7 +124,11 @@ async fn read_head(
         match monoio::time::timeout(idle, read_append(&mut conn.rd, &mut conn.buf, READ_RESERVE)).await {
             Err(_) => return Ok(None),
             Ok(Ok(0)) => {
-                return if conn.buf.is_empty() { Ok(None) } else { Err(ConnError::Http(HttpError::Malformed("truncated request head"))) };
+                return if conn.buf.is_empty() {
+                    Ok(None)
+                } else {
+                    Err(ConnError::Http(HttpError::Malformed("truncated request head")))
+                };
             }
             Ok(Ok(_)) => {}
             Ok(Err(_)) => return Err(ConnError::Io),

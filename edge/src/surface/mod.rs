@@ -22,7 +22,8 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
         }
         ("GET", "/healthz") => {
             let ready = worker.routes.borrow().len();
-            let body = format!("{{\"status\":\"ok\",\"nodes_ready\":{ready}}}");
+            // `worker` names the core that answered: shows connections spread over cores.
+            let body = format!("{{\"status\":\"ok\",\"nodes_ready\":{ready},\"worker\":{}}}", worker.index);
             conn.respond(200, "application/json", &[], body.as_bytes(), keep).await
         }
         (_, "/v1/chat/completions" | "/v1/models" | "/healthz") => {

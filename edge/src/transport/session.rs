@@ -130,8 +130,12 @@ where
                 RegisterRefusal::Duplicate(_) => pb::RegisterRefusal::DuplicateConnection,
             };
             tracing::warn!(%peer, reason = %refusal, "node registration refused");
-            let resp =
-                pb::RegisterResponse { accepted: false, reason: refusal.to_string(), refusal: kind as i32, config: None };
+            let resp = pb::RegisterResponse {
+                accepted: false,
+                reason: refusal.to_string(),
+                refusal: kind as i32,
+                config: None,
+            };
             (resp, None)
         }
     };
@@ -228,7 +232,9 @@ impl Session {
             ReadyOutcome::BecameReady => {
                 let providers = {
                     let cfg = self.worker.config.borrow();
-                    cfg.node(&self.node_id).map(|n| n.providers.iter().map(|p| p.id.clone()).collect()).unwrap_or_default()
+                    cfg.node(&self.node_id)
+                        .map(|n| n.providers.iter().map(|p| p.id.clone()).collect())
+                        .unwrap_or_default()
                 };
                 if let Some(session) = cmd_tx.take() {
                     let route = NodeRoute { generation: self.generation, session, providers };
@@ -330,8 +336,8 @@ async fn pump_commands(
 }
 
 fn rx_fail_remaining(rx: mailbox::Receiver<SessionCmd>) -> mailbox::Receiver<SessionCmd> {
-    let failure = RunFailure::new(codes::NODE_DISCONNECTED, 502, FailureSource::Node, "node connection closed")
-        .retryable();
+    let failure =
+        RunFailure::new(codes::NODE_DISCONNECTED, 502, FailureSource::Node, "node connection closed").retryable();
     while let Some(cmd) = rx.try_recv() {
         if let SessionCmd::Run { events, .. } = cmd {
             let _ = events.try_send(ExecEvent::Error(failure.clone()));

@@ -98,6 +98,41 @@ fn model_list_and_health() {
 }
 
 #[test]
+fn every_worker_core_serves_clients() {
+    let (_mock, edge, _node) = setup(&[], &[]);
+    // SO_REUSEPORT spreads connections by their 4-tuple; 64 connections all
+    // landing on one of two cores would be a 2^-63 fluke.
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..64 {
+        let h = request(edge.http, "GET", "/healthz", None, &[]).json();
+        seen.insert(h["worker"].as_u64().unwrap());
+    }
+    assert_eq!(seen.into_iter().collect::<Vec<_>>(), vec![0, 1]);
+}
+
+#[test]
+fn chunked_request_body_and_no_usage_unless_asked() {
+    use std::io::{Read, Write};
+    let (_mock, edge, _node) = setup(&["--tokens", "2"], &[]);
+    let body = json!({"model": "gpt-test", "stream": true, "messages": [{"role": "user", "content": "x"}]}).to_string();
+    let (a, b) = body.split_at(body.len() / 2);
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\nconnection: close\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{a}\r\n{:x}\r\n{b}\r\n0\r\n\r\n",
+        a.len(),
+        b.len()
+    );
+    let mut s = std::net::TcpStream::connect(edge.http).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    let r = parse_response(&raw);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let data = r.sse_data();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    assert!(!data.iter().any(|d| d.contains("\"usage\"")), "usage chunk only with include_usage: {data:?}");
+}
+
+#[test]
 fn keep_alive_serves_several_requests_on_one_connection() {
     use std::io::{Read, Write};
     let (_mock, edge, _node) = setup(&["--tokens", "2"], &[]);
@@ -105,10 +140,8 @@ fn keep_alive_serves_several_requests_on_one_connection() {
     s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
     let body = json!({"model": "gpt-test", "messages": [{"role": "user", "content": "x"}]}).to_string();
     for _ in 0..3 {
-        let req = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
+        let req =
+            format!("POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}", body.len());
         s.write_all(req.as_bytes()).unwrap();
         // Read exactly one Content-Length response.
         let mut buf = Vec::new();
@@ -119,11 +152,8 @@ fn keep_alive_serves_several_requests_on_one_connection() {
         }
         let head = String::from_utf8_lossy(&buf).to_ascii_lowercase();
         assert!(head.starts_with("http/1.1 200"), "{head}");
-        let len: usize = head
-            .lines()
-            .find_map(|l| l.strip_prefix("content-length:"))
-            .map(|v| v.trim().parse().unwrap())
-            .unwrap();
+        let len: usize =
+            head.lines().find_map(|l| l.strip_prefix("content-length:")).map(|v| v.trim().parse().unwrap()).unwrap();
         let mut body = vec![0u8; len];
         s.read_exact(&mut body).unwrap();
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
@@ -137,8 +167,7 @@ fn client_disconnect_mid_stream_closes_the_upstream_connection() {
     let (mock, edge, _node) = setup(&["--tokens", "1000", "--token-interval-ms", "50"], &[]);
     let mut s = std::net::TcpStream::connect(edge.http).unwrap();
     let body = json!({"model": "gpt-test", "stream": true, "messages": [{"role": "user", "content": "x"}]}).to_string();
-    let req =
-        format!("POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    let req = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}", body.len());
     s.write_all(req.as_bytes()).unwrap();
     // Wait until content is flowing, then hang up.
     let mut got = Vec::new();

@@ -117,8 +117,7 @@ async fn stream_body<W: AsyncWriteRentExt>(
     let mut sse = BytesMut::with_capacity(1024);
     enc.role(&mut sse);
     let mut next = Some(first);
-    loop {
-        let Some(ev) = next.take() else { break };
+    while let Some(ev) = next.take() {
         let mut terminal = encode(enc, &mut sse, ev, include_usage);
         // Batch what is already queued into one write.
         while !terminal {
@@ -170,7 +169,12 @@ fn encode(enc: &ChunkEncoder, sse: &mut BytesMut, ev: ExecEvent, include_usage: 
             true
         }
         ExecEvent::Cancelled { reason } => {
-            let f = RunFailure::new("cancelled", 499, iop_core::exec::FailureSource::Node, format!("run cancelled: {reason}"));
+            let f = RunFailure::new(
+                "cancelled",
+                499,
+                iop_core::exec::FailureSource::Node,
+                format!("run cancelled: {reason}"),
+            );
             enc.error(sse, &f);
             true
         }
@@ -185,7 +189,8 @@ struct Aggregate {
 }
 
 async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
-    let mut agg = Aggregate { content: String::new(), reasoning: String::new(), finish_reason: String::new(), usage: None };
+    let mut agg =
+        Aggregate { content: String::new(), reasoning: String::new(), finish_reason: String::new(), usage: None };
     while let Some(ev) = run.next().await {
         match ev {
             ExecEvent::Start { .. } => {}
@@ -198,11 +203,21 @@ async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
             }
             ExecEvent::Error(f) => return Err(f),
             ExecEvent::Cancelled { reason } => {
-                return Err(RunFailure::new("cancelled", 499, iop_core::exec::FailureSource::Node, format!("run cancelled: {reason}")))
+                return Err(RunFailure::new(
+                    "cancelled",
+                    499,
+                    iop_core::exec::FailureSource::Node,
+                    format!("run cancelled: {reason}"),
+                ))
             }
         }
     }
-    Err(RunFailure::new(iop_core::exec::codes::INTERNAL, 502, iop_core::exec::FailureSource::Edge, "run ended without a result"))
+    Err(RunFailure::new(
+        iop_core::exec::codes::INTERNAL,
+        502,
+        iop_core::exec::FailureSource::Edge,
+        "run ended without a result",
+    ))
 }
 
 /// Waits for the whole run and answers with one `chat.completion`.
