@@ -1,13 +1,13 @@
-//! Picks the node for a public model and submits a run to its session.
+//! Submits an admitted run to its node's session and streams its events.
 
 use iop_core::{
-    config::ModelRoute,
     exec::{codes, ExecEvent, FailureSource, RunFailure},
     rt::mailbox::{self, SendError},
     wire::pb,
 };
 
 use crate::{
+    pool::Admitted,
     transport::{SessionCmd, RUN_EVENT_CAPACITY},
     worker::Worker,
 };
@@ -15,8 +15,8 @@ use crate::{
 /// Why a run could not be submitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DispatchError {
-    /// No ready node serves the model.
-    #[error("no ready node serves model `{0}`")]
+    /// The admitted node is not (or no longer) ready.
+    #[error("node `{0}` is not ready")]
     NoReadyNode(String),
     /// The node's session is saturated with commands.
     #[error("node `{0}` is busy")]
@@ -24,8 +24,10 @@ pub enum DispatchError {
 }
 
 /// The events of a submitted run. Dropping it before the terminal event
-/// cancels the run on the node.
+/// cancels the run on the node. It owns the run's capacity lease, released
+/// when the terminal event arrives or the stream is dropped, whichever is first.
 pub struct RunStream {
+    lease: Option<crate::pool::Lease>,
     rx: mailbox::Receiver<ExecEvent>,
     session: mailbox::Sender<SessionCmd>,
     run_id: String,
@@ -46,6 +48,9 @@ impl RunStream {
             )
         });
         self.done = ev.is_terminal();
+        if self.done {
+            self.lease = None;
+        }
         Some(ev)
     }
 
@@ -57,6 +62,7 @@ impl RunStream {
     /// Marks the run finished after a terminal was taken from `receiver()`.
     pub fn mark_done(&mut self) {
         self.done = true;
+        self.lease = None;
     }
 
     /// Run id.
@@ -89,34 +95,23 @@ impl Drop for RunStream {
     }
 }
 
-/// Submits `req` (run_id, adapter and target are filled in here) for
-/// `route` on a ready node.
-pub fn submit(worker: &Worker, route: &ModelRoute, mut req: pb::RunRequest) -> Result<RunStream, DispatchError> {
-    let config = worker.config.borrow().clone();
-    let routes = worker.routes.borrow();
-    let chosen = match &route.node {
-        Some(node) => routes.get(node).map(|r| (node.clone(), r)),
-        // No node named: the first ready node (config order) running the provider.
-        None => config
-            .nodes
-            .iter()
-            .filter_map(|n| routes.get(&n.id).map(|r| (n.id.clone(), r)))
-            .find(|(_, r)| r.providers.iter().any(|p| p == &route.provider)),
+/// Submits `req` (run_id, adapter and target are filled in here) to the
+/// node the lease in `admitted` is for.
+pub fn submit(worker: &Worker, admitted: Admitted, mut req: pb::RunRequest) -> Result<RunStream, DispatchError> {
+    let Admitted { lease, target } = admitted;
+    let node_id = target.node.clone();
+    let session = match worker.routes.borrow().get(&node_id) {
+        Some(route) => route.session.clone(),
+        None => return Err(DispatchError::NoReadyNode(node_id)),
     };
-    let Some((node_id, node)) = chosen else {
-        return Err(DispatchError::NoReadyNode(route.name.clone()));
-    };
-    let session = node.session.clone();
-    drop(routes);
-
     let run_id = worker.next_run_id();
     req.run_id = run_id.clone();
-    req.adapter = route.provider.clone();
-    req.target = route.upstream_model.clone();
+    req.adapter = target.provider;
+    req.target = target.upstream_model;
     let (tx, rx) = mailbox::mailbox(RUN_EVENT_CAPACITY);
     match session.try_send(SessionCmd::Run { req, events: tx }) {
-        Ok(()) => Ok(RunStream { rx, session, run_id, node_id, done: false }),
+        Ok(()) => Ok(RunStream { lease: Some(lease), rx, session, run_id, node_id, done: false }),
         Err(SendError::Full(_)) => Err(DispatchError::NodeBusy(node_id)),
-        Err(SendError::Closed(_)) => Err(DispatchError::NoReadyNode(route.name.clone())),
+        Err(SendError::Closed(_)) => Err(DispatchError::NoReadyNode(node_id)),
     }
 }

@@ -9,6 +9,7 @@
 
 pub mod dispatch;
 pub mod payload;
+pub mod pool;
 pub mod registry;
 pub mod server;
 pub mod shared;

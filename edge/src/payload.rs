@@ -33,7 +33,7 @@ pub fn node_payload(node: &NodeEntry, revision: u64) -> pb::NodeConfigPayload {
                 kind: kind as i32,
                 base_url,
                 api_key: p.api_key.as_ref().map(|k| k.expose().to_owned()).unwrap_or_default(),
-                max_concurrency: p.max_concurrency.get(),
+                max_concurrency: p.max_concurrency(),
                 mock,
                 request_timeout_ms: millis(p.request_timeout),
             }

@@ -22,14 +22,16 @@ pub struct Shared {
     pub http_addr: SocketAddr,
     /// Bound node listener address.
     pub node_addr: SocketAddr,
+    /// Number of worker cores.
+    pub workers: usize,
 }
 
 impl Shared {
-    /// Delivers `msg` to every core, waiting for inbox room rather than
-    /// dropping a fence.
-    pub async fn broadcast(&self, msg: CoreMsg) {
+    /// Delivers a message made by `make` to every core, waiting for inbox
+    /// room rather than dropping a fence.
+    pub async fn broadcast(&self, make: impl Fn() -> CoreMsg) {
         for inbox in &self.inboxes {
-            if inbox.send(msg.clone()).await.is_err() {
+            if inbox.send(make()).await.is_err() {
                 tracing::debug!("core inbox closed during broadcast");
             }
         }

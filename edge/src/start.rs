@@ -16,6 +16,7 @@ use iop_core::{
 use parking_lot::Mutex;
 
 use crate::{
+    pool::PoolView,
     registry::Registry,
     shared::Shared,
     worker::{self, CoreMsg, Worker},
@@ -96,6 +97,7 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
                 reconnect: ReconnectPolicy { max_attempts: None, interval: std::time::Duration::from_secs(1) },
                 max_frame_bytes: config.max_frame_bytes,
                 shutdown_grace: std::time::Duration::from_secs(5),
+                testing: config.testing,
             })
         }
         None => None,
@@ -114,13 +116,16 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         instance,
         http_addr,
         node_addr,
+        workers,
     });
+    let pool = Arc::new(PoolView::build(&shared.config, None));
 
     let mut threads = Vec::with_capacity(workers + 1);
     for (index, ((http_l, node_l), inbox)) in http.into_iter().zip(nodes).zip(receivers).enumerate() {
         let shared = shared.clone();
+        let pool = pool.clone();
         let t = rt::spawn_worker("iop-edge", index, true, move || async move {
-            let w = Rc::new(Worker::new(index, shared));
+            let w = Rc::new(Worker::new(index, shared, pool));
             worker::run(w, http_l, node_l, inbox).await;
         })
         .map_err(StartError::Thread)?;

@@ -9,10 +9,16 @@ use std::{
 
 use iop_core::{
     config::EdgeConfig,
-    rt::{mailbox, signal::LocalCancel},
+    rt::{mailbox, oneshot::OneshotSender, signal::LocalCancel},
 };
 
-use crate::{registry::Generation, server, shared::Shared, transport};
+use crate::{
+    pool::{Lease, LeaseClass, PoolView, ResourceKey, Shard, Waiter},
+    registry::Generation,
+    server,
+    shared::Shared,
+    transport,
+};
 
 /// A ready node as seen by one core.
 #[derive(Clone)]
@@ -26,7 +32,6 @@ pub struct NodeRoute {
 }
 
 /// Messages between cores.
-#[derive(Clone)]
 pub enum CoreMsg {
     /// A node's current connection became ready.
     NodeReady {
@@ -41,6 +46,34 @@ pub enum CoreMsg {
         node_id: String,
         /// The generation that ended.
         generation: Generation,
+    },
+    /// Try to take a lease on a resource this core owns.
+    Acquire {
+        /// Resource.
+        key: ResourceKey,
+        /// Pool.
+        class: LeaseClass,
+        /// Gets the lease, or None when there is no room.
+        reply: OneshotSender<Option<Lease>>,
+    },
+    /// Queue a waiter on a resource this core owns.
+    Wait {
+        /// Resource.
+        key: ResourceKey,
+        /// The shared waiter slot.
+        waiter: Arc<Waiter>,
+    },
+    /// A lease on a resource this core owns ended.
+    Release {
+        /// Resource.
+        key: ResourceKey,
+        /// Pool.
+        class: LeaseClass,
+    },
+    /// A waiter left; drop finished entries from the resource's queue.
+    Compact {
+        /// Resource.
+        key: ResourceKey,
     },
     /// Stop serving.
     Shutdown,
@@ -57,22 +90,39 @@ pub struct Worker {
     /// Ready nodes by id.
     pub routes: RefCell<HashMap<String, NodeRoute>>,
     run_seq: Cell<u64>,
+    waiter_seq: Cell<u64>,
+    /// Published load of every resource, as of this core's config.
+    pub pool: RefCell<Arc<PoolView>>,
+    /// Authoritative state of the resources this core owns.
+    pub shard: RefCell<Shard>,
     /// Raised when the worker stops.
     pub stop: LocalCancel,
 }
 
 impl Worker {
     /// A worker for core `index`.
-    pub fn new(index: usize, shared: Arc<Shared>) -> Self {
+    pub fn new(index: usize, shared: Arc<Shared>, pool: Arc<PoolView>) -> Self {
         let config = shared.config.clone();
+        let mut shard = Shard::new(index, shared.workers, shared.inboxes[index].clone());
+        shard.apply_config(&config, &pool);
         Self {
             index,
             shared,
             config: RefCell::new(config),
             routes: RefCell::new(HashMap::new()),
             run_seq: Cell::new(0),
+            waiter_seq: Cell::new(0),
+            pool: RefCell::new(pool),
+            shard: RefCell::new(shard),
             stop: LocalCancel::new(),
         }
+    }
+
+    /// Arrival number for a new waiter (per core; with the core index it orders logs).
+    pub fn next_waiter_seq(&self) -> u64 {
+        let n = self.waiter_seq.get() + 1;
+        self.waiter_seq.set(n);
+        n
     }
 
     /// A run id unique in this process and across edge instances.
@@ -85,18 +135,32 @@ impl Worker {
     fn apply(&self, msg: CoreMsg) {
         match msg {
             CoreMsg::NodeReady { node_id, route } => {
-                let mut routes = self.routes.borrow_mut();
-                // Generations only grow; never let an older ready replace a newer one.
-                if routes.get(&node_id).is_none_or(|r| r.generation < route.generation) {
-                    routes.insert(node_id, route);
+                let generation = route.generation;
+                {
+                    let mut routes = self.routes.borrow_mut();
+                    // Generations only grow; never let an older ready replace a newer one.
+                    if routes.get(&node_id).is_none_or(|r| r.generation < generation) {
+                        routes.insert(node_id.clone(), route);
+                    }
                 }
+                self.shard.borrow_mut().node_ready(&node_id, generation);
             }
             CoreMsg::NodeGone { node_id, generation } => {
-                let mut routes = self.routes.borrow_mut();
-                if routes.get(&node_id).is_some_and(|r| r.generation == generation) {
-                    routes.remove(&node_id);
+                {
+                    let mut routes = self.routes.borrow_mut();
+                    if routes.get(&node_id).is_some_and(|r| r.generation == generation) {
+                        routes.remove(&node_id);
+                    }
                 }
+                self.shard.borrow_mut().node_gone(&node_id, generation);
             }
+            CoreMsg::Acquire { key, class, reply } => {
+                let lease = self.shard.borrow_mut().try_acquire(&key, class);
+                reply.send(lease);
+            }
+            CoreMsg::Wait { key, waiter } => self.shard.borrow_mut().wait(&key, waiter),
+            CoreMsg::Release { key, class } => self.shard.borrow_mut().release(&key, class),
+            CoreMsg::Compact { key } => self.shard.borrow_mut().compact(&key),
             CoreMsg::Shutdown => self.stop.cancel(),
         }
     }

@@ -23,9 +23,6 @@ const HIGH_WATER: usize = 1024 * 1024;
 const HARD_LIMIT: usize = 256 * 1024 * 1024;
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-/// Heartbeat interval and wait (spec: 30 s / 45 s on both sides).
-const HEARTBEAT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
-const HEARTBEAT_WAIT: std::time::Duration = std::time::Duration::from_secs(45);
 
 /// How a session ended.
 #[derive(Debug)]
@@ -161,7 +158,7 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
 
     let last_seen = Rc::new(Cell::new(Instant::now()));
     let closed = LocalCancel::new();
-    monoio::spawn(heartbeat(writer.clone(), last_seen.clone(), closed.clone(), reader.stopper()));
+    monoio::spawn(heartbeat(cfg.testing, writer.clone(), last_seen.clone(), closed.clone(), reader.stopper()));
     monoio::spawn(drain_on_shutdown(
         shutdown.clone(),
         closed.clone(),
@@ -273,13 +270,19 @@ fn command(cmd: &pb::NodeCommandRequest, manager: &RunManager) -> pb::NodeComman
     }
 }
 
-async fn heartbeat(writer: FrameWriter, last_seen: Rc<Cell<Instant>>, closed: LocalCancel, stopper: ReadStopper) {
+async fn heartbeat(
+    timing: iop_core::config::TestingSettings,
+    writer: FrameWriter,
+    last_seen: Rc<Cell<Instant>>,
+    closed: LocalCancel,
+    stopper: ReadStopper,
+) {
     loop {
         monoio::select! {
-            _ = monoio::time::sleep(HEARTBEAT_INTERVAL) => {}
+            _ = monoio::time::sleep(timing.heartbeat_interval) => {}
             _ = closed.cancelled() => return,
         }
-        if last_seen.get().elapsed() > HEARTBEAT_WAIT {
+        if last_seen.get().elapsed() > timing.heartbeat_wait {
             tracing::warn!("edge silent beyond the heartbeat wait; closing (heartbeat_timeout)");
             stopper.stop();
             return;

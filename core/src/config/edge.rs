@@ -8,8 +8,8 @@ use std::{
 };
 
 use super::{
-    raw::{self, check, RawEdge, RawModel, RawNode, RawProvider, RawProviderKind},
-    ConfigError, Secret,
+    raw::{self, check, RawEdge, RawModel, RawNode, RawProvider, RawProviderKind, RawTarget},
+    ConfigError, Secret, TestingSettings,
 };
 use crate::wire::DEFAULT_MAX_FRAME_BYTES;
 
@@ -19,6 +19,8 @@ pub const MIN_FRAME_BYTES: usize = 4096;
 pub const MAX_FRAME_BYTES: usize = 1 << 30;
 /// Largest accepted `workers`.
 pub const MAX_WORKERS: usize = 1024;
+/// Largest accepted `models[].queue_timeout_ms`: one day.
+pub const MAX_QUEUE_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
 
 /// The whole validated edge configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -36,10 +38,12 @@ pub struct EdgeConfig {
     pub embedded_node: Option<EmbeddedNode>,
     /// Configured nodes, in file order.
     pub nodes: Vec<NodeEntry>,
-    /// Public model names, in file order.
-    pub models: Vec<ModelRoute>,
+    /// Public model groups, in file order; names unique.
+    pub models: Vec<ModelGroup>,
     /// Bearer token protecting `/admin`.
     pub admin_token: Option<Secret>,
+    /// Test-only timers (`[testing]`); defaults outside tests.
+    pub testing: TestingSettings,
 }
 
 /// Client-facing HTTP settings.
@@ -82,10 +86,27 @@ pub struct ProviderEntry {
     pub kind: ProviderKind,
     /// Bearer credential sent upstream.
     pub api_key: Option<Secret>,
-    /// Concurrent runs the node admits for this provider.
-    pub max_concurrency: NonZeroU32,
+    /// Normal-context leases the edge grants concurrently on this provider.
+    pub capacity: NonZeroU32,
+    /// Long-context leases, a separate pool (0 = no long-context requests).
+    pub long_capacity: u32,
     /// Upper bound for one upstream request.
     pub request_timeout: Duration,
+}
+
+impl ProviderEntry {
+    /// Concurrent runs the node admits locally: `capacity + long_capacity`
+    /// (saturating).
+    pub fn max_concurrency(&self) -> u32 {
+        self.capacity.get().saturating_add(self.long_capacity)
+    }
+}
+
+impl NodeEntry {
+    /// The provider with this id.
+    pub fn provider(&self, id: &str) -> Option<&ProviderEntry> {
+        self.providers.iter().find(|p| p.id == id)
+    }
 }
 
 /// Provider kinds.
@@ -164,13 +185,30 @@ impl UpstreamUrl {
     }
 }
 
-/// A public model name and where it runs.
+/// A public model name and the candidates that can serve it, possibly on
+/// several nodes. Several groups may share one provider.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ModelRoute {
+pub struct ModelGroup {
     /// Public name clients send as `model`.
     pub name: String,
-    /// Node to run on; None = any ready node that has `provider`.
-    pub node: Option<String>,
+    /// Candidates in file order: non-empty, no (node, provider) pair twice,
+    /// each naming a configured node and one of its providers.
+    pub targets: Vec<ModelTarget>,
+    /// Estimated prompt tokens above which a request is "long" (and takes a
+    /// long-context lease). None = every request is normal. When set, at
+    /// least one target's provider has `long_capacity > 0`.
+    pub long_context_threshold: Option<u32>,
+    /// Requests that may wait for a lease; 0 = never queue.
+    pub max_waiters: u32,
+    /// How long a request may wait for a lease.
+    pub queue_timeout: Duration,
+}
+
+/// One candidate of a [`ModelGroup`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelTarget {
+    /// Node id (names one of `EdgeConfig::nodes`).
+    pub node: String,
     /// Provider id on that node.
     pub provider: String,
     /// Model name sent upstream.
@@ -195,9 +233,14 @@ impl EdgeConfig {
         self.nodes.iter().find(|n| n.id == id)
     }
 
-    /// The route for a public model name.
-    pub fn model(&self, name: &str) -> Option<&ModelRoute> {
+    /// The group for a public model name.
+    pub fn model(&self, name: &str) -> Option<&ModelGroup> {
         self.models.iter().find(|m| m.name == name)
+    }
+
+    /// Provider `provider` of node `node` (e.g. of a [`ModelTarget`]).
+    pub fn provider(&self, node: &str, provider: &str) -> Option<&ProviderEntry> {
+        self.node(node).and_then(|n| n.provider(provider))
     }
 }
 
@@ -299,20 +342,21 @@ impl TryFrom<RawEdge> for EdgeConfig {
         if raw.models.is_empty() {
             return Err(ConfigError::key("models", "at least one [[models]] entry is required"));
         }
-        let mut models: Vec<ModelRoute> = Vec::with_capacity(raw.models.len());
+        let mut models: Vec<ModelGroup> = Vec::with_capacity(raw.models.len());
         for (i, m) in raw.models.into_iter().enumerate() {
-            let route = model_route(i, m, &nodes)?;
-            if let Some(first) = models.iter().position(|other| other.name == route.name) {
+            let group = model_group(i, m, &nodes)?;
+            if let Some(first) = models.iter().position(|other| other.name == group.name) {
                 return Err(ConfigError::invalid(
                     format!("models[{i}].name"),
-                    &route.name,
+                    &group.name,
                     format!("duplicates models[{first}].name"),
                 ));
             }
-            models.push(route);
+            models.push(group);
         }
+        let testing = TestingSettings::try_from(raw.testing)?;
 
-        Ok(Self { workers, http, node_listen, max_frame_bytes, embedded_node, nodes, models, admin_token })
+        Ok(Self { workers, http, node_listen, max_frame_bytes, embedded_node, nodes, models, admin_token, testing })
     }
 }
 
@@ -361,14 +405,16 @@ fn provider_entry(key: &str, raw: RawProvider) -> Result<ProviderEntry, ConfigEr
             ProviderKind::OpenAiCompat { base_url }
         }
     };
-    let max_concurrency = check::range_u32(&format!("{key}.max_concurrency"), raw.max_concurrency, 64, 1, u32::MAX)?;
+    let capacity = check::range_u32(&format!("{key}.capacity"), raw.capacity, 64, 1, u32::MAX)?;
+    let long_capacity = check::range_u32(&format!("{key}.long_capacity"), raw.long_capacity, 0, 0, u32::MAX)?;
     let request_timeout = check::secs(&format!("{key}.request_timeout_sec"), raw.request_timeout_sec, 600, 1)?;
     Ok(ProviderEntry {
         id,
         kind,
         api_key: optional_secret(raw.api_key),
         // Checked to be at least 1 just above.
-        max_concurrency: NonZeroU32::new(max_concurrency).unwrap_or(NonZeroU32::MIN),
+        capacity: NonZeroU32::new(capacity).unwrap_or(NonZeroU32::MIN),
+        long_capacity,
         request_timeout,
     })
 }
@@ -403,45 +449,150 @@ impl Default for MockSettings {
     }
 }
 
-fn model_route(i: usize, raw: RawModel, nodes: &[NodeEntry]) -> Result<ModelRoute, ConfigError> {
-    let name = check::non_empty(&format!("models[{i}].name"), raw.name)?;
-    let provider = check::non_empty(&format!("models[{i}].provider"), raw.provider)?;
-    let has_provider = |n: &NodeEntry| n.providers.iter().any(|p| p.id == provider);
-    match &raw.node {
+fn model_group(i: usize, raw: RawModel, nodes: &[NodeEntry]) -> Result<ModelGroup, ConfigError> {
+    let key = format!("models[{i}]");
+    let name = check::non_empty(&format!("{key}.name"), raw.name)?;
+    let targets = match raw.targets {
+        Some(targets) => {
+            for (shorthand, value) in
+                [("node", &raw.node), ("provider", &raw.provider), ("upstream_model", &raw.upstream_model)]
+            {
+                if let Some(value) = value {
+                    return Err(ConfigError::invalid(
+                        format!("{key}.{shorthand}"),
+                        value,
+                        "not allowed together with [[models.targets]] (set it in each target)",
+                    ));
+                }
+            }
+            explicit_targets(&key, targets, &name, nodes)?
+        }
+        None => shorthand_targets(&key, raw.node, raw.provider, raw.upstream_model, &name, nodes)?,
+    };
+
+    let threshold_key = format!("{key}.long_context_threshold");
+    let long_context_threshold = match raw.long_context_threshold {
+        None => None,
+        Some(t) => Some(check::range_u32(&threshold_key, Some(t), 1, 1, u32::MAX)?),
+    };
+    let max_waiters = check::range_u32(&format!("{key}.max_waiters"), raw.max_waiters, 256, 0, u32::MAX)?;
+    let queue_timeout =
+        check::millis(&format!("{key}.queue_timeout_ms"), raw.queue_timeout_ms, 30_000, 1, MAX_QUEUE_TIMEOUT_MS)?;
+
+    if let Some(threshold) = long_context_threshold {
+        let has_long_pool = targets.iter().any(|t| {
+            let provider = nodes.iter().find(|n| n.id == t.node).and_then(|n| n.provider(&t.provider));
+            provider.is_some_and(|p| p.long_capacity > 0)
+        });
+        if !has_long_pool {
+            return Err(ConfigError::invalid(
+                threshold_key,
+                threshold,
+                "no target's provider has long_capacity > 0, so long requests could never run",
+            ));
+        }
+    }
+
+    Ok(ModelGroup { name, targets, long_context_threshold, max_waiters, queue_timeout })
+}
+
+/// `[[models.targets]]`: each names an existing node and one of its
+/// providers; no (node, provider) pair twice.
+fn explicit_targets(
+    model_key: &str,
+    raw: Vec<RawTarget>,
+    name: &str,
+    nodes: &[NodeEntry],
+) -> Result<Vec<ModelTarget>, ConfigError> {
+    if raw.is_empty() {
+        return Err(ConfigError::key(
+            format!("{model_key}.targets"),
+            "at least one [[models.targets]] entry is required",
+        ));
+    }
+    let mut targets: Vec<ModelTarget> = Vec::with_capacity(raw.len());
+    for (j, t) in raw.into_iter().enumerate() {
+        let key = format!("{model_key}.targets[{j}]");
+        let node_id = check::non_empty(&format!("{key}.node"), t.node)?;
+        let provider = check::non_empty(&format!("{key}.provider"), t.provider)?;
+        let node = nodes
+            .iter()
+            .find(|n| n.id == node_id)
+            .ok_or_else(|| ConfigError::invalid(format!("{key}.node"), &node_id, "no [[nodes]] entry has this id"))?;
+        if node.provider(&provider).is_none() {
+            return Err(ConfigError::invalid(
+                format!("{key}.provider"),
+                &provider,
+                format!("node `{node_id}` has no provider with this id"),
+            ));
+        }
+        let upstream_model = upstream_model(&format!("{key}.model"), t.model, name)?;
+        if let Some(first) = targets.iter().position(|o| o.node == node_id && o.provider == provider) {
+            return Err(ConfigError::invalid(
+                format!("{key}.provider"),
+                &provider,
+                format!("node `{node_id}` with this provider duplicates {model_key}.targets[{first}]"),
+            ));
+        }
+        targets.push(ModelTarget { node: node_id, provider, upstream_model });
+    }
+    Ok(targets)
+}
+
+/// The shorthand `node` / `provider` / `upstream_model` on the model: one
+/// target, or with `node` omitted one per node that has the provider.
+fn shorthand_targets(
+    key: &str,
+    node: Option<String>,
+    provider: Option<String>,
+    upstream: Option<String>,
+    name: &str,
+    nodes: &[NodeEntry],
+) -> Result<Vec<ModelTarget>, ConfigError> {
+    let provider_key = format!("{key}.provider");
+    let provider = check::required(&provider_key, provider)
+        .map_err(|_| ConfigError::key(&provider_key, "is required (or list [[models.targets]])"))?;
+    if provider.is_empty() {
+        return Err(ConfigError::invalid(provider_key, "", "must not be empty"));
+    }
+    let upstream_model = upstream_model(&format!("{key}.upstream_model"), upstream, name)?;
+    let target = |node: &NodeEntry| ModelTarget {
+        node: node.id.clone(),
+        provider: provider.clone(),
+        upstream_model: upstream_model.clone(),
+    };
+    match node {
         Some(node_id) => {
-            let node = nodes.iter().find(|n| &n.id == node_id).ok_or_else(|| {
-                ConfigError::invalid(format!("models[{i}].node"), node_id, "no [[nodes]] entry has this id")
+            let node = nodes.iter().find(|n| n.id == node_id).ok_or_else(|| {
+                ConfigError::invalid(format!("{key}.node"), &node_id, "no [[nodes]] entry has this id")
             })?;
-            if !has_provider(node) {
+            if node.provider(&provider).is_none() {
                 return Err(ConfigError::invalid(
-                    format!("models[{i}].provider"),
+                    provider_key,
                     &provider,
                     format!("node `{node_id}` has no provider with this id"),
                 ));
             }
+            Ok(vec![target(node)])
         }
         None => {
-            if !nodes.iter().any(has_provider) {
-                return Err(ConfigError::invalid(
-                    format!("models[{i}].provider"),
-                    &provider,
-                    "no node has a provider with this id",
-                ));
+            let targets: Vec<ModelTarget> =
+                nodes.iter().filter(|n| n.provider(&provider).is_some()).map(target).collect();
+            if targets.is_empty() {
+                return Err(ConfigError::invalid(provider_key, &provider, "no node has a provider with this id"));
             }
+            Ok(targets)
         }
     }
-    let upstream_model = match raw.upstream_model {
-        None => name.clone(),
-        Some(m) if m.is_empty() => {
-            return Err(ConfigError::invalid(
-                format!("models[{i}].upstream_model"),
-                "",
-                "must not be empty (omit it to use `name`)",
-            ))
-        }
-        Some(m) => m,
-    };
-    Ok(ModelRoute { name, node: raw.node, provider, upstream_model })
+}
+
+/// The upstream model name at `key`: defaults to the group name, never empty.
+fn upstream_model(key: &str, value: Option<String>, name: &str) -> Result<String, ConfigError> {
+    match value {
+        None => Ok(name.to_owned()),
+        Some(m) if m.is_empty() => Err(ConfigError::invalid(key, "", "must not be empty (omit it to use `name`)")),
+        Some(m) => Ok(m),
+    }
 }
 
 #[cfg(test)]
@@ -504,6 +655,10 @@ provider = "local"
         ("[http]", format!("{line}\n[http]"))
     }
 
+    fn target(node: &str, provider: &str, model: &str) -> ModelTarget {
+        ModelTarget { node: node.into(), provider: provider.into(), upstream_model: model.into() }
+    }
+
     const PROVIDER_KIND: &str = "kind = \"openai_compat\"";
     const PROVIDER_URL: &str = "base_url = \"http://127.0.0.1:9000/v1\"";
 
@@ -520,7 +675,7 @@ provider = "local"
         assert_eq!(c.node_listen, Some("127.0.0.1:7070".parse().unwrap()));
         assert_eq!(c.embedded_node, None);
         let p = &c.nodes[0].providers[0];
-        assert_eq!(p.max_concurrency.get(), 64);
+        assert_eq!((p.capacity.get(), p.long_capacity, p.max_concurrency()), (64, 0, 64));
         assert_eq!(p.request_timeout, Duration::from_secs(600));
         assert_eq!(p.api_key, None);
         assert_eq!(
@@ -531,10 +686,20 @@ provider = "local"
         );
         assert_eq!(
             c.models,
-            vec![ModelRoute { name: "m".into(), node: None, provider: "local".into(), upstream_model: "m".into() }]
+            vec![ModelGroup {
+                name: "m".into(),
+                targets: vec![target("node-1", "local", "m")],
+                long_context_threshold: None,
+                max_waiters: 256,
+                queue_timeout: Duration::from_secs(30),
+            }]
         );
+        assert_eq!(c.testing, TestingSettings::default());
         assert!(c.model("m").is_some() && c.model("x").is_none());
         assert!(c.node("node-1").is_some() && c.node("x").is_none());
+        assert_eq!(c.provider("node-1", "local").map(|p| p.id.as_str()), Some("local"));
+        assert!(c.provider("node-1", "x").is_none() && c.provider("x", "local").is_none());
+        assert!(c.nodes[0].provider("local").is_some() && c.nodes[0].provider("m").is_none());
     }
 
     #[test]
@@ -558,7 +723,8 @@ id = "up"
 kind = "openai_compat"
 base_url = "http://[::1]:9000/"
 api_key = "k"
-max_concurrency = 1
+capacity = 1
+long_capacity = 2
 request_timeout_sec = 7
 [[nodes]]
 id = "b"
@@ -576,6 +742,23 @@ name = "x"
 node = "b"
 provider = "mock"
 upstream_model = "y"
+max_waiters = 0
+queue_timeout_ms = 86400000
+[[models]]
+name = "z"
+long_context_threshold = 8000
+max_waiters = 4294967295
+queue_timeout_ms = 1
+[[models.targets]]
+node = "a"
+provider = "up"
+[[models.targets]]
+node = "b"
+provider = "mock"
+model = "zz"
+[testing]
+heartbeat_interval_ms = 10
+heartbeat_wait_ms = 25
 "#;
         let c = ok(text);
         assert_eq!(c.workers, 3);
@@ -588,7 +771,7 @@ upstream_model = "y"
         assert_eq!(c.embedded_node, Some(EmbeddedNode { node_id: "b".into() }));
         let up = &c.nodes[0].providers[0];
         assert_eq!(up.api_key, Some(Secret::new("k")));
-        assert_eq!(up.max_concurrency.get(), 1);
+        assert_eq!((up.capacity.get(), up.long_capacity, up.max_concurrency()), (1, 2, 3));
         assert_eq!(up.request_timeout, Duration::from_secs(7));
         let ProviderKind::OpenAiCompat { base_url } = &up.kind else { panic!() };
         assert_eq!(base_url.authority(), "[::1]:9000");
@@ -602,8 +785,92 @@ upstream_model = "y"
                 reasoning: true,
             })
         );
-        assert_eq!(c.models[0].upstream_model, "y");
-        assert_eq!(c.models[0].node.as_deref(), Some("b"));
+        assert_eq!(
+            c.models[0],
+            ModelGroup {
+                name: "x".into(),
+                targets: vec![target("b", "mock", "y")],
+                long_context_threshold: None,
+                max_waiters: 0,
+                queue_timeout: Duration::from_secs(24 * 3600),
+            }
+        );
+        assert_eq!(
+            c.models[1],
+            ModelGroup {
+                name: "z".into(),
+                targets: vec![target("a", "up", "z"), target("b", "mock", "zz")],
+                long_context_threshold: Some(8000),
+                max_waiters: u32::MAX,
+                queue_timeout: Duration::from_millis(1),
+            }
+        );
+        assert_eq!(
+            c.testing,
+            TestingSettings {
+                heartbeat_interval: Duration::from_millis(10),
+                heartbeat_wait: Duration::from_millis(25)
+            }
+        );
+    }
+
+    #[test]
+    fn max_concurrency_is_capacity_plus_long_capacity() {
+        let with = |capacity: u32, long_capacity: u32| {
+            let text = BASE.replacen(
+                PROVIDER_URL,
+                &format!("{PROVIDER_URL}\ncapacity = {capacity}\nlong_capacity = {long_capacity}"),
+                1,
+            );
+            let p = ok(&text).nodes[0].providers[0].clone();
+            assert_eq!((p.capacity.get(), p.long_capacity), (capacity, long_capacity));
+            p.max_concurrency()
+        };
+        assert_eq!(with(5, 0), 5);
+        assert_eq!(with(5, 3), 8);
+        assert_eq!(with(1, u32::MAX), u32::MAX, "saturates");
+        assert_eq!(with(u32::MAX, u32::MAX), u32::MAX, "saturates");
+    }
+
+    #[test]
+    fn model_shorthand_and_targets() {
+        // Two nodes with provider `p`, one without; node-1 has `local` and `p`.
+        let nodes = "[[nodes.providers]]\nid = \"p\"\nkind = \"mock\"\nlong_capacity = 1\n\
+            [[nodes]]\nid = \"node-2\"\ntoken = \"tok-2\"\n[[nodes.providers]]\nid = \"q\"\nkind = \"mock\"\n\
+            [[nodes]]\nid = \"node-3\"\ntoken = \"tok-3\"\n[[nodes.providers]]\nid = \"p\"\nkind = \"mock\"\n\
+            [[models]]";
+        let with_models = |models: &str| {
+            let text = BASE.replacen("[[models]]", nodes, 1);
+            let text = text.replacen("name = \"m\"\nprovider = \"local\"\n", models, 1);
+            ok(&text).models
+        };
+        // Shorthand without node: one target per node that has the provider, in node order.
+        let m = with_models("name = \"m\"\nprovider = \"p\"\nupstream_model = \"u\"\n");
+        assert_eq!(m[0].targets, vec![target("node-1", "p", "u"), target("node-3", "p", "u")]);
+        // Shorthand with node: exactly that one.
+        let m = with_models("name = \"m\"\nnode = \"node-3\"\nprovider = \"p\"\n");
+        assert_eq!(m[0].targets, vec![target("node-3", "p", "m")]);
+        // Explicit targets: file order; `model` defaults to the group name;
+        // the same provider under another node is a different pair.
+        let m = with_models(
+            "name = \"m\"\n[[models.targets]]\nnode = \"node-3\"\nprovider = \"p\"\n\
+             [[models.targets]]\nnode = \"node-1\"\nprovider = \"p\"\nmodel = \"big\"\n\
+             [[models.targets]]\nnode = \"node-2\"\nprovider = \"q\"\n",
+        );
+        assert_eq!(
+            m[0].targets,
+            vec![target("node-3", "p", "m"), target("node-1", "p", "big"), target("node-2", "q", "m")]
+        );
+        // Several names may share one provider; the threshold is fine as
+        // long as one target has a long pool (node-1/p here).
+        let m = with_models(
+            "name = \"a\"\nprovider = \"p\"\nlong_context_threshold = 1\n\
+             [[models]]\nname = \"b\"\nnode = \"node-1\"\nprovider = \"p\"\nupstream_model = \"a\"\n\
+             [[models]]\nname = \"c\"\n[[models.targets]]\nnode = \"node-1\"\nprovider = \"p\"\nmodel = \"a\"\n",
+        );
+        assert_eq!(m.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(), ["a", "b", "c"]);
+        assert_eq!(m[0].long_context_threshold, Some(1));
+        assert_eq!(m[1].targets, m[2].targets);
     }
 
     #[test]
@@ -688,10 +955,21 @@ upstream_model = "y"
         rejects(&[top("workers = -1").as_ref_pair()], "workers", "-1");
         rejects(&[("listen = \"127.0.0.1:8080\"", "listen = 8080")], "http.listen", "invalid type");
         rejects(
-            &[(PROVIDER_KIND, "kind = \"openai_compat\"\nmax_concurrency = \"x\"")],
-            "nodes[0].providers[0].max_concurrency",
+            &[(PROVIDER_KIND, "kind = \"openai_compat\"\ncapacity = \"x\"")],
+            "nodes[0].providers[0].capacity",
             "invalid type",
         );
+        rejects(
+            &[(PROVIDER_KIND, "kind = \"openai_compat\"\nlong_capacity = 1.5")],
+            "nodes[0].providers[0].long_capacity",
+            "invalid type",
+        );
+        rejects(
+            &[("provider = \"local\"", "provider = \"local\"\nmax_waiters = \"x\"")],
+            "models[0].max_waiters",
+            "invalid type",
+        );
+        rejects(&[("provider = \"local\"", "targets = \"x\"")], "models[0].targets", "invalid type");
         rejects(
             &[("[[models]]\nname = \"m\"\nprovider = \"local\"\n", ""), top("models = 1").as_ref_pair()],
             "models",
@@ -791,19 +1069,33 @@ upstream_model = "y"
             "only allowed when kind = \"mock\"",
         );
         let e = rejects(
-            &[(PROVIDER_URL, "base_url = \"http://h:1\"\nmax_concurrency = 0")],
-            &format!("{p}.max_concurrency"),
+            &[(PROVIDER_URL, "base_url = \"http://h:1\"\ncapacity = 0")],
+            &format!("{p}.capacity"),
             "must be at least 1",
         );
-        assert_eq!(
-            e.to_string(),
-            "config key `nodes[0].providers[0].max_concurrency`: invalid value `0`: must be at least 1"
-        );
+        assert_eq!(e.to_string(), "config key `nodes[0].providers[0].capacity`: invalid value `0`: must be at least 1");
         rejects(
-            &[(PROVIDER_URL, "base_url = \"http://h:1\"\nmax_concurrency = 4294967296")],
-            &format!("{p}.max_concurrency"),
+            &[(PROVIDER_URL, "base_url = \"http://h:1\"\ncapacity = 4294967296")],
+            &format!("{p}.capacity"),
             "must be at most 4294967295",
         );
+        rejects(
+            &[(PROVIDER_URL, "base_url = \"http://h:1\"\nlong_capacity = -1")],
+            &format!("{p}.long_capacity"),
+            "-1",
+        );
+        rejects(
+            &[(PROVIDER_URL, "base_url = \"http://h:1\"\nlong_capacity = 4294967296")],
+            &format!("{p}.long_capacity"),
+            "invalid value `4294967296`: must be at most 4294967295",
+        );
+        // The old key is gone; the error lists the new ones.
+        let e = rejects(
+            &[(PROVIDER_URL, "base_url = \"http://h:1\"\nmax_concurrency = 4")],
+            &format!("{p}.max_concurrency"),
+            "unknown key",
+        );
+        assert!(e.to_string().contains("capacity") && e.to_string().contains("long_capacity"), "{e}");
         rejects(
             &[(PROVIDER_URL, "base_url = \"http://h:1\"\nrequest_timeout_sec = 0")],
             &format!("{p}.request_timeout_sec"),
@@ -831,12 +1123,9 @@ upstream_model = "y"
         // A second provider on a node: duplicate id, and the path names index 1.
         let dup = "[[nodes.providers]]\nid = \"local\"\nkind = \"mock\"\n[[models]]";
         rejects(&[("[[models]]", dup)], "nodes[0].providers[1].id", "duplicates nodes[0].providers[0].id");
-        let zero = "[[nodes.providers]]\nid = \"other\"\nkind = \"mock\"\nmax_concurrency = 0\n[[models]]";
-        let e = rejects(&[("[[models]]", zero)], "nodes[0].providers[1].max_concurrency", "must be at least 1");
-        assert_eq!(
-            e.to_string(),
-            "config key `nodes[0].providers[1].max_concurrency`: invalid value `0`: must be at least 1"
-        );
+        let zero = "[[nodes.providers]]\nid = \"other\"\nkind = \"mock\"\ncapacity = 0\n[[models]]";
+        let e = rejects(&[("[[models]]", zero)], "nodes[0].providers[1].capacity", "must be at least 1");
+        assert_eq!(e.to_string(), "config key `nodes[0].providers[1].capacity`: invalid value `0`: must be at least 1");
     }
 
     #[test]
@@ -846,7 +1135,12 @@ upstream_model = "y"
         assert_eq!(e.key_path(), Some("models"), "{e}");
         rejects(&[("name = \"m\"", "")], "models[0].name", "is required");
         rejects(&[("name = \"m\"", "name = \"\"")], "models[0].name", "must not be empty");
-        rejects(&[("provider = \"local\"", "")], "models[0].provider", "is required");
+        rejects(&[("provider = \"local\"", "")], "models[0].provider", "is required (or list [[models.targets]])");
+        rejects(
+            &[("provider = \"local\"", "provider = \"\"")],
+            "models[0].provider",
+            "invalid value ``: must not be empty",
+        );
         rejects(&[("provider = \"local\"", "provider = \"nope\"")], "models[0].provider", "no node has a provider");
         rejects(&[("provider = \"local\"", "provider = \"local\"\nnode = \"ghost\"")], "models[0].node", "`ghost`");
         rejects(
@@ -863,6 +1157,106 @@ upstream_model = "y"
         let e = err(&dup);
         assert_eq!(e.key_path(), Some("models[1].name"), "{e}");
         assert!(e.to_string().contains("duplicates models[0].name"), "{e}");
+    }
+
+    /// `provider = "local"` of BASE's model, for patching in model settings.
+    const MODEL_PROVIDER: &str = "provider = \"local\"";
+
+    /// Replaces BASE's shorthand model with `targets` (one or more
+    /// `[[models.targets]]` bodies, each a `node`/`provider`/... snippet).
+    fn targets(bodies: &[&str]) -> (&'static str, String) {
+        let text: String = bodies.iter().map(|b| format!("[[models.targets]]\n{b}\n")).collect();
+        (MODEL_PROVIDER, text)
+    }
+
+    #[test]
+    fn rejects_model_settings() {
+        let with = |line: &str| (MODEL_PROVIDER, format!("{MODEL_PROVIDER}\n{line}"));
+        let t = "models[0].long_context_threshold";
+        rejects(&[with("long_context_threshold = 0").as_ref_pair()], t, "invalid value `0`: must be at least 1");
+        rejects(&[with("long_context_threshold = -1").as_ref_pair()], t, "-1");
+        rejects(&[with("long_context_threshold = 4294967296").as_ref_pair()], t, "must be at most 4294967295");
+        let e = rejects(&[with("long_context_threshold = 8000").as_ref_pair()], t, "invalid value `8000`");
+        assert!(e.to_string().contains("long_capacity > 0"), "{e}");
+        // A long pool on a provider that is not a target does not count.
+        let other = "[[nodes.providers]]\nid = \"big\"\nkind = \"mock\"\nlong_capacity = 4\n[[models]]";
+        rejects(&[("[[models]]", other), with("long_context_threshold = 8000").as_ref_pair()], t, "long_capacity > 0");
+        ok(&BASE.replacen(PROVIDER_URL, &format!("{PROVIDER_URL}\nlong_capacity = 1"), 1).replacen(
+            MODEL_PROVIDER,
+            &format!("{MODEL_PROVIDER}\nlong_context_threshold = 8000"),
+            1,
+        ));
+
+        let w = "models[0].max_waiters";
+        rejects(&[with("max_waiters = -1").as_ref_pair()], w, "-1");
+        rejects(&[with("max_waiters = 4294967296").as_ref_pair()], w, "must be at most 4294967295");
+        let q = "models[0].queue_timeout_ms";
+        rejects(&[with("queue_timeout_ms = 0").as_ref_pair()], q, "invalid value `0`: must be at least 1");
+        rejects(&[with("queue_timeout_ms = 86400001").as_ref_pair()], q, "must be at most 86400000");
+        rejects(&[with("queue_timeout_ms = -1").as_ref_pair()], q, "-1");
+        rejects(&[with("queue_timeout = 5").as_ref_pair()], "models[0].queue_timeout", "unknown key");
+    }
+
+    #[test]
+    fn rejects_model_targets() {
+        let k = "models[0].targets";
+        let one = "node = \"node-1\"\nprovider = \"local\"";
+        ok(&BASE.replacen(MODEL_PROVIDER, &targets(&[one]).1, 1));
+
+        // Shorthand keys together with targets, each named with its value.
+        for (line, key, value) in [
+            ("node = \"node-1\"", "models[0].node", "node-1"),
+            ("provider = \"local\"", "models[0].provider", "local"),
+            ("upstream_model = \"u\"", "models[0].upstream_model", "u"),
+        ] {
+            let (from, to) = targets(&[one]);
+            let e = rejects(
+                &[(from, format!("{line}\n{to}").as_str())],
+                key,
+                "not allowed together with [[models.targets]]",
+            );
+            assert!(e.to_string().contains(&format!("invalid value `{value}`")), "{e}");
+        }
+        rejects(&[(MODEL_PROVIDER, "targets = []")], k, "at least one [[models.targets]] entry is required");
+
+        rejects(&[targets(&["provider = \"local\""]).as_ref_pair()], &format!("{k}[0].node"), "is required");
+        rejects(
+            &[targets(&["node = \"\"\nprovider = \"local\""]).as_ref_pair()],
+            &format!("{k}[0].node"),
+            "must not be empty",
+        );
+        rejects(
+            &[targets(&[one, "node = \"ghost\"\nprovider = \"local\""]).as_ref_pair()],
+            &format!("{k}[1].node"),
+            "invalid value `ghost`: no [[nodes]] entry has this id",
+        );
+        rejects(&[targets(&["node = \"node-1\""]).as_ref_pair()], &format!("{k}[0].provider"), "is required");
+        rejects(
+            &[targets(&["node = \"node-1\"\nprovider = \"\""]).as_ref_pair()],
+            &format!("{k}[0].provider"),
+            "must not be empty",
+        );
+        rejects(
+            &[targets(&["node = \"node-1\"\nprovider = \"nope\""]).as_ref_pair()],
+            &format!("{k}[0].provider"),
+            "invalid value `nope`: node `node-1` has no provider with this id",
+        );
+        rejects(
+            &[targets(&[&format!("{one}\nmodel = \"\"")]).as_ref_pair()],
+            &format!("{k}[0].model"),
+            "must not be empty",
+        );
+        rejects(
+            &[targets(&[one, &format!("{one}\nmodel = \"other\"")]).as_ref_pair()],
+            &format!("{k}[1].provider"),
+            "invalid value `local`: node `node-1` with this provider duplicates models[0].targets[0]",
+        );
+        rejects(
+            &[targets(&[&format!("{one}\nupstream_model = \"x\"")]).as_ref_pair()],
+            &format!("{k}[0].upstream_model"),
+            "unknown key",
+        );
+        rejects(&[targets(&[&format!("{one}\nweight = 1")]).as_ref_pair()], &format!("{k}[0].weight"), "unknown key");
     }
 
     #[test]
@@ -969,7 +1363,7 @@ upstream_model = "y"
         assert_eq!(q.embedded_node, Some(EmbeddedNode { node_id: "local".into() }));
         assert_eq!(q.node_by_token("quickstart-embedded-token").map(|n| n.id.as_str()), Some("local"));
         let mock = &q.nodes[0].providers[0];
-        assert_eq!((mock.id.as_str(), mock.max_concurrency.get()), ("mock", 256));
+        assert_eq!((mock.id.as_str(), mock.capacity.get(), mock.long_capacity), ("mock", 256, 0));
         assert_eq!(
             mock.kind,
             ProviderKind::Mock(MockSettings {
@@ -978,7 +1372,8 @@ upstream_model = "y"
                 ..Default::default()
             })
         );
-        assert_eq!(q.model("mock").map(|m| (m.node.as_deref(), m.provider.as_str())), Some((Some("local"), "mock")));
+        assert_eq!(q.model("mock").map(|m| m.targets.clone()), Some(vec![target("local", "mock", "mock")]));
+        assert_eq!(q.testing, TestingSettings::default());
 
         let e = EdgeConfig::from_toml(&read("edge.toml"), &no_env).unwrap();
         assert_eq!(e.node_listen, Some("127.0.0.1:7070".parse().unwrap()));
@@ -988,11 +1383,11 @@ upstream_model = "y"
         assert_eq!(up.api_key, None);
         let ProviderKind::OpenAiCompat { base_url } = &up.kind else { panic!("{up:?}") };
         assert_eq!((base_url.authority().as_str(), base_url.path_prefix.as_str()), ("127.0.0.1:9000", "/v1"));
+        assert_eq!((up.capacity.get(), up.long_capacity), (64, 0));
         let m = e.model("mock").unwrap();
-        assert_eq!(
-            (m.node.as_deref(), m.provider.as_str(), m.upstream_model.as_str()),
-            (Some("node-1"), "upstream", "mock")
-        );
+        assert_eq!(m.targets, vec![target("node-1", "upstream", "mock")]);
+        assert_eq!((m.long_context_threshold, m.max_waiters), (None, 256));
+        assert_eq!(e.testing, TestingSettings::default());
     }
 
     /// Lets `rejects` take owned patch pairs.

@@ -27,7 +27,7 @@ pub enum ConfigError {
     /// A key that is missing, unknown, of the wrong type or has a rejected value.
     #[error("config key `{key}`: {}{message}", value_part(value.as_deref()))]
     Key {
-        /// Dotted key path, e.g. `nodes[0].providers[1].max_concurrency`.
+        /// Dotted key path, e.g. `nodes[0].providers[1].capacity`.
         key: String,
         /// The offending value (`***` for secret keys), when there is one.
         value: Option<String>,
@@ -114,12 +114,9 @@ mod tests {
 
     #[test]
     fn display_with_value() {
-        let e = ConfigError::invalid("nodes[0].providers[1].max_concurrency", 0, "must be at least 1");
-        assert_eq!(
-            e.to_string(),
-            "config key `nodes[0].providers[1].max_concurrency`: invalid value `0`: must be at least 1"
-        );
-        assert_eq!(e.key_path(), Some("nodes[0].providers[1].max_concurrency"));
+        let e = ConfigError::invalid("nodes[0].providers[1].capacity", 0, "must be at least 1");
+        assert_eq!(e.to_string(), "config key `nodes[0].providers[1].capacity`: invalid value `0`: must be at least 1");
+        assert_eq!(e.key_path(), Some("nodes[0].providers[1].capacity"));
     }
 
     #[test]

@@ -9,11 +9,13 @@ pub mod error;
 pub mod node;
 mod raw;
 mod secret;
+pub mod testing;
 
 pub use edge::{
-    EdgeConfig, EmbeddedNode, HttpSettings, MockSettings, ModelRoute, NodeEntry, ProviderEntry, ProviderKind,
-    UpstreamUrl,
+    EdgeConfig, EmbeddedNode, HttpSettings, MockSettings, ModelGroup, ModelTarget, NodeEntry, ProviderEntry,
+    ProviderKind, UpstreamUrl,
 };
 pub use error::ConfigError;
 pub use node::{NodeConfig, ReconnectPolicy};
 pub use secret::Secret;
+pub use testing::TestingSettings;

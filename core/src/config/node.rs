@@ -5,7 +5,7 @@ use std::time::Duration;
 use super::{
     edge::{split_host_port, MAX_FRAME_BYTES, MIN_FRAME_BYTES},
     raw::{self, check, RawNodeConfig},
-    ConfigError, Secret,
+    ConfigError, Secret, TestingSettings,
 };
 use crate::wire::DEFAULT_MAX_FRAME_BYTES;
 
@@ -22,6 +22,8 @@ pub struct NodeConfig {
     pub max_frame_bytes: usize,
     /// How long SIGINT/SIGTERM waits for in-flight runs.
     pub shutdown_grace: Duration,
+    /// Test-only timers (`[testing]`); defaults outside tests.
+    pub testing: TestingSettings,
 }
 
 /// How the node (re)connects to the edge.
@@ -78,7 +80,8 @@ impl TryFrom<RawNodeConfig> for NodeConfig {
                 },
             },
         };
-        Ok(Self { edge, token, reconnect, max_frame_bytes, shutdown_grace })
+        let testing = TestingSettings::try_from(raw.testing)?;
+        Ok(Self { edge, token, reconnect, max_frame_bytes, shutdown_grace, testing })
     }
 }
 
@@ -125,6 +128,7 @@ mod tests {
         assert_eq!(c.max_frame_bytes, DEFAULT_MAX_FRAME_BYTES);
         assert_eq!(c.shutdown_grace, Duration::from_secs(30));
         assert_eq!(c.reconnect, ReconnectPolicy { max_attempts: Some(10), interval: Duration::from_secs(10) });
+        assert_eq!(c.testing, TestingSettings::default());
         // An empty [reconnect] table is the same as none.
         assert_eq!(ok(&format!("{BASE}[reconnect]\n")).reconnect, ReconnectPolicy::default());
     }
@@ -138,6 +142,14 @@ mod tests {
         assert_eq!(c.max_frame_bytes, 1 << 30);
         assert_eq!(c.shutdown_grace, Duration::ZERO);
         assert_eq!(c.reconnect, ReconnectPolicy { max_attempts: Some(3), interval: Duration::from_secs(1) });
+        let c = ok(&format!("{BASE}[testing]\nheartbeat_interval_ms = 20\nheartbeat_wait_ms = 50\n"));
+        assert_eq!(
+            c.testing,
+            TestingSettings {
+                heartbeat_interval: Duration::from_millis(20),
+                heartbeat_wait: Duration::from_millis(50)
+            }
+        );
         let c = ok(&format!("{BASE}[reconnect]\nmax_attempts = 0\n"));
         assert_eq!(c.reconnect.max_attempts, None, "0 = unlimited");
         assert_eq!(c.reconnect.interval, Duration::from_secs(10));
@@ -193,6 +205,7 @@ mod tests {
         rejects(&format!("{BASE}[reconnect]\nmax_attempt = 1\n"), "reconnect.max_attempt", "unknown key");
         rejects(&format!("{BASE}providers = []\n"), "providers", "unknown key");
         rejects(&format!("{BASE}reconnect = 5\n"), "reconnect", "invalid type");
+        rejects(&format!("{BASE}[testing]\nheartbeat_wait_ms = 0\n"), "testing.heartbeat_wait_ms", "at least 1");
         rejects("edge = 7070\ntoken = \"t\"\n", "edge", "invalid type");
     }
 

@@ -54,6 +54,7 @@ pub(crate) struct RawEdge {
     pub nodes: Vec<RawNode>,
     #[serde(default)]
     pub models: Vec<RawModel>,
+    pub testing: Option<RawTesting>,
 }
 
 /// `[http]`.
@@ -98,7 +99,8 @@ pub(crate) struct RawProvider {
     pub kind: Option<RawProviderKind>,
     pub base_url: Option<String>,
     pub api_key: Option<String>,
-    pub max_concurrency: Option<u64>,
+    pub capacity: Option<u64>,
+    pub long_capacity: Option<u64>,
     pub request_timeout_sec: Option<u64>,
     pub mock: Option<RawMock>,
 }
@@ -121,7 +123,8 @@ pub(crate) struct RawMock {
     pub reasoning: Option<bool>,
 }
 
-/// `[[models]]`.
+/// `[[models]]`. `node`, `provider` and `upstream_model` are the one-target
+/// shorthand for `[[models.targets]]`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawModel {
@@ -129,6 +132,27 @@ pub(crate) struct RawModel {
     pub node: Option<String>,
     pub provider: Option<String>,
     pub upstream_model: Option<String>,
+    pub long_context_threshold: Option<u64>,
+    pub max_waiters: Option<u64>,
+    pub queue_timeout_ms: Option<u64>,
+    pub targets: Option<Vec<RawTarget>>,
+}
+
+/// `[[models.targets]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTarget {
+    pub node: Option<String>,
+    pub provider: Option<String>,
+    pub model: Option<String>,
+}
+
+/// `[testing]` (both binaries): timers shortened by tests.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTesting {
+    pub heartbeat_interval_ms: Option<u64>,
+    pub heartbeat_wait_ms: Option<u64>,
 }
 
 /// Node config file.
@@ -140,6 +164,7 @@ pub(crate) struct RawNodeConfig {
     pub max_frame_bytes: Option<u64>,
     pub shutdown_grace_sec: Option<u64>,
     pub reconnect: Option<RawReconnect>,
+    pub testing: Option<RawTesting>,
 }
 
 /// `[reconnect]`.
@@ -167,6 +192,18 @@ pub(crate) mod check {
     ) -> Result<std::time::Duration, ConfigError> {
         let Some(value) = value else { return Ok(std::time::Duration::from_secs(default)) };
         Ok(std::time::Duration::from_secs(range(key, value, min, MAX_SECS)?))
+    }
+
+    /// A `*_ms` value (or `default`, in ms) within `min..=max` ms, as a Duration.
+    pub(crate) fn millis(
+        key: &str,
+        value: Option<u64>,
+        default: u64,
+        min: u64,
+        max: u64,
+    ) -> Result<std::time::Duration, ConfigError> {
+        let Some(value) = value else { return Ok(std::time::Duration::from_millis(default)) };
+        Ok(std::time::Duration::from_millis(range(key, value, min, max)?))
     }
 
     /// `value` within `min..=max`.
@@ -266,10 +303,13 @@ mod tests {
 
     #[test]
     fn wrong_type_names_the_path() {
-        let text =
-            "[[nodes]]\nid = \"a\"\n[[nodes.providers]]\nid = \"p\"\n[[nodes.providers]]\nmax_concurrency = \"x\"\n";
+        let text = "[[nodes]]\nid = \"a\"\n[[nodes.providers]]\nid = \"p\"\n[[nodes.providers]]\ncapacity = \"x\"\n";
         let e = parse::<RawEdge>(text, &no_env).unwrap_err();
-        assert_eq!(e.key_path(), Some("nodes[0].providers[1].max_concurrency"), "{e}");
+        assert_eq!(e.key_path(), Some("nodes[0].providers[1].capacity"), "{e}");
+        assert!(e.to_string().contains("invalid type"), "{e}");
+        let text = "[[models]]\nname = \"m\"\n[[models.targets]]\nnode = \"n\"\n[[models.targets]]\nmodel = 1\n";
+        let e = parse::<RawEdge>(text, &no_env).unwrap_err();
+        assert_eq!(e.key_path(), Some("models[0].targets[1].model"), "{e}");
     }
 
     #[test]

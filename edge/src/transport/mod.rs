@@ -20,11 +20,6 @@ pub const RUN_EVENT_CAPACITY: usize = 256;
 /// Capacity of a session's command mailbox.
 pub const SESSION_CMD_CAPACITY: usize = 4096;
 
-/// Heartbeat interval and wait (spec: 30 s / 45 s on both sides).
-pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(30);
-/// A peer silent this long is closed with reason `heartbeat_timeout`.
-pub const HEARTBEAT_WAIT: Duration = Duration::from_secs(45);
-
 /// Commands other cores send to a node session.
 pub enum SessionCmd {
     /// Start a run; its events go to `events`.

@@ -17,7 +17,7 @@ use monoio::{io::Splitable, net::TcpStream};
 
 use super::{
     runs::{Routed, RunTable},
-    SessionCmd, HEARTBEAT_INTERVAL, HEARTBEAT_WAIT, SESSION_CMD_CAPACITY,
+    SessionCmd, SESSION_CMD_CAPACITY,
 };
 use crate::{
     payload::node_payload,
@@ -170,7 +170,9 @@ impl Session {
         R: monoio::io::CancelableAsyncReadRent,
     {
         monoio::spawn(pump_commands(cmd_rx, self.runs.clone(), self.writer.clone(), self.closed.clone()));
+        let timing = self.worker.config.borrow().testing;
         monoio::spawn(heartbeat(
+            timing,
             self.writer.clone(),
             self.last_seen.clone(),
             self.closed.clone(),
@@ -238,7 +240,11 @@ impl Session {
                 };
                 if let Some(session) = cmd_tx.take() {
                     let route = NodeRoute { generation: self.generation, session, providers };
-                    self.worker.shared.broadcast(CoreMsg::NodeReady { node_id: self.node_id.clone(), route }).await;
+                    let node_id = self.node_id.clone();
+                    self.worker
+                        .shared
+                        .broadcast(|| CoreMsg::NodeReady { node_id: node_id.clone(), route: route.clone() })
+                        .await;
                 }
                 tracing::info!(node = %self.node_id, generation = self.generation, "node ready");
                 true
@@ -280,8 +286,8 @@ impl Session {
             DisconnectOutcome::Current { was_ready } => {
                 tracing::info!(node = %self.node_id, generation = self.generation, %reason, in_flight, "node disconnected");
                 if was_ready {
-                    let msg = CoreMsg::NodeGone { node_id: self.node_id.clone(), generation: self.generation };
-                    self.worker.shared.broadcast(msg).await;
+                    let (node_id, generation) = (self.node_id.clone(), self.generation);
+                    self.worker.shared.broadcast(|| CoreMsg::NodeGone { node_id: node_id.clone(), generation }).await;
                 }
             }
             DisconnectOutcome::Stale => {
@@ -348,6 +354,7 @@ fn rx_fail_remaining(rx: mailbox::Receiver<SessionCmd>) -> mailbox::Receiver<Ses
 
 /// Pings the node and closes the connection when it falls silent.
 async fn heartbeat(
+    timing: iop_core::config::TestingSettings,
     writer: FrameWriter,
     last_seen: Rc<std::cell::Cell<Instant>>,
     closed: LocalCancel,
@@ -356,10 +363,10 @@ async fn heartbeat(
 ) {
     loop {
         monoio::select! {
-            _ = monoio::time::sleep(HEARTBEAT_INTERVAL) => {}
+            _ = monoio::time::sleep(timing.heartbeat_interval) => {}
             _ = closed.cancelled() => return,
         }
-        if last_seen.get().elapsed() > HEARTBEAT_WAIT {
+        if last_seen.get().elapsed() > timing.heartbeat_wait {
             tracing::warn!(node = %node_id, "node silent beyond the heartbeat wait; closing (heartbeat_timeout)");
             stopper.stop();
             return;

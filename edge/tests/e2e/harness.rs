@@ -156,7 +156,7 @@ token = "{NODE_TOKEN}"
 id = "up"
 kind = "openai_compat"
 base_url = "{upstream}"
-max_concurrency = 16
+capacity = 16
 [[models]]
 name = "gpt-test"
 node = "n1"

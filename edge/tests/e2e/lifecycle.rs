@@ -57,7 +57,7 @@ fn quickstart_config_serves_with_an_embedded_node() {
 
 #[test]
 fn check_config_reports_the_offending_key() {
-    let bad = edge_config("http://127.0.0.1:9/v1", "").replace("max_concurrency = 16", "max_concurrency = 0");
+    let bad = edge_config("http://127.0.0.1:9/v1", "").replace("capacity = 16", "capacity = 0");
     let path = std::env::temp_dir().join(format!("iop-e2e-bad-{}.toml", std::process::id()));
     std::fs::write(&path, bad).unwrap();
     let out = std::process::Command::new(bin("iop-edge"))
@@ -66,7 +66,7 @@ fn check_config_reports_the_offending_key() {
         .unwrap();
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("max_concurrency"), "{err}");
+    assert!(err.contains("nodes[0].providers[0].capacity"), "{err}");
     let good = std::process::Command::new(bin("iop-edge"))
         .args(["--check-config", "--config", concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/edge.toml")])
         .output()

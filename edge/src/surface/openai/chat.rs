@@ -17,6 +17,7 @@ use serde_json::json;
 use super::{chunk::ChunkEncoder, error, request};
 use crate::{
     dispatch::{self, DispatchError, RunStream},
+    pool::{self, AdmitError, LeaseClass},
     server::{with_disconnect_watch, Conn},
     worker::Worker,
 };
@@ -28,10 +29,31 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
         Ok(r) => r,
         Err(msg) => return respond_error(conn, 400, &msg, None, keep).await,
     };
-    let route = worker.config.borrow().model(&req.model).cloned();
-    let Some(route) = route else {
+    let group = worker.config.borrow().model(&req.model).cloned();
+    let Some(group) = group else {
         let msg = format!("The model `{}` does not exist", req.model);
         return respond_error(conn, 404, &msg, Some("model_not_found"), keep).await;
+    };
+    let class = match group.long_context_threshold {
+        Some(t) if request::estimate_prompt_tokens(&req.messages) > u64::from(t) => LeaseClass::Long,
+        _ => LeaseClass::Normal,
+    };
+    let admitted = {
+        let Conn { rd, buf, .. } = &mut *conn;
+        with_disconnect_watch(rd, buf, pool::admit(worker, &group, class)).await
+    };
+    let admitted = match admitted {
+        None => return false, // client left while queued; the wait guard left the queue
+        Some(Ok(a)) => a,
+        Some(Err(e @ AdmitError::QueueFull(_))) => {
+            return respond_error(conn, 429, &e.to_string(), Some("queue_full"), keep).await
+        }
+        Some(Err(e @ AdmitError::Timeout(_))) => {
+            return respond_error(conn, 503, &e.to_string(), Some("queue_timeout"), keep).await
+        }
+        Some(Err(e @ AdmitError::Unavailable(_))) => {
+            return respond_error(conn, 503, &e.to_string(), Some("no_ready_node"), keep).await
+        }
     };
     let run_req = iop_core::wire::pb::RunRequest {
         messages: req.messages,
@@ -39,7 +61,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
         params_json: req.params_json,
         ..Default::default()
     };
-    let run = match dispatch::submit(worker, &route, run_req) {
+    let run = match dispatch::submit(worker, admitted, run_req) {
         Ok(run) => run,
         Err(e @ DispatchError::NoReadyNode(_)) => {
             return respond_error(conn, 503, &e.to_string(), Some("no_ready_node"), keep).await

@@ -73,6 +73,13 @@ pub fn parse(body: &[u8]) -> Result<ChatRequest, String> {
     })
 }
 
+/// Rough prompt size in tokens (4 bytes per token), used to classify a
+/// request as long-context before any tokenizer is involved.
+pub fn estimate_prompt_tokens(messages: &[pb::ChatMessage]) -> u64 {
+    let bytes: usize = messages.iter().map(|m| m.content.len() + m.extra_json.len() + m.role.len()).sum();
+    (bytes as u64).div_ceil(4)
+}
+
 /// One message: role and text go in their fields; a message with
 /// structured content keeps its whole original object in `extra_json` so
 /// OpenAI-compatible providers get it unchanged.

@@ -1,0 +1,155 @@
+//! Admission of one request to a model group: take free capacity on the
+//! best candidate, else queue on every candidate until a lease is granted,
+//! the queue timeout passes, or no candidate is left.
+
+use std::{
+    rc::Rc,
+    sync::{
+        atomic::{AtomicU32, Ordering},
+        Arc,
+    },
+};
+
+use iop_core::{config::ModelGroup, config::ModelTarget, rt::oneshot::oneshot};
+
+use super::{owner_of, Candidate, Lease, LeaseClass, LeastLoaded, ResourceKey, SelectionPolicy, Waiter, WaiterState};
+use crate::worker::{CoreMsg, Worker};
+
+/// A request that holds capacity on one target.
+#[derive(Debug)]
+pub struct Admitted {
+    /// The capacity; dropping it releases it.
+    pub lease: Lease,
+    /// Where to run.
+    pub target: ModelTarget,
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AdmitError {
+    /// No candidate can serve the request now (none ready, or none has
+    /// capacity of the requested class at all).
+    #[error("{0}")]
+    Unavailable(String),
+    /// The model's queue is full.
+    #[error("too many requests are waiting for model `{0}`")]
+    QueueFull(String),
+    /// Waited `queue_timeout` without a lease.
+    #[error("no capacity for model `{0}` became free within the queue timeout")]
+    Timeout(String),
+}
+
+/// Admits a request of `class` to `group`.
+pub async fn admit(worker: &Rc<Worker>, group: &ModelGroup, class: LeaseClass) -> Result<Admitted, AdmitError> {
+    let view = worker.pool.borrow().clone();
+    let mut cands: Vec<Candidate> = group
+        .targets
+        .iter()
+        .enumerate()
+        .filter_map(|(index, t)| {
+            let key = ResourceKey::new(&t.node, &t.provider);
+            let load = view.resources.get(&key)?.clone();
+            Some(Candidate { index, key, load })
+        })
+        // Only candidates that could ever serve this class.
+        .filter(|c| match class {
+            LeaseClass::Normal => c.load.configured_normal.load(Ordering::Relaxed) > 0,
+            LeaseClass::Long => c.load.configured_long.load(Ordering::Relaxed) > 0,
+        })
+        .collect();
+    if cands.is_empty() {
+        let what = if class == LeaseClass::Long { "long-context " } else { "" };
+        return Err(AdmitError::Unavailable(format!("model `{}` has no provider with {what}capacity", group.name)));
+    }
+    if !cands.iter().any(|c| c.load.online.load(Ordering::Acquire)) {
+        return Err(AdmitError::Unavailable(format!("no ready node serves model `{}`", group.name)));
+    }
+    LeastLoaded.order(class, &mut cands);
+
+    // Free capacity first, unless someone already queues there (FIFO fairness).
+    for c in &cands {
+        let l = &c.load;
+        if l.in_use(class) < l.capacity(class) && l.waiters.load(Ordering::Relaxed) == 0 {
+            if let Some(lease) = try_acquire(worker, &c.key, class).await {
+                return Ok(Admitted { target: target(group, c.index), lease });
+            }
+        }
+    }
+
+    let counter = view.waiters.get(&group.name).cloned().unwrap_or_default();
+    if counter.fetch_add(1, Ordering::AcqRel) >= group.max_waiters {
+        counter.fetch_sub(1, Ordering::AcqRel);
+        return Err(AdmitError::QueueFull(group.name.clone()));
+    }
+    let waiter = Arc::new(Waiter::new(class, worker.next_waiter_seq(), cands.len()));
+    let guard =
+        WaitGuard { worker, waiter: waiter.clone(), keys: cands.iter().map(|c| c.key.clone()).collect(), counter };
+    for c in &cands {
+        let owner = owner_of(&c.key, worker.shared.workers);
+        if owner == worker.index {
+            worker.shard.borrow_mut().wait(&c.key, waiter.clone());
+        } else {
+            let msg = CoreMsg::Wait { key: c.key.clone(), waiter: waiter.clone() };
+            let _ = worker.shared.inboxes[owner].send(msg).await;
+        }
+    }
+    let outcome = monoio::time::timeout(group.queue_timeout, waiter.outcome()).await;
+    drop(guard);
+    match outcome {
+        Ok(Ok(lease)) => {
+            let index = cands.iter().find(|c| &c.key == lease.key()).map(|c| c.index).unwrap_or(0);
+            Ok(Admitted { target: target(group, index), lease })
+        }
+        Ok(Err(WaiterState::Unavailable)) | Ok(Err(_)) => {
+            Err(AdmitError::Unavailable(format!("every node serving model `{}` went away", group.name)))
+        }
+        Err(_) => Err(AdmitError::Timeout(group.name.clone())),
+    }
+}
+
+fn target(group: &ModelGroup, index: usize) -> ModelTarget {
+    group.targets.get(index).cloned().unwrap_or_else(|| group.targets[0].clone())
+}
+
+/// Asks `key`'s owner for a lease.
+async fn try_acquire(worker: &Rc<Worker>, key: &ResourceKey, class: LeaseClass) -> Option<Lease> {
+    let owner = owner_of(key, worker.shared.workers);
+    if owner == worker.index {
+        return worker.shard.borrow_mut().try_acquire(key, class);
+    }
+    let (reply, rx) = oneshot();
+    let msg = CoreMsg::Acquire { key: key.clone(), class, reply };
+    worker.shared.inboxes[owner].send(msg).await.ok()?;
+    rx.await.flatten()
+}
+
+/// Leaves the queues however the wait ends (grant, timeout, client gone).
+struct WaitGuard<'a> {
+    worker: &'a Rc<Worker>,
+    waiter: Arc<Waiter>,
+    keys: Vec<ResourceKey>,
+    counter: Arc<AtomicU32>,
+}
+
+impl Drop for WaitGuard<'_> {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(1, Ordering::AcqRel);
+        // Releases a lease granted after we stopped waiting.
+        self.waiter.abandon();
+        // Let every owner drop the finished entry now (keeps waiter gauges exact).
+        for key in self.keys.drain(..) {
+            let owner = owner_of(&key, self.worker.shared.workers);
+            if owner == self.worker.index {
+                self.worker.shard.borrow_mut().compact(&key);
+            } else {
+                let msg = CoreMsg::Compact { key };
+                if let Err(e) = self.worker.shared.inboxes[owner].try_send(msg) {
+                    let inbox = self.worker.shared.inboxes[owner].clone();
+                    monoio::spawn(async move {
+                        let _ = inbox.send(e.into_inner()).await;
+                    });
+                }
+            }
+        }
+    }
+}

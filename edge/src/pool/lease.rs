@@ -1,0 +1,64 @@
+//! The capacity lease guard: the only way capacity is given back is by
+//! dropping it, so it is released exactly once whatever ends the run.
+
+use std::sync::{atomic::Ordering, Arc};
+
+use iop_core::rt::mailbox::{self, SendError};
+
+use super::{LeaseClass, ResourceKey, ResourceLoad};
+use crate::worker::CoreMsg;
+
+/// One unit of a resource's capacity, held by a run.
+pub struct Lease {
+    key: ResourceKey,
+    class: LeaseClass,
+    load: Arc<ResourceLoad>,
+    owner: mailbox::Sender<CoreMsg>,
+}
+
+impl Lease {
+    /// A lease the owner core has just counted.
+    pub(super) fn new(
+        key: ResourceKey,
+        class: LeaseClass,
+        load: Arc<ResourceLoad>,
+        owner: mailbox::Sender<CoreMsg>,
+    ) -> Self {
+        load.live_guards.fetch_add(1, Ordering::AcqRel);
+        Self { key, class, load, owner }
+    }
+
+    /// The resource leased.
+    pub fn key(&self) -> &ResourceKey {
+        &self.key
+    }
+
+    /// The pool it draws on.
+    pub fn class(&self) -> LeaseClass {
+        self.class
+    }
+}
+
+impl std::fmt::Debug for Lease {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Lease({}, {:?})", self.key, self.class)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.load.live_guards.fetch_sub(1, Ordering::AcqRel);
+        let msg = CoreMsg::Release { key: self.key.clone(), class: self.class };
+        match self.owner.try_send(msg) {
+            Ok(()) => {}
+            Err(SendError::Full(msg)) => {
+                // Never lose a release: wait for room off the caller's path.
+                let owner = self.owner.clone();
+                monoio::spawn(async move {
+                    let _ = owner.send(msg).await;
+                });
+            }
+            Err(SendError::Closed(_)) => {} // the edge is shutting down
+        }
+    }
+}

@@ -1,0 +1,115 @@
+//! Published, lock-free view of every resource's load, read by any core
+//! for selection and the snapshot; written only by the owner core (and by
+//! lease guards for their own count).
+
+use std::{
+    collections::HashMap,
+    sync::{
+        atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering},
+        Arc,
+    },
+};
+
+use iop_core::config::EdgeConfig;
+
+use super::{LeaseClass, ResourceKey};
+
+/// Counters of one resource.
+#[derive(Debug)]
+pub struct ResourceLoad {
+    /// Configured normal capacity.
+    pub configured_normal: AtomicU32,
+    /// Configured long capacity.
+    pub configured_long: AtomicU32,
+    /// The resource's node is connected and ready.
+    pub online: AtomicBool,
+    /// Normal leases in use.
+    pub in_use_normal: AtomicU32,
+    /// Long leases in use.
+    pub in_use_long: AtomicU32,
+    /// Waiters queued on this resource.
+    pub waiters: AtomicU32,
+    /// Lease guards alive (checked against in-use counts to catch leaks).
+    pub live_guards: AtomicI64,
+}
+
+impl ResourceLoad {
+    /// A resource with the given configured capacities, offline.
+    pub fn new(normal: u32, long: u32) -> Self {
+        Self {
+            configured_normal: AtomicU32::new(normal),
+            configured_long: AtomicU32::new(long),
+            online: AtomicBool::new(false),
+            in_use_normal: AtomicU32::new(0),
+            in_use_long: AtomicU32::new(0),
+            waiters: AtomicU32::new(0),
+            live_guards: AtomicI64::new(0),
+        }
+    }
+
+    /// Effective capacity of `class`: configured when online, else 0.
+    pub fn capacity(&self, class: LeaseClass) -> u32 {
+        if !self.online.load(Ordering::Acquire) {
+            return 0;
+        }
+        match class {
+            LeaseClass::Normal => self.configured_normal.load(Ordering::Relaxed),
+            LeaseClass::Long => self.configured_long.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Leases of `class` in use.
+    pub fn in_use(&self, class: LeaseClass) -> u32 {
+        match class {
+            LeaseClass::Normal => self.in_use_normal.load(Ordering::Relaxed),
+            LeaseClass::Long => self.in_use_long.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Fraction of `class` capacity in use (∞ when there is none).
+    pub fn utilisation(&self, class: LeaseClass) -> f64 {
+        let cap = self.capacity(class);
+        if cap == 0 {
+            f64::INFINITY
+        } else {
+            f64::from(self.in_use(class)) / f64::from(cap)
+        }
+    }
+}
+
+/// Every resource of one config revision, plus per-model waiter counts.
+#[derive(Debug, Default)]
+pub struct PoolView {
+    /// Loads by resource.
+    pub resources: HashMap<ResourceKey, Arc<ResourceLoad>>,
+    /// Waiters per public model name (bounded by `max_waiters`).
+    pub waiters: HashMap<String, Arc<AtomicU32>>,
+}
+
+impl PoolView {
+    /// The view for `config`, reusing the counters of `prev` for resources
+    /// and models that still exist (so in-flight leases stay counted).
+    pub fn build(config: &EdgeConfig, prev: Option<&PoolView>) -> Self {
+        let mut resources = HashMap::new();
+        for node in &config.nodes {
+            for p in &node.providers {
+                let key = ResourceKey::new(&node.id, &p.id);
+                // Kept counters get their new capacity from the owner core at commit.
+                let load = match prev.and_then(|v| v.resources.get(&key)) {
+                    Some(l) => l.clone(),
+                    None => Arc::new(ResourceLoad::new(p.capacity.get(), p.long_capacity)),
+                };
+                resources.insert(key, load);
+            }
+        }
+        let waiters = config
+            .models
+            .iter()
+            .map(|m| {
+                let c = prev.and_then(|v| v.waiters.get(&m.name)).cloned().unwrap_or_default();
+                (m.name.clone(), c)
+            })
+            .collect();
+        Self { resources, waiters }
+    }
+}

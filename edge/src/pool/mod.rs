@@ -1,0 +1,67 @@
+//! The provider pool: capacity leases per provider resource, sharded by
+//! owner core, with queue admission and generation fences.
+//!
+//! A resource is one provider on one node (`node_id + provider_id`). Its
+//! authoritative counters and its FIFO of waiters live on one owner core
+//! (`hash(key) % workers`, [`owner_of`]); other cores reach it by message.
+//! Load is published through atomics ([`ResourceLoad`]) for selection and
+//! the snapshot. Capacity is released only by dropping a [`Lease`].
+
+mod admit;
+mod lease;
+mod load;
+mod select;
+mod shard;
+mod waiter;
+
+use std::{
+    hash::{DefaultHasher, Hash, Hasher},
+    sync::Arc,
+};
+
+pub use admit::{admit, AdmitError, Admitted};
+pub use lease::Lease;
+pub use load::{PoolView, ResourceLoad};
+pub use select::{Candidate, LeastLoaded, SelectionPolicy};
+pub use shard::Shard;
+pub use waiter::{Waiter, WaiterState};
+
+/// Identifies a provider resource.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ResourceKey {
+    /// Node id.
+    pub node: Arc<str>,
+    /// Provider id on that node.
+    pub provider: Arc<str>,
+}
+
+impl ResourceKey {
+    /// The key of `provider` on `node`.
+    pub fn new(node: &str, provider: &str) -> Self {
+        Self { node: node.into(), provider: provider.into() }
+    }
+}
+
+impl std::fmt::Display for ResourceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.node, self.provider)
+    }
+}
+
+/// Which capacity pool a request draws on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LeaseClass {
+    /// Prompt within the model's long-context threshold.
+    Normal,
+    /// Prompt above it.
+    Long,
+}
+
+/// The core owning `key`'s authoritative state. `DefaultHasher::new()` has
+/// fixed keys, so every core computes the same owner.
+pub fn owner_of(key: &ResourceKey, workers: usize) -> usize {
+    let mut h = DefaultHasher::new();
+    key.node.hash(&mut h);
+    key.provider.hash(&mut h);
+    (h.finish() % workers.max(1) as u64) as usize
+}

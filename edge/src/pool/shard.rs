@@ -1,0 +1,251 @@
+//! The authoritative state of the resources one core owns: capacity
+//! counters, online/generation, and FIFO waiters. Plain data driven by
+//! messages, so it is testable without sockets.
+
+use std::{
+    collections::{HashMap, VecDeque},
+    sync::{atomic::Ordering, Arc},
+};
+
+use iop_core::{config::EdgeConfig, rt::mailbox};
+
+use super::{owner_of, Lease, LeaseClass, PoolView, ResourceKey, ResourceLoad, Waiter};
+use crate::{registry::Generation, worker::CoreMsg};
+
+struct Resource {
+    load: Arc<ResourceLoad>,
+    normal: u32,
+    long: u32,
+    online: bool,
+    generation: Generation,
+    in_use_normal: u32,
+    in_use_long: u32,
+    /// Waiters per class (normal, long): separate pools, separate queues.
+    fifo: [VecDeque<Arc<Waiter>>; 2],
+}
+
+fn slot(class: LeaseClass) -> usize {
+    match class {
+        LeaseClass::Normal => 0,
+        LeaseClass::Long => 1,
+    }
+}
+
+impl Resource {
+    fn cap(&self, class: LeaseClass) -> u32 {
+        if !self.online {
+            return 0;
+        }
+        match class {
+            LeaseClass::Normal => self.normal,
+            LeaseClass::Long => self.long,
+        }
+    }
+
+    fn in_use_mut(&mut self, class: LeaseClass) -> &mut u32 {
+        match class {
+            LeaseClass::Normal => &mut self.in_use_normal,
+            LeaseClass::Long => &mut self.in_use_long,
+        }
+    }
+
+    fn has_room(&mut self, class: LeaseClass) -> bool {
+        let cap = self.cap(class);
+        *self.in_use_mut(class) < cap
+    }
+
+    fn waiters(&self) -> impl Iterator<Item = &Arc<Waiter>> {
+        self.fifo.iter().flatten()
+    }
+
+    fn compact(&mut self) {
+        for q in &mut self.fifo {
+            q.retain(|w| w.is_waiting());
+        }
+    }
+
+    fn publish(&self) {
+        let l = &self.load;
+        l.configured_normal.store(self.normal, Ordering::Relaxed);
+        l.configured_long.store(self.long, Ordering::Relaxed);
+        l.in_use_normal.store(self.in_use_normal, Ordering::Relaxed);
+        l.in_use_long.store(self.in_use_long, Ordering::Relaxed);
+        l.waiters.store((self.fifo[0].len() + self.fifo[1].len()) as u32, Ordering::Relaxed);
+        l.online.store(self.online, Ordering::Release);
+    }
+}
+
+/// Owner-core state of this core's resources.
+pub struct Shard {
+    index: usize,
+    workers: usize,
+    inbox: mailbox::Sender<CoreMsg>,
+    resources: HashMap<ResourceKey, Resource>,
+    /// Releases for resources this shard does not know (removed by a reload).
+    pub stray_releases: u64,
+}
+
+impl Shard {
+    /// The shard of core `index` of `workers`; `inbox` is this core's own
+    /// inbox (where lease guards send their release).
+    pub fn new(index: usize, workers: usize, inbox: mailbox::Sender<CoreMsg>) -> Self {
+        Self { index, workers, inbox, resources: HashMap::new(), stray_releases: 0 }
+    }
+
+    /// Adopts the resources of `config` owned by this core (prepared `view`
+    /// counters). Capacities change in place; removed resources go offline
+    /// and their waiters are re-evaluated; new ones start offline.
+    pub fn apply_config(&mut self, config: &EdgeConfig, view: &PoolView) {
+        let mut keep = HashMap::new();
+        for node in &config.nodes {
+            for p in &node.providers {
+                let key = ResourceKey::new(&node.id, &p.id);
+                if owner_of(&key, self.workers) != self.index {
+                    continue;
+                }
+                let Some(load) = view.resources.get(&key) else { continue };
+                let mut r = self.resources.remove(&key).unwrap_or_else(|| Resource {
+                    load: load.clone(),
+                    normal: 0,
+                    long: 0,
+                    online: false,
+                    generation: 0,
+                    in_use_normal: 0,
+                    in_use_long: 0,
+                    fifo: [VecDeque::new(), VecDeque::new()],
+                });
+                r.normal = p.capacity.get();
+                r.long = p.long_capacity;
+                keep.insert(key, r);
+            }
+        }
+        // Removed resources: their waiters lose a candidate.
+        for (_, mut r) in self.resources.drain() {
+            if r.online {
+                for w in r.waiters() {
+                    if w.is_waiting() {
+                        w.candidate_changed(false);
+                    }
+                }
+            }
+            r.fifo = [VecDeque::new(), VecDeque::new()];
+            r.online = false;
+            r.publish();
+        }
+        self.resources = keep;
+        let keys: Vec<_> = self.resources.keys().cloned().collect();
+        for key in keys {
+            self.pump(&key);
+        }
+    }
+
+    /// Takes one lease of `class` on `key` if there is room and nobody is
+    /// queued ahead (FIFO fairness).
+    pub fn try_acquire(&mut self, key: &ResourceKey, class: LeaseClass) -> Option<Lease> {
+        let r = self.resources.get_mut(key)?;
+        r.compact();
+        if !r.fifo[slot(class)].is_empty() || !r.has_room(class) {
+            r.publish();
+            return None;
+        }
+        *r.in_use_mut(class) += 1;
+        r.publish();
+        Some(Lease::new(key.clone(), class, r.load.clone(), self.inbox.clone()))
+    }
+
+    /// Queues `waiter` on `key` (granting at once if there is room).
+    pub fn wait(&mut self, key: &ResourceKey, waiter: Arc<Waiter>) {
+        let Some(r) = self.resources.get_mut(key) else {
+            // Unknown here (config changed meanwhile): not a live candidate.
+            waiter.candidate_changed(false);
+            return;
+        };
+        if !waiter.is_waiting() {
+            return;
+        }
+        if !r.online {
+            waiter.candidate_changed(false);
+        }
+        r.fifo[slot(waiter.class)].push_back(waiter);
+        self.pump(key);
+    }
+
+    /// One lease of `class` on `key` ended.
+    pub fn release(&mut self, key: &ResourceKey, class: LeaseClass) {
+        let Some(r) = self.resources.get_mut(key) else {
+            self.stray_releases += 1;
+            return;
+        };
+        let n = r.in_use_mut(class);
+        *n = n.saturating_sub(1);
+        self.pump(key);
+    }
+
+    /// Drops finished waiters from `key`'s queue (a client left or was served elsewhere).
+    pub fn compact(&mut self, key: &ResourceKey) {
+        if let Some(r) = self.resources.get_mut(key) {
+            r.compact();
+            r.publish();
+        }
+    }
+
+    /// Node `node` became ready with connection `generation`.
+    pub fn node_ready(&mut self, node: &str, generation: Generation) {
+        let keys: Vec<_> = self.resources.keys().filter(|k| &*k.node == node).cloned().collect();
+        for key in keys {
+            let Some(r) = self.resources.get_mut(&key) else { continue };
+            if generation <= r.generation && r.online {
+                continue;
+            }
+            let was_online = r.online;
+            r.generation = generation;
+            r.online = true;
+            if !was_online {
+                for w in r.waiters() {
+                    if w.is_waiting() {
+                        w.candidate_changed(true);
+                    }
+                }
+            }
+            self.pump(&key);
+        }
+    }
+
+    /// Node `node`'s connection `generation` ended. Stale generations change nothing.
+    pub fn node_gone(&mut self, node: &str, generation: Generation) {
+        for (key, r) in self.resources.iter_mut() {
+            if &*key.node != node || r.generation != generation || !r.online {
+                continue;
+            }
+            r.online = false;
+            for w in r.waiters() {
+                if w.is_waiting() {
+                    w.candidate_changed(false);
+                }
+            }
+            r.compact();
+            r.publish();
+        }
+    }
+
+    /// Grants queued waiters, oldest first, while `key` has room.
+    fn pump(&mut self, key: &ResourceKey) {
+        let Some(r) = self.resources.get_mut(key) else { return };
+        for class in [LeaseClass::Normal, LeaseClass::Long] {
+            while r.has_room(class) {
+                let Some(w) = r.fifo[slot(class)].pop_front() else { break };
+                // Waiters served elsewhere or gone are skipped and dropped.
+                if w.try_claim() {
+                    *r.in_use_mut(class) += 1;
+                    w.deposit(Lease::new(key.clone(), class, r.load.clone(), self.inbox.clone()));
+                }
+            }
+        }
+        r.publish();
+    }
+
+    /// In-use counts of `key` (normal, long), for tests and the snapshot.
+    pub fn in_use(&self, key: &ResourceKey) -> Option<(u32, u32)> {
+        self.resources.get(key).map(|r| (r.in_use_normal, r.in_use_long))
+    }
+}
