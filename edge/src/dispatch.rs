@@ -27,6 +27,8 @@ pub enum DispatchError {
 /// cancels the run on the node. It owns the run's capacity lease, released
 /// when the terminal event arrives or the stream is dropped, whichever is first.
 pub struct RunStream {
+    shared: std::sync::Arc<crate::shared::Shared>,
+    model: String,
     lease: Option<crate::pool::Lease>,
     rx: mailbox::Receiver<ExecEvent>,
     session: mailbox::Sender<SessionCmd>,
@@ -47,9 +49,8 @@ impl RunStream {
                 RunFailure::new(codes::NODE_DISCONNECTED, 502, FailureSource::Edge, "node session ended").retryable(),
             )
         });
-        self.done = ev.is_terminal();
-        if self.done {
-            self.lease = None;
+        if ev.is_terminal() {
+            self.finish(&ev);
         }
         Some(ev)
     }
@@ -59,10 +60,26 @@ impl RunStream {
         &self.rx
     }
 
-    /// Marks the run finished after a terminal was taken from `receiver()`.
-    pub fn mark_done(&mut self) {
+    /// Records the terminal `ev` taken from `receiver()`: releases the
+    /// lease and publishes the run's outcome.
+    pub fn finish(&mut self, ev: &ExecEvent) {
+        if self.done {
+            return;
+        }
         self.done = true;
         self.lease = None;
+        let (outcome, code) = match ev {
+            ExecEvent::Complete { .. } => ("complete", None),
+            ExecEvent::Error(f) => ("error", Some(f.code)),
+            _ => ("cancelled", None),
+        };
+        self.shared.events.publish(crate::events::EdgeEvent::RunTerminal {
+            run_id: self.run_id.clone(),
+            node: self.node_id.clone(),
+            model: self.model.clone(),
+            outcome,
+            code,
+        });
     }
 
     /// Run id.
@@ -81,6 +98,7 @@ impl Drop for RunStream {
         if self.done {
             return;
         }
+        self.finish(&ExecEvent::Cancelled { reason: "client_disconnected".into() });
         let cmd = SessionCmd::Cancel { run_id: std::mem::take(&mut self.run_id), reason: "client_disconnected" };
         match self.session.try_send(cmd) {
             Ok(()) | Err(SendError::Closed(_)) => {}
@@ -97,7 +115,12 @@ impl Drop for RunStream {
 
 /// Submits `req` (run_id, adapter and target are filled in here) to the
 /// node the lease in `admitted` is for.
-pub fn submit(worker: &Worker, admitted: Admitted, mut req: pb::RunRequest) -> Result<RunStream, DispatchError> {
+pub fn submit(
+    worker: &Worker,
+    model: &str,
+    admitted: Admitted,
+    mut req: pb::RunRequest,
+) -> Result<RunStream, DispatchError> {
     let Admitted { lease, target } = admitted;
     let node_id = target.node.clone();
     let session = match worker.routes.borrow().get(&node_id) {
@@ -110,7 +133,16 @@ pub fn submit(worker: &Worker, admitted: Admitted, mut req: pb::RunRequest) -> R
     req.target = target.upstream_model;
     let (tx, rx) = mailbox::mailbox(RUN_EVENT_CAPACITY);
     match session.try_send(SessionCmd::Run { req, events: tx }) {
-        Ok(()) => Ok(RunStream { lease: Some(lease), rx, session, run_id, node_id, done: false }),
+        Ok(()) => Ok(RunStream {
+            shared: worker.shared.clone(),
+            model: model.to_owned(),
+            lease: Some(lease),
+            rx,
+            session,
+            run_id,
+            node_id,
+            done: false,
+        }),
         Err(SendError::Full(_)) => Err(DispatchError::NodeBusy(node_id)),
         Err(SendError::Closed(_)) => Err(DispatchError::NoReadyNode(node_id)),
     }

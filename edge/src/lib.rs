@@ -8,6 +8,7 @@
 //! - [`server`] + [`surface`]: HTTP/1.1 connections and the OpenAI surface.
 
 pub mod dispatch;
+pub mod events;
 pub mod payload;
 pub mod pool;
 pub mod registry;

@@ -65,6 +65,8 @@ pub struct NodeStatus {
     pub connected: bool,
     /// That connection is dispatch-ready.
     pub ready: bool,
+    /// Generation of the owning connection (0 when none).
+    pub generation: Generation,
 }
 
 /// The registry.
@@ -134,6 +136,7 @@ impl Registry {
                     id: n.id.clone(),
                     connected: owner.is_some(),
                     ready: owner.is_some_and(|o| o.state == State::Ready),
+                    generation: owner.map(|o| o.generation).unwrap_or(0),
                 }
             })
             .collect()
@@ -201,6 +204,6 @@ mod tests {
         assert_eq!(r.ready("a", g2), ReadyOutcome::BecameReady);
         assert!(r.is_current_ready("a", g2));
         let st = r.statuses(&cfg);
-        assert_eq!(st, vec![NodeStatus { id: "a".into(), connected: true, ready: true }]);
+        assert_eq!(st, vec![NodeStatus { id: "a".into(), connected: true, ready: true, generation: g2 }]);
     }
 }

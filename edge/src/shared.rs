@@ -24,6 +24,8 @@ pub struct Shared {
     pub node_addr: SocketAddr,
     /// Number of worker cores.
     pub workers: usize,
+    /// Lifecycle events.
+    pub events: crate::events::EventBus,
 }
 
 impl Shared {

@@ -117,6 +117,7 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         http_addr,
         node_addr,
         workers,
+        events: crate::events::EventBus::new(),
     });
     let pool = Arc::new(PoolView::build(&shared.config, None));
 

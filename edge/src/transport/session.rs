@@ -20,6 +20,7 @@ use super::{
     SessionCmd, SESSION_CMD_CAPACITY,
 };
 use crate::{
+    events::EdgeEvent,
     payload::node_payload,
     registry::{DisconnectOutcome, Generation, ReadyOutcome, RegisterRefusal},
     worker::{CoreMsg, NodeRoute, Worker},
@@ -88,6 +89,11 @@ where
     };
     let Some(Body::RegisterRequest(req)) = first.body else {
         tracing::warn!(%peer, "node connection sent something other than RegisterRequest first");
+        worker.shared.events.publish(EdgeEvent::RegistrationRefused {
+            refusal: "protocol",
+            node: String::new(),
+            peer: peer.to_string(),
+        });
         let resp = pb::RegisterResponse {
             accepted: false,
             reason: "expected RegisterRequest".into(),
@@ -103,6 +109,11 @@ where
         Ok((node_id, generation)) => match config.node(&node_id) {
             Some(entry) => {
                 tracing::info!(node = %node_id, generation, %peer, version = %req.node_version, "node registered");
+                worker.shared.events.publish(EdgeEvent::NodeRegistered {
+                    node: node_id.clone(),
+                    generation,
+                    peer: peer.to_string(),
+                });
                 let resp = pb::RegisterResponse {
                     accepted: true,
                     reason: String::new(),
@@ -115,6 +126,11 @@ where
                 // The registry just matched this id from the same config.
                 worker.shared.registry.lock().disconnect(&node_id, generation);
                 tracing::error!(node = %node_id, "registration refused: node config could not be built");
+                worker.shared.events.publish(EdgeEvent::RegistrationRefused {
+                    refusal: "config_build_failed",
+                    node: node_id.clone(),
+                    peer: peer.to_string(),
+                });
                 let resp = pb::RegisterResponse {
                     accepted: false,
                     reason: "node configuration could not be built".into(),
@@ -125,11 +141,18 @@ where
             }
         },
         Err(refusal) => {
-            let kind = match refusal {
-                RegisterRefusal::UnknownToken => pb::RegisterRefusal::UnknownToken,
-                RegisterRefusal::Duplicate(_) => pb::RegisterRefusal::DuplicateConnection,
+            let (kind, label, node) = match &refusal {
+                RegisterRefusal::UnknownToken => (pb::RegisterRefusal::UnknownToken, "unknown_token", String::new()),
+                RegisterRefusal::Duplicate(n) => {
+                    (pb::RegisterRefusal::DuplicateConnection, "duplicate_connection", n.clone())
+                }
             };
             tracing::warn!(%peer, reason = %refusal, "node registration refused");
+            worker.shared.events.publish(EdgeEvent::RegistrationRefused {
+                refusal: label,
+                node,
+                peer: peer.to_string(),
+            });
             let resp = pb::RegisterResponse {
                 accepted: false,
                 reason: refusal.to_string(),
@@ -247,6 +270,10 @@ impl Session {
                         .await;
                 }
                 tracing::info!(node = %self.node_id, generation = self.generation, "node ready");
+                self.worker
+                    .shared
+                    .events
+                    .publish(EdgeEvent::NodeReady { node: self.node_id.clone(), generation: self.generation });
                 true
             }
             ReadyOutcome::AlreadyReady => true,
@@ -282,6 +309,12 @@ impl Session {
         .retryable();
         let in_flight = self.runs.borrow().len();
         self.runs.borrow_mut().fail_all(&failure);
+        self.worker.shared.events.publish(EdgeEvent::NodeDisconnected {
+            node: self.node_id.clone(),
+            generation: self.generation,
+            reason: reason.clone(),
+            current: matches!(outcome, DisconnectOutcome::Current { .. }),
+        });
         match outcome {
             DisconnectOutcome::Current { was_ready } => {
                 tracing::info!(node = %self.node_id, generation = self.generation, %reason, in_flight, "node disconnected");

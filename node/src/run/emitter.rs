@@ -16,12 +16,19 @@ pub struct Emitter {
     run_id: String,
     seq: u64,
     terminal: bool,
+    slot: Option<super::manager::Slot>,
 }
 
 impl Emitter {
     /// An emitter for `run_id` on `writer`.
     pub fn new(writer: FrameWriter, run_id: String) -> Self {
-        Self { writer, run_id, seq: 0, terminal: false }
+        Self { writer, run_id, seq: 0, terminal: false, slot: None }
+    }
+
+    /// Frees `slot` when the terminal event is sent.
+    pub(crate) fn with_slot(mut self, slot: super::manager::Slot) -> Self {
+        self.slot = Some(slot);
+        self
     }
 
     /// Whether a terminal event was sent.
@@ -40,7 +47,12 @@ impl EventSink for Emitter {
         let env = Envelope { correlation_id: 0, body: Some(Body::RunEvent(ev.into_wire(&self.run_id, self.seq))) };
         self.writer.send(&env).map_err(|_| SinkClosed)?;
         self.seq += 1;
-        self.terminal = terminal;
+        if terminal {
+            self.terminal = true;
+            // The edge frees its lease on this event: free ours before it can
+            // send the next run (an adapter may still be draining its socket).
+            self.slot = None;
+        }
         Ok(())
     }
 }

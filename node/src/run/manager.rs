@@ -26,14 +26,18 @@ use crate::adapter::Adapter;
 pub struct RunManager {
     adapters: RefCell<HashMap<String, Rc<Adapter>>>,
     inflight: RefCell<HashMap<String, u32>>,
-    runs: RefCell<HashMap<String, LocalCancel>>,
+    /// Runs holding a slot: run id → (adapter, cancel flag).
+    runs: RefCell<HashMap<String, (String, LocalCancel)>>,
     writer: FrameWriter,
     draining: Cell<bool>,
     idle: LocalNotify,
 }
 
-/// Releases a run's admission slot however its task ends.
-struct Slot {
+/// A run's admission slot. Freed exactly once: when the terminal event is
+/// sent, when the edge cancels the run, or when the task ends — whichever
+/// comes first — so the edge, which frees its lease on the terminal, can
+/// reuse the capacity at once without this node refusing the next run.
+pub(crate) struct Slot {
     manager: Rc<RunManager>,
     adapter: String,
     run_id: String,
@@ -41,13 +45,7 @@ struct Slot {
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        if let Some(n) = self.manager.inflight.borrow_mut().get_mut(&self.adapter) {
-            *n = n.saturating_sub(1);
-        }
-        self.manager.runs.borrow_mut().remove(&self.run_id);
-        if self.manager.runs.borrow().is_empty() {
-            self.manager.idle.notify();
-        }
+        self.manager.free(&self.adapter, &self.run_id);
     }
 }
 
@@ -114,7 +112,7 @@ impl RunManager {
             *n += 1;
         }
         let cancel = LocalCancel::new();
-        self.runs.borrow_mut().insert(run_id.clone(), cancel.clone());
+        self.runs.borrow_mut().insert(run_id.clone(), (req.adapter.clone(), cancel.clone()));
         let slot = Slot { manager: self.clone(), adapter: req.adapter.clone(), run_id: run_id.clone() };
         let spec = RunSpec {
             run_id: run_id.clone(),
@@ -123,23 +121,38 @@ impl RunManager {
             max_tokens: req.max_tokens,
             params_json: req.params_json,
         };
-        let emitter = Emitter::new(self.writer.clone(), run_id);
-        monoio::spawn(execute(adapter, spec, emitter, cancel, slot));
+        let emitter = Emitter::new(self.writer.clone(), run_id).with_slot(slot);
+        monoio::spawn(execute(adapter, spec, emitter, cancel));
     }
 
-    /// Cancels a run (its adapter future is dropped, closing the upstream request).
+    /// Frees `run_id`'s slot if it still holds one.
+    fn free(&self, adapter: &str, run_id: &str) {
+        if self.runs.borrow_mut().remove(run_id).is_none() {
+            return;
+        }
+        if let Some(n) = self.inflight.borrow_mut().get_mut(adapter) {
+            *n = n.saturating_sub(1);
+        }
+        if self.runs.borrow().is_empty() {
+            self.idle.notify();
+        }
+    }
+
+    /// Cancels a run: its slot is freed now and its adapter future is
+    /// dropped (closing the upstream request) at the task's next poll.
     pub fn cancel(&self, run_id: &str) {
-        let cancel = self.runs.borrow().get(run_id).cloned();
-        if let Some(c) = cancel {
+        let entry = self.runs.borrow().get(run_id).cloned();
+        if let Some((adapter, c)) = entry {
             c.cancel();
+            self.free(&adapter, run_id);
         }
     }
 
     /// Cancels every run (connection lost or drain deadline passed).
     pub fn cancel_all(&self) {
-        let all: Vec<_> = self.runs.borrow().values().cloned().collect();
-        for c in all {
-            c.cancel();
+        let all: Vec<_> = self.runs.borrow().keys().cloned().collect();
+        for run_id in all {
+            self.cancel(&run_id);
         }
     }
 
@@ -156,7 +169,7 @@ impl RunManager {
     }
 }
 
-async fn execute(adapter: Rc<Adapter>, spec: RunSpec, mut emitter: Emitter, cancel: LocalCancel, slot: Slot) {
+async fn execute(adapter: Rc<Adapter>, spec: RunSpec, mut emitter: Emitter, cancel: LocalCancel) {
     let run_id = spec.run_id.clone();
     monoio::select! {
         _ = adapter.execute(spec, &mut emitter) => {}
@@ -176,5 +189,5 @@ async fn execute(adapter: Rc<Adapter>, spec: RunSpec, mut emitter: Emitter, canc
         };
         let _ = emitter.emit(ev).await;
     }
-    drop(slot);
+    // Dropping the emitter frees the slot if no terminal did.
 }

@@ -61,7 +61,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
         params_json: req.params_json,
         ..Default::default()
     };
-    let run = match dispatch::submit(worker, admitted, run_req) {
+    let run = match dispatch::submit(worker, &group.name, admitted, run_req) {
         Ok(run) => run,
         Err(e @ DispatchError::NoReadyNode(_)) => {
             return respond_error(conn, 503, &e.to_string(), Some("no_ready_node"), keep).await
@@ -144,10 +144,10 @@ async fn stream_body<W: AsyncWriteRentExt>(
         // Batch what is already queued into one write.
         while !terminal {
             let Some(ev) = run.receiver().try_recv() else { break };
-            terminal = encode(enc, &mut sse, ev, include_usage);
-            if terminal {
-                run.mark_done();
+            if ev.is_terminal() {
+                run.finish(&ev);
             }
+            terminal = encode(enc, &mut sse, ev, include_usage);
         }
         http::write_chunk(out, &sse);
         sse.clear();

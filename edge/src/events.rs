@@ -1,0 +1,213 @@
+//! The in-process lifecycle event bus: registration refusals, connects,
+//! readiness, disconnects (with reason), run terminals and config reloads,
+//! fanned out to subscribers (e.g. `GET /admin/v1/events`).
+//!
+//! Publishing costs one atomic load while nobody subscribes. Each
+//! subscriber has a bounded mailbox; a subscriber that falls behind loses
+//! events and is told how many (never blocks the publisher).
+
+use std::{
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc,
+    },
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use iop_core::rt::mailbox::{self, SendError};
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+
+/// One lifecycle event.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EdgeEvent {
+    /// A node connection registered (pending ready).
+    NodeRegistered {
+        /// Node id.
+        node: String,
+        /// Connection generation.
+        generation: u64,
+        /// Remote address.
+        peer: String,
+    },
+    /// A registration was refused.
+    RegistrationRefused {
+        /// `unknown_token`, `duplicate_connection`, `config_build_failed` or `protocol`.
+        refusal: &'static str,
+        /// Node id when known (duplicate), else empty.
+        node: String,
+        /// Remote address.
+        peer: String,
+    },
+    /// A node connection became dispatch-ready.
+    NodeReady {
+        /// Node id.
+        node: String,
+        /// Connection generation.
+        generation: u64,
+    },
+    /// A node connection ended.
+    NodeDisconnected {
+        /// Node id.
+        node: String,
+        /// Connection generation.
+        generation: u64,
+        /// Why, e.g. `closed_by_node`, `heartbeat_timeout`.
+        reason: String,
+        /// Whether it was the node's current connection (only then are providers fenced).
+        current: bool,
+    },
+    /// A run ended.
+    RunTerminal {
+        /// Run id.
+        run_id: String,
+        /// Node it ran on.
+        node: String,
+        /// Public model name.
+        model: String,
+        /// `complete`, `error` or `cancelled`.
+        outcome: &'static str,
+        /// Failure code when `error`.
+        code: Option<&'static str>,
+    },
+    /// A new config was applied.
+    ConfigReloaded {
+        /// Its revision.
+        revision: u64,
+    },
+    /// A new config was rejected; the old one stays.
+    ConfigRejected {
+        /// Why.
+        error: String,
+    },
+}
+
+impl EdgeEvent {
+    /// `type` of the JSON form.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EdgeEvent::NodeRegistered { .. } => "node_registered",
+            EdgeEvent::RegistrationRefused { .. } => "registration_refused",
+            EdgeEvent::NodeReady { .. } => "node_ready",
+            EdgeEvent::NodeDisconnected { .. } => "node_disconnected",
+            EdgeEvent::RunTerminal { .. } => "run_terminal",
+            EdgeEvent::ConfigReloaded { .. } => "config_reloaded",
+            EdgeEvent::ConfigRejected { .. } => "config_rejected",
+        }
+    }
+
+    /// JSON form: `{"type": .., "ts_ms": .., ...fields}`.
+    pub fn to_json(&self, ts_ms: u64) -> Value {
+        let mut v = match self {
+            EdgeEvent::NodeRegistered { node, generation, peer } => {
+                json!({"node": node, "generation": generation, "peer": peer})
+            }
+            EdgeEvent::RegistrationRefused { refusal, node, peer } => {
+                json!({"refusal": refusal, "node": node, "peer": peer})
+            }
+            EdgeEvent::NodeReady { node, generation } => json!({"node": node, "generation": generation}),
+            EdgeEvent::NodeDisconnected { node, generation, reason, current } => {
+                json!({"node": node, "generation": generation, "reason": reason, "current": current})
+            }
+            EdgeEvent::RunTerminal { run_id, node, model, outcome, code } => {
+                json!({"run_id": run_id, "node": node, "model": model, "outcome": outcome, "code": code})
+            }
+            EdgeEvent::ConfigReloaded { revision } => json!({"revision": revision}),
+            EdgeEvent::ConfigRejected { error } => json!({"error": error}),
+        };
+        v["type"] = json!(self.kind());
+        v["ts_ms"] = json!(ts_ms);
+        v
+    }
+}
+
+/// An event as delivered: when it happened, and what.
+#[derive(Debug, Clone)]
+pub struct Stamped {
+    /// Unix milliseconds.
+    pub ts_ms: u64,
+    /// The event.
+    pub event: EdgeEvent,
+}
+
+struct Sub {
+    tx: mailbox::Sender<Arc<Stamped>>,
+    dropped: Arc<AtomicU64>,
+}
+
+/// A subscription: events plus a count of those lost to lag.
+pub struct Subscription {
+    /// Events in order.
+    pub rx: mailbox::Receiver<Arc<Stamped>>,
+    /// Events dropped because this subscriber was full.
+    pub dropped: Arc<AtomicU64>,
+}
+
+/// The bus.
+#[derive(Default)]
+pub struct EventBus {
+    subs: Mutex<Vec<Sub>>,
+    count: AtomicUsize,
+}
+
+impl EventBus {
+    /// A bus with no subscribers.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Publishes to every subscriber, never waiting.
+    pub fn publish(&self, event: EdgeEvent) {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let ts_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        let ev = Arc::new(Stamped { ts_ms, event });
+        let mut subs = self.subs.lock();
+        subs.retain(|s| match s.tx.try_send(ev.clone()) {
+            Ok(()) => true,
+            Err(SendError::Full(_)) => {
+                s.dropped.fetch_add(1, Ordering::Relaxed);
+                true
+            }
+            Err(SendError::Closed(_)) => false,
+        });
+        self.count.store(subs.len(), Ordering::Release);
+    }
+
+    /// Subscribes with room for `capacity` undelivered events.
+    pub fn subscribe(&self, capacity: usize) -> Subscription {
+        let (tx, rx) = mailbox::mailbox(capacity);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let mut subs = self.subs.lock();
+        subs.push(Sub { tx, dropped: dropped.clone() });
+        self.count.store(subs.len(), Ordering::Release);
+        Subscription { rx, dropped }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fan_out_lag_and_unsubscribe() {
+        let bus = EventBus::new();
+        bus.publish(EdgeEvent::ConfigReloaded { revision: 0 }); // nobody listens: no-op
+        let a = bus.subscribe(2);
+        let b = bus.subscribe(8);
+        for r in 1..=3 {
+            bus.publish(EdgeEvent::ConfigReloaded { revision: r });
+        }
+        assert_eq!(a.rx.try_recv().unwrap().event, EdgeEvent::ConfigReloaded { revision: 1 });
+        assert_eq!(a.dropped.load(Ordering::Relaxed), 1, "third event dropped for the slow subscriber");
+        assert_eq!(b.rx.try_recv().unwrap().event.kind(), "config_reloaded");
+        drop(a);
+        bus.publish(EdgeEvent::ConfigReloaded { revision: 4 });
+        assert_eq!(bus.count.load(Ordering::Relaxed), 1);
+        let j = b.rx.try_recv().unwrap().event.to_json(5);
+        assert_eq!(j["type"], "config_reloaded");
+        assert_eq!(j["ts_ms"], 5);
+    }
+}
