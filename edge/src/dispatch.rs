@@ -123,9 +123,12 @@ pub fn submit(
 ) -> Result<RunStream, DispatchError> {
     let Admitted { lease, target } = admitted;
     let node_id = target.node.clone();
-    let session = match worker.routes.borrow().get(&node_id) {
+    let session = match lease.route() {
         Some(route) => route.session.clone(),
-        None => return Err(DispatchError::NoReadyNode(node_id)),
+        None => match worker.routes.borrow().get(&node_id) {
+            Some(route) => route.session.clone(),
+            None => return Err(DispatchError::NoReadyNode(node_id)),
+        },
     };
     let run_id = worker.next_run_id();
     req.run_id = run_id.clone();

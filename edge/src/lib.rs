@@ -19,4 +19,4 @@ pub mod surface;
 pub mod transport;
 pub mod worker;
 
-pub use start::{start, EdgeHandle, StartError};
+pub use start::{start, EdgeHandle, ReloadError, StartError};

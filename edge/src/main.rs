@@ -28,16 +28,14 @@ fn main() {
 fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     init_tracing();
-    let text = std::fs::read_to_string(&args.config)
-        .with_context(|| format!("cannot read config {}", args.config.display()))?;
-    let config = EdgeConfig::from_toml(&text, &|k| std::env::var(k).ok())
-        .with_context(|| format!("invalid config {}", args.config.display()))?;
+    let config = load(&args.config)?;
     if args.check_config {
         eprintln!("config {} is valid", args.config.display());
         return Ok(());
     }
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
-        .context("cannot install signal handlers")?;
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).context("cannot install signal handlers")?;
     let edge = iop_edge::start(config)?;
     // The ready line: tests and scripts read the bound addresses from it.
     #[allow(clippy::print_stdout)]
@@ -46,11 +44,30 @@ fn run() -> anyhow::Result<()> {
     }
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    if let Some(sig) = signals.forever().next() {
+    // This thread is not a reactor: reading the file here blocks nobody.
+    for sig in signals.forever() {
+        if sig == SIGHUP {
+            tracing::info!(path = %args.config.display(), "SIGHUP: reloading the config");
+            match load(&args.config) {
+                Ok(config) => {
+                    if let Err(e) = edge.reload(config) {
+                        edge.reject_reload(e.to_string());
+                    }
+                }
+                Err(e) => edge.reject_reload(format!("{e:#}")),
+            }
+            continue;
+        }
         tracing::info!(signal = sig, "shutting down");
+        break;
     }
     edge.shutdown();
     Ok(())
+}
+
+fn load(path: &std::path::Path) -> anyhow::Result<EdgeConfig> {
+    let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
+    EdgeConfig::from_toml(&text, &|k| std::env::var(k).ok()).with_context(|| format!("invalid config {}", path.display()))
 }
 
 fn init_tracing() {

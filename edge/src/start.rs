@@ -54,6 +54,19 @@ pub struct EdgeHandle {
     pub driver: rt::Driver,
     shared: Arc<Shared>,
     threads: Vec<JoinHandle<()>>,
+    /// Committed revision, config and pool view (for the next reload's diff).
+    current: Mutex<(u64, Arc<EdgeConfig>, Arc<PoolView>)>,
+}
+
+/// A live reload was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    /// A worker did not stage the config in time.
+    #[error("worker cores did not acknowledge the new config in time")]
+    Timeout,
+    /// The edge is shutting down.
+    #[error("the edge is shutting down")]
+    Stopped,
 }
 
 impl EdgeHandle {
@@ -64,10 +77,67 @@ impl EdgeHandle {
         }
     }
 
+    /// Applies a new (validated) config on every core: prepare everywhere,
+    /// then commit everywhere, so no core serves a mix. Listen addresses and
+    /// the worker count only change on restart. Returns the new revision.
+    pub fn reload(&self, config: EdgeConfig) -> Result<u64, ReloadError> {
+        let mut current = self.current.lock();
+        let (revision, old, old_pool) = &*current;
+        if config.http.listen != old.http.listen || config.node_listen != old.node_listen {
+            tracing::warn!("listen addresses changed in the config; they apply after a restart");
+        }
+        if config.workers != old.workers {
+            tracing::warn!("`workers` changed in the config; it applies after a restart");
+        }
+        let revision = revision + 1;
+        let config = Arc::new(config);
+        let pool = Arc::new(PoolView::build(&config, Some(old_pool)));
+        let (ack_tx, ack_rx) = crossbeam_channel::bounded(self.shared.inboxes.len());
+        for inbox in &self.shared.inboxes {
+            let msg =
+                CoreMsg::PrepareConfig { revision, config: config.clone(), pool: pool.clone(), ack: ack_tx.clone() };
+            send_blocking(inbox, msg)?;
+        }
+        for _ in 0..self.shared.inboxes.len() {
+            ack_rx.recv_timeout(std::time::Duration::from_secs(10)).map_err(|_| ReloadError::Timeout)?;
+        }
+        for inbox in &self.shared.inboxes {
+            send_blocking(inbox, CoreMsg::CommitConfig { revision })?;
+        }
+        *current = (revision, config, pool);
+        self.shared.events.publish(crate::events::EdgeEvent::ConfigReloaded { revision });
+        tracing::info!(revision, "config reloaded");
+        Ok(revision)
+    }
+
+    /// Records a config that failed validation (the old one stays).
+    pub fn reject_reload(&self, error: String) {
+        tracing::error!(%error, "config reload rejected; keeping the current config");
+        self.shared.events.publish(crate::events::EdgeEvent::ConfigRejected { error });
+    }
+
     /// Waits for the worker threads.
     pub fn join(self) {
         for t in self.threads {
             let _ = t.join();
+        }
+    }
+}
+
+/// Sends from a non-reactor thread, waiting for room.
+fn send_blocking(inbox: &mailbox::Sender<CoreMsg>, mut msg: CoreMsg) -> Result<(), ReloadError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        match inbox.try_send(msg) {
+            Ok(()) => return Ok(()),
+            Err(mailbox::SendError::Closed(_)) => return Err(ReloadError::Stopped),
+            Err(mailbox::SendError::Full(m)) => {
+                if std::time::Instant::now() > deadline {
+                    return Err(ReloadError::Timeout);
+                }
+                msg = m;
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
     }
 }
@@ -136,5 +206,6 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         let t = iop_node::spawn_embedded(node_cfg).map_err(StartError::Thread)?;
         threads.push(t);
     }
-    Ok(EdgeHandle { http_addr, node_addr, driver, shared, threads })
+    let current = Mutex::new((1, shared.config.clone(), pool));
+    Ok(EdgeHandle { http_addr, node_addr, driver, shared, threads, current })
 }

@@ -75,9 +75,28 @@ pub enum CoreMsg {
         /// Resource.
         key: ResourceKey,
     },
+    /// Phase one of a live reload: stage `config` and ack on `ack`.
+    PrepareConfig {
+        /// New revision.
+        revision: u64,
+        /// The validated config.
+        config: Arc<EdgeConfig>,
+        /// Its pool view (counters of kept resources carried over).
+        pool: Arc<PoolView>,
+        /// Receives this core's index once staged.
+        ack: crossbeam_channel::Sender<usize>,
+    },
+    /// Phase two: switch to the staged config `revision`.
+    CommitConfig {
+        /// Revision to commit.
+        revision: u64,
+    },
     /// Stop serving.
     Shutdown,
 }
+
+/// A ready node session hosted by this core: its generation and command mailbox.
+pub type LocalSession = (Generation, mailbox::Sender<transport::SessionCmd>);
 
 /// Per-core state; lives in an `Rc` on its own thread.
 pub struct Worker {
@@ -95,6 +114,12 @@ pub struct Worker {
     pub pool: RefCell<Arc<PoolView>>,
     /// Authoritative state of the resources this core owns.
     pub shard: RefCell<Shard>,
+    /// Ready node sessions running on this core.
+    pub local_sessions: RefCell<HashMap<String, LocalSession>>,
+    /// Revision of `config`.
+    pub revision: Cell<u64>,
+    /// A prepared config waiting for its commit.
+    pending: RefCell<Option<(u64, Arc<EdgeConfig>, Arc<PoolView>)>>,
     /// Raised when the worker stops.
     pub stop: LocalCancel,
 }
@@ -114,6 +139,9 @@ impl Worker {
             waiter_seq: Cell::new(0),
             pool: RefCell::new(pool),
             shard: RefCell::new(shard),
+            local_sessions: RefCell::new(HashMap::new()),
+            revision: Cell::new(1),
+            pending: RefCell::new(None),
             stop: LocalCancel::new(),
         }
     }
@@ -136,6 +164,7 @@ impl Worker {
         match msg {
             CoreMsg::NodeReady { node_id, route } => {
                 let generation = route.generation;
+                self.shard.borrow_mut().set_route(&node_id, &route);
                 {
                     let mut routes = self.routes.borrow_mut();
                     // Generations only grow; never let an older ready replace a newer one.
@@ -161,7 +190,44 @@ impl Worker {
             CoreMsg::Wait { key, waiter } => self.shard.borrow_mut().wait(&key, waiter),
             CoreMsg::Release { key, class } => self.shard.borrow_mut().release(&key, class),
             CoreMsg::Compact { key } => self.shard.borrow_mut().compact(&key),
+            CoreMsg::PrepareConfig { revision, config, pool, ack } => {
+                *self.pending.borrow_mut() = Some((revision, config, pool));
+                let _ = ack.send(self.index);
+            }
+            CoreMsg::CommitConfig { revision } => self.commit(revision),
             CoreMsg::Shutdown => self.stop.cancel(),
+        }
+    }
+}
+
+impl Worker {
+    /// Switches to the staged config: capacities on owned resources, the
+    /// pool view, and a refresh (or close) for this core's node sessions
+    /// whose config changed.
+    fn commit(&self, revision: u64) {
+        let staged = self.pending.borrow_mut().take();
+        let Some((rev, config, pool)) = staged.filter(|(r, _, _)| *r == revision) else {
+            tracing::warn!(worker = self.index, revision, "commit without a matching prepared config ignored");
+            return;
+        };
+        let old = self.config.replace(config.clone());
+        *self.pool.borrow_mut() = pool.clone();
+        self.revision.set(rev);
+        self.shard.borrow_mut().apply_config(&config, &pool);
+        for (node_id, (_, session)) in self.local_sessions.borrow().iter() {
+            match config.node(node_id) {
+                None => {
+                    let reason = "node removed from the edge config".to_owned();
+                    let _ = session.try_send(transport::SessionCmd::Close { reason });
+                }
+                Some(entry) if old.node(node_id) != Some(entry) => {
+                    let payload = crate::payload::node_payload(entry, rev);
+                    if session.try_send(transport::SessionCmd::Refresh { payload }).is_err() {
+                        tracing::warn!(node = %node_id, "could not queue the config refresh for the node");
+                    }
+                }
+                Some(_) => {}
+            }
         }
     }
 }

@@ -168,6 +168,7 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     ));
 
     let reason = serve_frames(reader, writer, &manager, &last_seen).await;
+    let reason = if reason == STOPPED && !shutdown.is_cancelled() { "heartbeat_timeout".to_owned() } else { reason };
     closed.cancel();
     // Runs are bound to this connection: their events could go nowhere now.
     manager.cancel_all();
@@ -176,6 +177,9 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     }
     SessionEnd::Retry { established: true, reason }
 }
+
+/// Close reason when this side stopped its own reader.
+const STOPPED: &str = "stopped locally";
 
 fn build_adapters(payload: &pb::NodeConfigPayload) -> Result<Vec<Adapter>, String> {
     payload.providers.iter().map(|p| Adapter::from_config(p).map_err(|e| e.to_string())).collect()
@@ -191,7 +195,8 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
         let env = match reader.next().await {
             Ok(Some(env)) => env,
             Ok(None) => return "edge closed the connection".into(),
-            Err(ReadError::Cancelled) => return "heartbeat_timeout or shutdown".into(),
+            // Only the heartbeat and the shutdown drain stop the reader.
+            Err(ReadError::Cancelled) => return STOPPED.into(),
             Err(e) => return format!("connection failed: {e}"),
         };
         last_seen.set(Instant::now());

@@ -6,7 +6,7 @@ use std::sync::{atomic::Ordering, Arc};
 use iop_core::rt::mailbox::{self, SendError};
 
 use super::{LeaseClass, ResourceKey, ResourceLoad};
-use crate::worker::CoreMsg;
+use crate::worker::{CoreMsg, NodeRoute};
 
 /// One unit of a resource's capacity, held by a run.
 pub struct Lease {
@@ -14,6 +14,7 @@ pub struct Lease {
     class: LeaseClass,
     load: Arc<ResourceLoad>,
     owner: mailbox::Sender<CoreMsg>,
+    route: Option<NodeRoute>,
 }
 
 impl Lease {
@@ -23,9 +24,17 @@ impl Lease {
         class: LeaseClass,
         load: Arc<ResourceLoad>,
         owner: mailbox::Sender<CoreMsg>,
+        route: Option<NodeRoute>,
     ) -> Self {
         load.live_guards.fetch_add(1, Ordering::AcqRel);
-        Self { key, class, load, owner }
+        Self { key, class, load, owner, route }
+    }
+
+    /// The node connection (generation and session) the owner core saw
+    /// online when it granted this lease: the run goes exactly there, even
+    /// if this core has not applied that node's ready broadcast yet.
+    pub fn route(&self) -> Option<&NodeRoute> {
+        self.route.as_ref()
     }
 
     /// The resource leased.

@@ -10,7 +10,10 @@ use std::{
 use iop_core::{config::EdgeConfig, rt::mailbox};
 
 use super::{owner_of, Lease, LeaseClass, PoolView, ResourceKey, ResourceLoad, Waiter};
-use crate::{registry::Generation, worker::CoreMsg};
+use crate::{
+    registry::Generation,
+    worker::{CoreMsg, NodeRoute},
+};
 
 struct Resource {
     load: Arc<ResourceLoad>,
@@ -20,6 +23,8 @@ struct Resource {
     generation: Generation,
     in_use_normal: u32,
     in_use_long: u32,
+    /// The node connection that brought this resource online.
+    route: Option<NodeRoute>,
     /// Waiters per class (normal, long): separate pools, separate queues.
     fifo: [VecDeque<Arc<Waiter>>; 2],
 }
@@ -81,6 +86,8 @@ pub struct Shard {
     workers: usize,
     inbox: mailbox::Sender<CoreMsg>,
     resources: HashMap<ResourceKey, Resource>,
+    /// Ready node connections, so resources added by a reload start online.
+    ready: HashMap<String, NodeRoute>,
     /// Releases for resources this shard does not know (removed by a reload).
     pub stray_releases: u64,
 }
@@ -89,7 +96,7 @@ impl Shard {
     /// The shard of core `index` of `workers`; `inbox` is this core's own
     /// inbox (where lease guards send their release).
     pub fn new(index: usize, workers: usize, inbox: mailbox::Sender<CoreMsg>) -> Self {
-        Self { index, workers, inbox, resources: HashMap::new(), stray_releases: 0 }
+        Self { index, workers, inbox, resources: HashMap::new(), ready: HashMap::new(), stray_releases: 0 }
     }
 
     /// Adopts the resources of `config` owned by this core (prepared `view`
@@ -104,14 +111,17 @@ impl Shard {
                     continue;
                 }
                 let Some(load) = view.resources.get(&key) else { continue };
+                // A resource new to this config on an already-ready node starts online.
+                let route = self.ready.get(&node.id).cloned();
                 let mut r = self.resources.remove(&key).unwrap_or_else(|| Resource {
                     load: load.clone(),
                     normal: 0,
                     long: 0,
-                    online: false,
-                    generation: 0,
+                    online: route.is_some(),
+                    generation: route.as_ref().map(|r| r.generation).unwrap_or(0),
                     in_use_normal: 0,
                     in_use_long: 0,
+                    route,
                     fifo: [VecDeque::new(), VecDeque::new()],
                 });
                 r.normal = p.capacity.get();
@@ -150,7 +160,7 @@ impl Shard {
         }
         *r.in_use_mut(class) += 1;
         r.publish();
-        Some(Lease::new(key.clone(), class, r.load.clone(), self.inbox.clone()))
+        Some(Lease::new(key.clone(), class, r.load.clone(), self.inbox.clone(), r.route.clone()))
     }
 
     /// Queues `waiter` on `key` (granting at once if there is room).
@@ -189,6 +199,19 @@ impl Shard {
         }
     }
 
+    /// Records the session of `node`'s ready connection; leases granted on
+    /// its resources carry it. Call before [`Shard::node_ready`].
+    pub fn set_route(&mut self, node: &str, route: &NodeRoute) {
+        if self.ready.get(node).is_none_or(|old| old.generation < route.generation) {
+            self.ready.insert(node.to_owned(), route.clone());
+        }
+        for (key, r) in self.resources.iter_mut() {
+            if &*key.node == node && r.route.as_ref().is_none_or(|old| old.generation < route.generation) {
+                r.route = Some(route.clone());
+            }
+        }
+    }
+
     /// Node `node` became ready with connection `generation`.
     pub fn node_ready(&mut self, node: &str, generation: Generation) {
         let keys: Vec<_> = self.resources.keys().filter(|k| &*k.node == node).cloned().collect();
@@ -213,11 +236,15 @@ impl Shard {
 
     /// Node `node`'s connection `generation` ended. Stale generations change nothing.
     pub fn node_gone(&mut self, node: &str, generation: Generation) {
+        if self.ready.get(node).is_some_and(|r| r.generation == generation) {
+            self.ready.remove(node);
+        }
         for (key, r) in self.resources.iter_mut() {
             if &*key.node != node || r.generation != generation || !r.online {
                 continue;
             }
             r.online = false;
+            r.route = None;
             for w in r.waiters() {
                 if w.is_waiting() {
                     w.candidate_changed(false);
@@ -237,7 +264,7 @@ impl Shard {
                 // Waiters served elsewhere or gone are skipped and dropped.
                 if w.try_claim() {
                     *r.in_use_mut(class) += 1;
-                    w.deposit(Lease::new(key.clone(), class, r.load.clone(), self.inbox.clone()));
+                    w.deposit(Lease::new(key.clone(), class, r.load.clone(), self.inbox.clone(), r.route.clone()));
                 }
             }
         }

@@ -1,5 +1,6 @@
 //! Client-facing API surfaces and the request router.
 
+pub mod admin;
 pub mod openai;
 
 use std::rc::Rc;
@@ -16,6 +17,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
     let method = head.method.as_str();
     let result = match (method, path) {
         ("POST", "/v1/chat/completions") => return openai::chat::handle(worker, conn, head, body).await,
+        (_, p) if admin::is_admin_path(p) => return admin::handle(worker, conn, head, body).await,
         ("GET", "/v1/models") => {
             let body = openai::models::list(&worker.config.borrow());
             conn.respond(200, "application/json", &[], &body, keep).await

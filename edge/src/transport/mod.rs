@@ -36,8 +36,16 @@ pub enum SessionCmd {
         /// Why, for the node's logs.
         reason: &'static str,
     },
-    /// The session ended; stop the command pump.
-    Shutdown,
+    /// Push a changed node config (live reload).
+    Refresh {
+        /// The node's new config.
+        payload: pb::NodeConfigPayload,
+    },
+    /// Close the connection (e.g. the node was removed from the config).
+    Close {
+        /// Logged close reason.
+        reason: String,
+    },
 }
 
 /// Accepts node connections on this core.

@@ -59,6 +59,7 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr) {
         runs: Rc::new(RefCell::new(RunTable::default())),
         closed: LocalCancel::new(),
         last_seen: Rc::new(std::cell::Cell::new(Instant::now())),
+        stop_reason: Rc::new(RefCell::new(None)),
     };
     let reason = session.run(&mut reader, cmd_tx, cmd_rx).await;
     session.teardown(reason).await;
@@ -118,7 +119,7 @@ where
                     accepted: true,
                     reason: String::new(),
                     refusal: pb::RegisterRefusal::None as i32,
-                    config: Some(node_payload(entry, 1)),
+                    config: Some(node_payload(entry, worker.revision.get())),
                 };
                 (resp, Some((node_id, generation)))
             }
@@ -179,6 +180,8 @@ struct Session {
     runs: Rc<RefCell<RunTable>>,
     closed: LocalCancel,
     last_seen: Rc<std::cell::Cell<Instant>>,
+    /// Why the session stopped its own reader (heartbeat timeout, close command).
+    stop_reason: Rc<RefCell<Option<String>>>,
 }
 
 impl Session {
@@ -192,14 +195,20 @@ impl Session {
     where
         R: monoio::io::CancelableAsyncReadRent,
     {
-        monoio::spawn(pump_commands(cmd_rx, self.runs.clone(), self.writer.clone(), self.closed.clone()));
+        monoio::spawn(pump_commands(
+            cmd_rx,
+            self.runs.clone(),
+            self.writer.clone(),
+            self.closed.clone(),
+            Stop { stopper: reader.stopper(), reason: self.stop_reason.clone() },
+        ));
         let timing = self.worker.config.borrow().testing;
         monoio::spawn(heartbeat(
             timing,
             self.writer.clone(),
             self.last_seen.clone(),
             self.closed.clone(),
-            reader.stopper(),
+            Stop { stopper: reader.stopper(), reason: self.stop_reason.clone() },
             self.node_id.clone(),
         ));
         let mut cmd_tx = Some(cmd_tx);
@@ -208,7 +217,9 @@ impl Session {
             let env = match reader.next().await {
                 Ok(Some(env)) => env,
                 Ok(None) => return "closed_by_node".into(),
-                Err(ReadError::Cancelled) => return "heartbeat_timeout".into(),
+                Err(ReadError::Cancelled) => {
+                    return self.stop_reason.borrow_mut().take().unwrap_or_else(|| "stopped".into())
+                }
                 Err(e) => return format!("read_error: {e}"),
             };
             self.last_seen.set(Instant::now());
@@ -262,6 +273,10 @@ impl Session {
                         .unwrap_or_default()
                 };
                 if let Some(session) = cmd_tx.take() {
+                    self.worker
+                        .local_sessions
+                        .borrow_mut()
+                        .insert(self.node_id.clone(), (self.generation, session.clone()));
                     let route = NodeRoute { generation: self.generation, session, providers };
                     let node_id = self.node_id.clone();
                     self.worker
@@ -299,6 +314,12 @@ impl Session {
 
     async fn teardown(self, reason: String) {
         self.closed.cancel();
+        {
+            let mut local = self.worker.local_sessions.borrow_mut();
+            if local.get(&self.node_id).is_some_and(|(g, _)| *g == self.generation) {
+                local.remove(&self.node_id);
+            }
+        }
         let outcome = self.worker.shared.registry.lock().disconnect(&self.node_id, self.generation);
         let failure = RunFailure::new(
             codes::NODE_DISCONNECTED,
@@ -347,6 +368,7 @@ async fn pump_commands(
     runs: Rc<RefCell<RunTable>>,
     writer: FrameWriter,
     closed: LocalCancel,
+    stop: Stop,
 ) {
     loop {
         let cmd = monoio::select! {
@@ -367,7 +389,17 @@ async fn pump_commands(
                     send_cancel(&writer, run_id, reason);
                 }
             }
-            SessionCmd::Shutdown => break,
+            SessionCmd::Refresh { payload } => {
+                let revision = payload.revision;
+                let refresh = pb::ConfigRefresh { config: Some(payload) };
+                if writer.send(&envelope(revision, Body::ConfigRefresh(refresh))).is_err() {
+                    break;
+                }
+            }
+            SessionCmd::Close { reason } => {
+                stop.stop(reason);
+                break;
+            }
         }
     }
     // Commands still queued belong to a dead session: fail their runs now.
@@ -385,13 +417,26 @@ fn rx_fail_remaining(rx: mailbox::Receiver<SessionCmd>) -> mailbox::Receiver<Ses
     rx
 }
 
+/// Ends the session's reader with a reason.
+struct Stop {
+    stopper: iop_core::rt::frames::ReadStopper,
+    reason: Rc<RefCell<Option<String>>>,
+}
+
+impl Stop {
+    fn stop(&self, reason: impl Into<String>) {
+        self.reason.borrow_mut().get_or_insert_with(|| reason.into());
+        self.stopper.stop();
+    }
+}
+
 /// Pings the node and closes the connection when it falls silent.
 async fn heartbeat(
     timing: iop_core::config::TestingSettings,
     writer: FrameWriter,
     last_seen: Rc<std::cell::Cell<Instant>>,
     closed: LocalCancel,
-    stopper: iop_core::rt::frames::ReadStopper,
+    stop: Stop,
     node_id: String,
 ) {
     loop {
@@ -401,7 +446,7 @@ async fn heartbeat(
         }
         if last_seen.get().elapsed() > timing.heartbeat_wait {
             tracing::warn!(node = %node_id, "node silent beyond the heartbeat wait; closing (heartbeat_timeout)");
-            stopper.stop();
+            stop.stop("heartbeat_timeout");
             return;
         }
         let ping = pb::Heartbeat { ping: true, sent_at_ms: 0 };

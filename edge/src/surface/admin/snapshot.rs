@@ -1,0 +1,229 @@
+//! `GET /admin/v1/nodes`: every configured node and provider (connected or
+//! not) with its published load, and every model group with its queue.
+
+use std::sync::atomic::Ordering;
+
+use iop_core::config::{EdgeConfig, NodeEntry, ProviderEntry};
+use serde_json::{json, Value};
+
+use crate::{
+    pool::{PoolView, ResourceKey, ResourceLoad},
+    registry::NodeStatus,
+};
+
+/// The snapshot body: `{"nodes": [...], "models": [...]}`, in config order.
+///
+/// Pure: built from one config revision, the registry's statuses and the
+/// pool view published for that revision.
+pub fn snapshot(config: &EdgeConfig, statuses: &[NodeStatus], pool: &PoolView) -> Value {
+    let nodes: Vec<Value> =
+        config.nodes.iter().map(|n| node(n, statuses.iter().find(|s| s.id == n.id), pool)).collect();
+    let models: Vec<Value> = config
+        .models
+        .iter()
+        .map(|m| {
+            let waiters = pool.waiters.get(&m.name).map_or(0, |w| w.load(Ordering::Relaxed));
+            let targets: Vec<Value> = m
+                .targets
+                .iter()
+                .map(|t| json!({"node": t.node, "provider": t.provider, "model": t.upstream_model}))
+                .collect();
+            json!({"name": m.name, "waiters": waiters, "max_waiters": m.max_waiters, "targets": targets})
+        })
+        .collect();
+    json!({"nodes": nodes, "models": models})
+}
+
+fn node(n: &NodeEntry, status: Option<&NodeStatus>, pool: &PoolView) -> Value {
+    let connected = status.is_some_and(|s| s.connected);
+    let ready = status.is_some_and(|s| s.ready);
+    let generation = status.filter(|s| s.connected).map_or(0, |s| s.generation);
+    let providers: Vec<Value> = n
+        .providers
+        .iter()
+        .map(|p| provider(p, pool.resources.get(&ResourceKey::new(&n.id, &p.id)).map(|l| &**l)))
+        .collect();
+    json!({"id": n.id, "connected": connected, "ready": ready, "generation": generation, "providers": providers})
+}
+
+/// One provider. A resource missing from the view (it cannot be, for a
+/// view built from the same config) is shown offline and idle.
+fn provider(p: &ProviderEntry, load: Option<&ResourceLoad>) -> Value {
+    let fallback;
+    let load = match load {
+        Some(l) => l,
+        None => {
+            fallback = ResourceLoad::new(p.capacity.get(), p.long_capacity);
+            &fallback
+        }
+    };
+    // One read of `online` so that status, health and capacities agree.
+    let online = load.online.load(Ordering::Acquire);
+    let configured_normal = load.configured_normal.load(Ordering::Relaxed);
+    let configured_long = load.configured_long.load(Ordering::Relaxed);
+    let in_use_normal = load.in_use_normal.load(Ordering::Relaxed);
+    let in_use_long = load.in_use_long.load(Ordering::Relaxed);
+    let effective = |configured: u32| if online { configured } else { 0 };
+    json!({
+        "id": p.id,
+        "status": if online { "available" } else { "unavailable" },
+        "health": if online { "online" } else { "offline" },
+        "normal": {"configured": configured_normal, "effective": effective(configured_normal), "in_use": in_use_normal},
+        "long": {"configured": configured_long, "effective": effective(configured_long), "in_use": in_use_long},
+        "leases_in_use": u64::from(in_use_normal) + u64::from(in_use_long),
+        "live_leases": load.live_guards.load(Ordering::Relaxed),
+        "waiters": load.waiters.load(Ordering::Relaxed),
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::pool::LeaseClass;
+
+    const CONFIG: &str = r#"
+        admin_token = "t"
+        [http]
+        listen = "127.0.0.1:0"
+        [node_listener]
+        listen = "127.0.0.1:0"
+        [[nodes]]
+        id = "n1"
+        token = "tok-1"
+        [[nodes.providers]]
+        id = "up"
+        kind = "mock"
+        capacity = 4
+        [[nodes.providers]]
+        id = "big"
+        kind = "mock"
+        capacity = 2
+        long_capacity = 1
+        [[nodes]]
+        id = "n2"
+        token = "tok-2"
+        [[nodes.providers]]
+        id = "up"
+        kind = "mock"
+        capacity = 8
+        [[models]]
+        name = "gpt-test"
+        max_waiters = 256
+        [[models.targets]]
+        node = "n1"
+        provider = "up"
+        model = "mock-upstream"
+        [[models.targets]]
+        node = "n2"
+        provider = "up"
+        model = "other"
+        [[models]]
+        name = "long"
+        node = "n1"
+        provider = "big"
+        long_context_threshold = 1000
+    "#;
+
+    fn config() -> EdgeConfig {
+        EdgeConfig::from_toml(CONFIG, &|_| None).unwrap()
+    }
+
+    fn load<'a>(pool: &'a PoolView, node: &str, provider: &str) -> &'a ResourceLoad {
+        pool.resources.get(&ResourceKey::new(node, provider)).unwrap()
+    }
+
+    #[test]
+    fn lists_every_configured_node_and_provider_with_its_load() {
+        let cfg = config();
+        let pool = PoolView::build(&cfg, None);
+        let up = load(&pool, "n1", "up");
+        up.online.store(true, Ordering::Release);
+        up.in_use_normal.store(1, Ordering::Relaxed);
+        up.live_guards.store(1, Ordering::Relaxed);
+        let big = load(&pool, "n1", "big");
+        big.online.store(true, Ordering::Release);
+        big.in_use_normal.store(2, Ordering::Relaxed);
+        big.in_use_long.store(1, Ordering::Relaxed);
+        big.live_guards.store(3, Ordering::Relaxed);
+        big.waiters.store(5, Ordering::Relaxed);
+        assert_eq!(big.capacity(LeaseClass::Long), 1);
+        pool.waiters.get("gpt-test").unwrap().store(7, Ordering::Relaxed);
+        let statuses = vec![
+            NodeStatus { id: "n1".into(), connected: true, ready: true, generation: 3 },
+            NodeStatus { id: "n2".into(), connected: false, ready: false, generation: 0 },
+        ];
+
+        let v = snapshot(&cfg, &statuses, &pool);
+        let expected = json!({
+            "nodes": [
+                {"id": "n1", "connected": true, "ready": true, "generation": 3, "providers": [
+                    {"id": "up", "status": "available", "health": "online",
+                     "normal": {"configured": 4, "effective": 4, "in_use": 1},
+                     "long": {"configured": 0, "effective": 0, "in_use": 0},
+                     "leases_in_use": 1, "live_leases": 1, "waiters": 0},
+                    {"id": "big", "status": "available", "health": "online",
+                     "normal": {"configured": 2, "effective": 2, "in_use": 2},
+                     "long": {"configured": 1, "effective": 1, "in_use": 1},
+                     "leases_in_use": 3, "live_leases": 3, "waiters": 5},
+                ]},
+                {"id": "n2", "connected": false, "ready": false, "generation": 0, "providers": [
+                    {"id": "up", "status": "unavailable", "health": "offline",
+                     "normal": {"configured": 8, "effective": 0, "in_use": 0},
+                     "long": {"configured": 0, "effective": 0, "in_use": 0},
+                     "leases_in_use": 0, "live_leases": 0, "waiters": 0},
+                ]},
+            ],
+            "models": [
+                {"name": "gpt-test", "waiters": 7, "max_waiters": 256, "targets": [
+                    {"node": "n1", "provider": "up", "model": "mock-upstream"},
+                    {"node": "n2", "provider": "up", "model": "other"},
+                ]},
+                {"name": "long", "waiters": 0, "max_waiters": cfg.models[1].max_waiters, "targets": [
+                    {"node": "n1", "provider": "big", "model": cfg.models[1].targets[0].upstream_model},
+                ]},
+            ],
+        });
+        assert_eq!(v, expected);
+    }
+
+    #[test]
+    fn nodes_without_a_status_or_a_resource_stay_listed_offline() {
+        let cfg = config();
+        // No statuses at all and an empty view (e.g. out of step with the config).
+        let v = snapshot(&cfg, &[], &PoolView::default());
+        let nodes = v["nodes"].as_array().unwrap();
+        assert_eq!(nodes.len(), 2);
+        for n in nodes {
+            assert_eq!(n["connected"], false);
+            assert_eq!(n["ready"], false);
+            assert_eq!(n["generation"], 0);
+            for p in n["providers"].as_array().unwrap() {
+                assert_eq!(p["status"], "unavailable");
+                assert_eq!(p["health"], "offline");
+                assert_eq!(p["normal"]["effective"], 0);
+                assert_eq!(p["long"]["effective"], 0);
+                assert_eq!(p["leases_in_use"], 0);
+            }
+        }
+        assert_eq!(nodes[1]["providers"][0]["normal"]["configured"], 8);
+        assert_eq!(v["models"][0]["waiters"], 0);
+    }
+
+    #[test]
+    fn offline_resource_reports_in_flight_leases_but_no_capacity() {
+        let cfg = config();
+        let pool = PoolView::build(&cfg, None);
+        let up = load(&pool, "n2", "up");
+        // Fenced: offline, but a lease not yet dropped is still counted.
+        up.in_use_normal.store(1, Ordering::Relaxed);
+        up.live_guards.store(1, Ordering::Relaxed);
+        let statuses = vec![NodeStatus { id: "n2".into(), connected: false, ready: false, generation: 0 }];
+        let v = snapshot(&cfg, &statuses, &pool);
+        let p = &v["nodes"][1]["providers"][0];
+        assert_eq!(p["status"], "unavailable");
+        assert_eq!(p["normal"], json!({"configured": 8, "effective": 0, "in_use": 1}));
+        assert_eq!(p["leases_in_use"], 1);
+        assert_eq!(p["live_leases"], 1);
+    }
+}

