@@ -67,7 +67,8 @@ fn run() -> anyhow::Result<()> {
 
 fn load(path: &std::path::Path) -> anyhow::Result<EdgeConfig> {
     let text = std::fs::read_to_string(path).with_context(|| format!("cannot read config {}", path.display()))?;
-    EdgeConfig::from_toml(&text, &|k| std::env::var(k).ok()).with_context(|| format!("invalid config {}", path.display()))
+    EdgeConfig::from_toml(&text, &|k| std::env::var(k).ok())
+        .with_context(|| format!("invalid config {}", path.display()))
 }
 
 fn init_tracing() {

@@ -13,7 +13,7 @@ use iop_core::{
 };
 
 use crate::{
-    pool::{Lease, LeaseClass, PoolView, ResourceKey, Shard, Waiter},
+    pool::{Lease, LeaseClass, PoolView, ResourceKey, ResourceLoad, Shard, Waiter},
     registry::Generation,
     server,
     shared::Shared,
@@ -69,6 +69,10 @@ pub enum CoreMsg {
         key: ResourceKey,
         /// Pool.
         class: LeaseClass,
+        /// The counters the lease was counted in: a lease from before its
+        /// resource was removed and re-added by a reload must not free the
+        /// new resource's capacity.
+        load: Arc<ResourceLoad>,
     },
     /// A waiter left; drop finished entries from the resource's queue.
     Compact {
@@ -95,6 +99,9 @@ pub enum CoreMsg {
     Shutdown,
 }
 
+/// A config staged by `PrepareConfig`: revision, config and its pool view.
+type Staged = (u64, Arc<EdgeConfig>, Arc<PoolView>);
+
 /// A ready node session hosted by this core: its generation and command mailbox.
 pub type LocalSession = (Generation, mailbox::Sender<transport::SessionCmd>);
 
@@ -119,7 +126,7 @@ pub struct Worker {
     /// Revision of `config`.
     pub revision: Cell<u64>,
     /// A prepared config waiting for its commit.
-    pending: RefCell<Option<(u64, Arc<EdgeConfig>, Arc<PoolView>)>>,
+    pending: RefCell<Option<Staged>>,
     /// Raised when the worker stops.
     pub stop: LocalCancel,
 }
@@ -188,7 +195,7 @@ impl Worker {
                 reply.send(lease);
             }
             CoreMsg::Wait { key, waiter } => self.shard.borrow_mut().wait(&key, waiter),
-            CoreMsg::Release { key, class } => self.shard.borrow_mut().release(&key, class),
+            CoreMsg::Release { key, class, load } => self.shard.borrow_mut().release(&key, class, &load),
             CoreMsg::Compact { key } => self.shard.borrow_mut().compact(&key),
             CoreMsg::PrepareConfig { revision, config, pool, ack } => {
                 *self.pending.borrow_mut() = Some((revision, config, pool));

@@ -57,7 +57,7 @@ impl std::fmt::Debug for Lease {
 impl Drop for Lease {
     fn drop(&mut self) {
         self.load.live_guards.fetch_sub(1, Ordering::AcqRel);
-        let msg = CoreMsg::Release { key: self.key.clone(), class: self.class };
+        let msg = CoreMsg::Release { key: self.key.clone(), class: self.class, load: self.load.clone() };
         match self.owner.try_send(msg) {
             Ok(()) => {}
             Err(SendError::Full(msg)) => {

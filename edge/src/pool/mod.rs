@@ -12,6 +12,8 @@ mod lease;
 mod load;
 mod select;
 mod shard;
+#[cfg(test)]
+mod tests;
 mod waiter;
 
 use std::{

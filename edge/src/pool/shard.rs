@@ -181,8 +181,9 @@ impl Shard {
     }
 
     /// One lease of `class` on `key` ended.
-    pub fn release(&mut self, key: &ResourceKey, class: LeaseClass) {
-        let Some(r) = self.resources.get_mut(key) else {
+    pub fn release(&mut self, key: &ResourceKey, class: LeaseClass, load: &Arc<ResourceLoad>) {
+        let Some(r) = self.resources.get_mut(key).filter(|r| Arc::ptr_eq(&r.load, load)) else {
+            // Removed (or removed and re-added) by a reload since the lease was granted.
             self.stray_releases += 1;
             return;
         };
@@ -217,7 +218,8 @@ impl Shard {
         let keys: Vec<_> = self.resources.keys().filter(|k| &*k.node == node).cloned().collect();
         for key in keys {
             let Some(r) = self.resources.get_mut(&key) else { continue };
-            if generation <= r.generation && r.online {
+            // Generations only grow: an older (or repeated) ready changes nothing.
+            if generation <= r.generation {
                 continue;
             }
             let was_online = r.online;

@@ -321,6 +321,18 @@ impl Session {
             }
         }
         let outcome = self.worker.shared.registry.lock().disconnect(&self.node_id, self.generation);
+        // Fence first, then fail the runs: their leases are released after
+        // the fence reaches each owner core (inboxes are FIFO), so freed
+        // capacity is never handed to a waiter on this dead connection.
+        match outcome {
+            DisconnectOutcome::Current { was_ready } => {
+                if was_ready {
+                    let (node_id, generation) = (self.node_id.clone(), self.generation);
+                    self.worker.shared.broadcast(|| CoreMsg::NodeGone { node_id: node_id.clone(), generation }).await;
+                }
+            }
+            DisconnectOutcome::Stale => {}
+        }
         let failure = RunFailure::new(
             codes::NODE_DISCONNECTED,
             502,
@@ -330,24 +342,18 @@ impl Session {
         .retryable();
         let in_flight = self.runs.borrow().len();
         self.runs.borrow_mut().fail_all(&failure);
+        let current = matches!(outcome, DisconnectOutcome::Current { .. });
+        if current {
+            tracing::info!(node = %self.node_id, generation = self.generation, %reason, in_flight, "node disconnected");
+        } else {
+            tracing::info!(node = %self.node_id, generation = self.generation, %reason, "stale node connection ended");
+        }
         self.worker.shared.events.publish(EdgeEvent::NodeDisconnected {
             node: self.node_id.clone(),
             generation: self.generation,
-            reason: reason.clone(),
-            current: matches!(outcome, DisconnectOutcome::Current { .. }),
+            reason,
+            current,
         });
-        match outcome {
-            DisconnectOutcome::Current { was_ready } => {
-                tracing::info!(node = %self.node_id, generation = self.generation, %reason, in_flight, "node disconnected");
-                if was_ready {
-                    let (node_id, generation) = (self.node_id.clone(), self.generation);
-                    self.worker.shared.broadcast(|| CoreMsg::NodeGone { node_id: node_id.clone(), generation }).await;
-                }
-            }
-            DisconnectOutcome::Stale => {
-                tracing::info!(node = %self.node_id, generation = self.generation, %reason, "stale node connection ended");
-            }
-        }
         self.writer.close();
     }
 }

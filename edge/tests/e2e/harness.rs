@@ -134,6 +134,8 @@ pub struct Edge {
     pub proc: Proc,
     pub http: SocketAddr,
     pub nodes: SocketAddr,
+    /// The config file the edge was started with (rewrite it, then `sighup`).
+    pub config_path: PathBuf,
 }
 
 pub const NODE_TOKEN: &str = "e2e-node-token";
@@ -183,18 +185,29 @@ impl Edge {
                 .and_then(|v| v.parse().ok())
                 .unwrap_or_else(|| panic!("no {k} in `{line}`"))
         };
-        Edge { http: field("http="), nodes: field("nodes="), proc }
+        Edge { http: field("http="), nodes: field("nodes="), proc, config_path: path }
     }
 
     /// Starts an `iop-node` for this edge with `token`.
     pub fn node(&self, token: &str, envs: &[(&str, &str)]) -> Proc {
+        self.node_with(token, "", envs)
+    }
+
+    /// Starts an `iop-node` with `token` and `extra` TOML (top-level keys
+    /// first, then tables such as `[testing]`; not `[reconnect]`).
+    pub fn node_with(&self, token: &str, extra: &str, envs: &[(&str, &str)]) -> Proc {
         let path = scratch("node.toml");
         let cfg = format!(
-            "edge = \"{}\"\ntoken = \"{token}\"\n[reconnect]\nmax_attempts = 3\ninterval_sec = 1\n",
+            "edge = \"{}\"\ntoken = \"{token}\"\n{extra}\n[reconnect]\nmax_attempts = 3\ninterval_sec = 1\n",
             self.nodes
         );
         std::fs::write(&path, cfg).expect("write node config");
         Proc::spawn("iop-node", &["--config", path.to_str().expect("utf8")], envs)
+    }
+
+    /// Starts the node `id` of a [`pool_config`] (token `node_token(id)`).
+    pub fn start_node(&self, id: &str, extra: &str) -> Proc {
+        self.node_with(&node_token(id), extra, &[])
     }
 
     /// Waits until every worker core sees `n` ready nodes.
@@ -301,5 +314,558 @@ pub fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool)
     while !check() {
         assert!(Instant::now() < deadline, "timed out waiting for: {what}");
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Multi-node configs, signals, the admin API, timed streaming clients.
+// ---------------------------------------------------------------------------
+
+pub const ADMIN_TOKEN: &str = "e2e-admin-token";
+
+/// Registration token of node `id` in a [`pool_config`].
+pub fn node_token(id: &str) -> String {
+    format!("{id}-token")
+}
+
+/// A `[[nodes]]` entry with one in-process mock provider `mock` that streams
+/// `tokens` tokens, one every `interval_ms`.
+pub fn mock_node(id: &str, capacity: u32, long_capacity: u32, tokens: u32, interval_ms: u32) -> String {
+    format!(
+        r#"
+[[nodes]]
+id = "{id}"
+token = "{token}"
+[[nodes.providers]]
+id = "mock"
+kind = "mock"
+capacity = {capacity}
+long_capacity = {long_capacity}
+[nodes.providers.mock]
+tokens = {tokens}
+token_interval_ms = {interval_ms}
+"#,
+        token = node_token(id)
+    )
+}
+
+/// A `[[models]]` group `name` served by provider `mock` of each node in
+/// `targets`; `extra` holds model keys (e.g. `max_waiters = 1`).
+pub fn mock_model(name: &str, targets: &[&str], extra: &str) -> String {
+    let mut s = format!("\n[[models]]\nname = \"{name}\"\n{extra}\n");
+    for t in targets {
+        s.push_str(&format!("[[models.targets]]\nnode = \"{t}\"\nprovider = \"mock\"\nmodel = \"mock-{name}\"\n"));
+    }
+    s
+}
+
+/// A whole edge config with the admin API on: `nodes` and `models` are
+/// concatenated entries, `tail` is appended (e.g. a `[testing]` table).
+pub fn pool_config(nodes: &[String], models: &[String], tail: &str) -> String {
+    format!(
+        r#"admin_token = "{ADMIN_TOKEN}"
+workers = 2
+[http]
+listen = "127.0.0.1:0"
+[node_listener]
+listen = "127.0.0.1:0"
+{}
+{}
+{tail}
+"#,
+        nodes.concat(),
+        models.concat()
+    )
+}
+
+/// Sends `sig` (a name such as `HUP`, `STOP`, `TERM`) to a process with
+/// the `kill` command (the workspace forbids `unsafe`, so no libc::kill).
+pub fn signal_pid(pid: u32, sig: &str) {
+    let out = Command::new("kill").arg(format!("-{sig}")).arg(pid.to_string()).output().expect("run kill");
+    assert!(out.status.success(), "kill -{sig} {pid}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+impl Proc {
+    /// Sends `sig` (e.g. `TERM`) to the process.
+    pub fn signal(&self, sig: &str) {
+        signal_pid(self.child.id(), sig);
+    }
+
+    /// `kill -9`, and reaps the process.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// `kill -STOP`; the returned guard continues the process when dropped
+    /// (also on a failing test), unless it was already continued.
+    pub fn stop(&self) -> Stopped {
+        self.signal("STOP");
+        Stopped { pid: self.child.id(), continued: false }
+    }
+}
+
+/// A process stopped with SIGSTOP; dropping this sends SIGCONT.
+pub struct Stopped {
+    pid: u32,
+    continued: bool,
+}
+
+impl Stopped {
+    /// `kill -CONT`.
+    pub fn cont(mut self) {
+        self.resume();
+    }
+
+    fn resume(&mut self) {
+        if !self.continued {
+            self.continued = true;
+            let _ = Command::new("kill").arg("-CONT").arg(self.pid.to_string()).status();
+        }
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        self.resume();
+    }
+}
+
+impl Edge {
+    /// Asks the edge to re-read its config file.
+    pub fn sighup(&self) {
+        self.proc.signal("HUP");
+    }
+
+    /// Replaces the edge's config file (apply it with [`Edge::sighup`]).
+    pub fn rewrite_config(&self, text: &str) {
+        let tmp = self.config_path.with_extension("toml.new");
+        std::fs::write(&tmp, text).expect("write config");
+        std::fs::rename(&tmp, &self.config_path).expect("replace config");
+    }
+
+    /// An admin request with the admin token.
+    pub fn admin(&self, path: &str) -> Response {
+        request(self.http, "GET", path, None, &[("authorization", &format!("Bearer {ADMIN_TOKEN}"))])
+    }
+
+    /// `GET /admin/v1/nodes`.
+    pub fn snapshot(&self) -> serde_json::Value {
+        let r = self.admin("/admin/v1/nodes");
+        assert_eq!(r.status, 200, "snapshot: {}", String::from_utf8_lossy(&r.body));
+        r.json()
+    }
+
+    /// Polls the snapshot until `check` holds; returns the snapshot that did.
+    pub fn wait_snapshot(
+        &self,
+        within: Duration,
+        what: &str,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + within;
+        loop {
+            let snap = self.snapshot();
+            if check(&snap) {
+                return snap;
+            }
+            assert!(Instant::now() < deadline, "timed out waiting for: {what}; last snapshot:\n{snap:#}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Waits until provider `node/provider` has `n` leases in use.
+    pub fn wait_in_use(&self, node: &str, provider: &str, n: u64) -> serde_json::Value {
+        self.wait_snapshot(Duration::from_secs(5), &format!("{node}/{provider} leases_in_use == {n}"), |s| {
+            provider_of(s, node, provider)["leases_in_use"] == n
+        })
+    }
+
+    /// Waits until model `name` has `n` waiters and every target's owner
+    /// core has published them (the model counter moves first).
+    pub fn wait_model_waiters(&self, name: &str, n: u64) -> serde_json::Value {
+        self.wait_snapshot(Duration::from_secs(5), &format!("model {name} waiters == {n}"), |s| {
+            let m = model_of(s, name);
+            m["waiters"] == n
+                && m["targets"].as_array().is_some_and(|ts| {
+                    ts.iter().all(|t| {
+                        let p = provider_of(s, t["node"].as_str().unwrap_or(""), t["provider"].as_str().unwrap_or(""));
+                        p["health"] == "offline" || p["waiters"].as_u64().unwrap_or(0) >= n
+                    })
+                })
+        })
+    }
+
+    /// Invariant 2: waits until every counter of every provider and model is
+    /// zero; returns that snapshot.
+    pub fn assert_idle(&self) -> serde_json::Value {
+        self.wait_snapshot(Duration::from_secs(3), "every lease and waiter counter back to 0", |s| {
+            counters_zero(s).is_ok()
+        })
+    }
+
+    /// Opens `GET /admin/v1/events`; returns once `: connected` arrived.
+    pub fn events(&self) -> Events {
+        Events::open(self.http)
+    }
+}
+
+/// `Err(description)` naming the first non-zero counter.
+pub fn counters_zero(snap: &serde_json::Value) -> Result<(), String> {
+    for n in snap["nodes"].as_array().expect("nodes") {
+        for p in n["providers"].as_array().expect("providers") {
+            for (k, v) in [
+                ("normal.in_use", &p["normal"]["in_use"]),
+                ("long.in_use", &p["long"]["in_use"]),
+                ("leases_in_use", &p["leases_in_use"]),
+                ("live_leases", &p["live_leases"]),
+                ("waiters", &p["waiters"]),
+            ] {
+                if v != 0 {
+                    return Err(format!("{}/{} {k} = {v}", n["id"], p["id"]));
+                }
+            }
+        }
+    }
+    for m in snap["models"].as_array().expect("models") {
+        if m["waiters"] != 0 {
+            return Err(format!("model {} waiters = {}", m["name"], m["waiters"]));
+        }
+    }
+    Ok(())
+}
+
+/// The node `id` of a snapshot.
+pub fn node_of<'a>(snap: &'a serde_json::Value, id: &str) -> &'a serde_json::Value {
+    snap["nodes"]
+        .as_array()
+        .and_then(|ns| ns.iter().find(|n| n["id"] == id))
+        .unwrap_or_else(|| panic!("no node {id} in snapshot:\n{snap:#}"))
+}
+
+/// Provider `provider` of node `node` in a snapshot.
+pub fn provider_of<'a>(snap: &'a serde_json::Value, node: &str, provider: &str) -> &'a serde_json::Value {
+    node_of(snap, node)["providers"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["id"] == provider))
+        .unwrap_or_else(|| panic!("no provider {node}/{provider} in snapshot:\n{snap:#}"))
+}
+
+/// Model group `name` in a snapshot.
+pub fn model_of<'a>(snap: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    snap["models"]
+        .as_array()
+        .and_then(|ms| ms.iter().find(|m| m["name"] == name))
+        .unwrap_or_else(|| panic!("no model {name} in snapshot:\n{snap:#}"))
+}
+
+/// Asserts invariant 7 for an offline node: listed, disconnected, every
+/// provider unavailable/offline with effective capacity 0.
+pub fn assert_offline(snap: &serde_json::Value, node: &str) {
+    let n = node_of(snap, node);
+    assert_eq!(n["connected"], false, "{snap:#}");
+    assert_eq!(n["ready"], false, "{snap:#}");
+    for p in n["providers"].as_array().expect("providers") {
+        assert_eq!(p["status"], "unavailable", "{snap:#}");
+        assert_eq!(p["health"], "offline", "{snap:#}");
+        assert_eq!(p["normal"]["effective"], 0, "{snap:#}");
+        assert_eq!(p["long"]["effective"], 0, "{snap:#}");
+    }
+}
+
+/// Reads an HTTP/1.1 chunked body incrementally.
+struct Chunked<R> {
+    inner: R,
+    left: usize,
+    done: bool,
+}
+
+impl<R: BufRead> Read for Chunked<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.done || buf.is_empty() {
+            return Ok(0);
+        }
+        if self.left == 0 {
+            let mut line = String::new();
+            if self.inner.read_line(&mut line)? == 0 {
+                self.done = true; // connection closed without a last chunk
+                return Ok(0);
+            }
+            let size = line.trim().split(';').next().unwrap_or("").trim().to_owned();
+            let size = usize::from_str_radix(&size, 16).map_err(|e| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, format!("chunk size {line:?}: {e}"))
+            })?;
+            if size == 0 {
+                self.done = true;
+                return Ok(0);
+            }
+            self.left = size;
+        }
+        let n = buf.len().min(self.left);
+        let got = self.inner.read(&mut buf[..n])?;
+        if got == 0 {
+            self.done = true;
+            return Ok(0);
+        }
+        self.left -= got;
+        if self.left == 0 {
+            let mut crlf = [0u8; 2];
+            self.inner.read_exact(&mut crlf)?;
+        }
+        Ok(got)
+    }
+}
+
+/// The connection, status, headers and body reader of [`open_stream`].
+type Opened = (TcpStream, u16, Vec<(String, String)>, Box<dyn BufRead + Send>);
+
+/// Writes a request on a fresh connection and reads the response head;
+/// returns status, headers and a reader of the (de-chunked) body.
+fn open_stream(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    headers: &[(&str, &str)],
+    read_timeout: Duration,
+) -> Opened {
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_read_timeout(Some(read_timeout)).expect("timeout");
+    let mut req = format!("{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if let Some(b) = body {
+        req.push_str(&format!("content-type: application/json\r\ncontent-length: {}\r\n", b.len()));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes()).expect("write head");
+    if let Some(b) = body {
+        s.write_all(b).expect("write body");
+    }
+    let mut rd = BufReader::new(s.try_clone().expect("clone stream"));
+    let mut status_line = String::new();
+    rd.read_line(&mut status_line).expect("status line");
+    let status = status_line.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        panic!("bad status line {status_line:?}");
+    });
+    let mut hdrs = Vec::new();
+    loop {
+        let mut line = String::new();
+        rd.read_line(&mut line).expect("header line");
+        let line = line.trim_end();
+        if line.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = line.split_once(':') {
+            hdrs.push((k.trim().to_ascii_lowercase(), v.trim().to_owned()));
+        }
+    }
+    let chunked = hdrs.iter().any(|(k, v)| k == "transfer-encoding" && v.contains("chunked"));
+    let len = hdrs.iter().find(|(k, _)| k == "content-length").and_then(|(_, v)| v.parse::<u64>().ok());
+    let body: Box<dyn BufRead + Send> = if chunked {
+        Box::new(BufReader::new(Chunked { inner: rd, left: 0, done: false }))
+    } else if let Some(len) = len {
+        Box::new(BufReader::new(rd.take(len)))
+    } else {
+        Box::new(rd)
+    };
+    (s, status, hdrs, body)
+}
+
+/// A finished chat request with the arrival time of every SSE `data:` line.
+#[derive(Debug)]
+pub struct Timed {
+    pub resp: Response,
+    /// `data:` payloads with their arrival times (streams only).
+    pub data: Vec<(Instant, String)>,
+    /// When the body ended (EOF).
+    pub ended: Instant,
+}
+
+impl Timed {
+    /// Arrival of the first content token.
+    pub fn first_content(&self) -> Instant {
+        self.data
+            .iter()
+            .find(|(_, d)| d.contains("\"content\":\"tok"))
+            .map(|(t, _)| *t)
+            .unwrap_or_else(|| panic!("no content token in {:?}", self.resp_text()))
+    }
+
+    /// The concatenated content deltas of a stream.
+    pub fn content(&self) -> String {
+        self.data
+            .iter()
+            .filter_map(|(_, d)| serde_json::from_str::<serde_json::Value>(d).ok())
+            .filter_map(|v| v["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+            .collect()
+    }
+
+    /// The last `data:` payload and its arrival time.
+    pub fn last(&self) -> &(Instant, String) {
+        self.data.last().unwrap_or_else(|| panic!("no data events: {:?}", self.resp_text()))
+    }
+
+    pub fn resp_text(&self) -> String {
+        format!("{} {}", self.resp.status, String::from_utf8_lossy(&self.resp.body))
+    }
+}
+
+/// A chat completion running on a background thread.
+pub struct Chat {
+    handle: std::thread::JoinHandle<Timed>,
+    progress: mpsc::Receiver<String>,
+    seen: Vec<String>,
+}
+
+impl Chat {
+    /// Starts `POST /v1/chat/completions` for `model` with one user message.
+    /// `max_tokens` 0 = unset.
+    pub fn start(addr: SocketAddr, model: &str, content: &str, stream: bool, max_tokens: u32) -> Chat {
+        let mut body = serde_json::json!({"model": model, "stream": stream,
+            "messages": [{"role": "user", "content": content}]});
+        if max_tokens > 0 {
+            body["max_tokens"] = max_tokens.into();
+        }
+        let (tx, progress) = mpsc::channel();
+        let handle = std::thread::spawn(move || {
+            let bytes = body.to_string();
+            let (_s, status, headers, mut rd) =
+                open_stream(addr, "POST", "/v1/chat/completions", Some(bytes.as_bytes()), &[], Duration::from_secs(15));
+            let mut raw = Vec::new();
+            let mut data = Vec::new();
+            loop {
+                let mut line = Vec::new();
+                match rd.read_until(b'\n', &mut line) {
+                    Ok(0) => break,
+                    Ok(_) => {}
+                    Err(e) => {
+                        panic!("reading the response body: {e} (got so far: {:?})", String::from_utf8_lossy(&raw))
+                    }
+                }
+                raw.extend_from_slice(&line);
+                let text = String::from_utf8_lossy(&line);
+                if let Some(d) = text.trim_end().strip_prefix("data: ") {
+                    data.push((Instant::now(), d.to_owned()));
+                    let _ = tx.send(d.to_owned());
+                }
+            }
+            Timed { resp: Response { status, headers, body: raw }, data, ended: Instant::now() }
+        });
+        Chat { handle, progress, seen: Vec::new() }
+    }
+
+    /// A slow streamed request for `model`.
+    pub fn stream(addr: SocketAddr, model: &str) -> Chat {
+        Chat::start(addr, model, "hi", true, 0)
+    }
+
+    /// Waits until a `data:` line containing `needle` arrived.
+    pub fn wait_data(&mut self, needle: &str, within: Duration) {
+        let deadline = Instant::now() + within;
+        while !self.seen.iter().any(|d| d.contains(needle)) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.progress.recv_timeout(left) {
+                Ok(d) => self.seen.push(d),
+                Err(_) => panic!("no data event containing {needle:?} within {within:?}; seen {:?}", self.seen),
+            }
+        }
+    }
+
+    pub fn is_finished(&self) -> bool {
+        self.handle.is_finished()
+    }
+
+    /// Waits for the request to finish (at most `within`).
+    pub fn join_within(self, within: Duration) -> Timed {
+        let deadline = Instant::now() + within;
+        while !self.handle.is_finished() {
+            assert!(Instant::now() < deadline, "chat request did not finish within {within:?}; seen {:?}", self.seen);
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        match self.handle.join() {
+            Ok(t) => t,
+            Err(e) => std::panic::resume_unwind(e),
+        }
+    }
+
+    pub fn join(self) -> Timed {
+        self.join_within(Duration::from_secs(15))
+    }
+}
+
+/// `GET /admin/v1/events` read on a background thread.
+pub struct Events {
+    rx: mpsc::Receiver<serde_json::Value>,
+    stream: TcpStream,
+    /// Every event received so far, in order.
+    pub seen: Vec<serde_json::Value>,
+    /// Index in `seen` after the last match of [`Events::wait`].
+    cursor: usize,
+}
+
+impl Events {
+    fn open(addr: SocketAddr) -> Events {
+        let auth = format!("Bearer {ADMIN_TOKEN}");
+        let (stream, status, _h, mut rd) =
+            open_stream(addr, "GET", "/admin/v1/events", None, &[("authorization", &auth)], Duration::from_secs(60));
+        assert_eq!(status, 200, "events stream status");
+        // The subscription exists once `: connected` arrived.
+        let mut first = String::new();
+        rd.read_line(&mut first).expect("first events line");
+        assert_eq!(first.trim_end(), ": connected", "events stream must start with `: connected`");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = String::new();
+            loop {
+                line.clear();
+                match rd.read_line(&mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+                if let Some(d) = line.trim_end().strip_prefix("data: ") {
+                    let v: serde_json::Value =
+                        serde_json::from_str(d).unwrap_or_else(|e| panic!("event is not JSON ({e}): {d}"));
+                    if tx.send(v).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        Events { rx, stream, seen: Vec::new(), cursor: 0 }
+    }
+
+    /// Waits for the next event (after the previous match) of type `kind`
+    /// for which `check` holds; returns it.
+    pub fn wait(
+        &mut self,
+        kind: &str,
+        within: Duration,
+        check: impl Fn(&serde_json::Value) -> bool,
+    ) -> serde_json::Value {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(i) =
+                (self.cursor..self.seen.len()).find(|&i| self.seen[i]["type"] == kind && check(&self.seen[i]))
+            {
+                self.cursor = i + 1;
+                return self.seen[i].clone();
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.rx.recv_timeout(left) {
+                Ok(v) => self.seen.push(v),
+                Err(_) => panic!(
+                    "no matching `{kind}` event within {within:?}; events after the cursor: {:#?}",
+                    &self.seen[self.cursor..]
+                ),
+            }
+        }
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
     }
 }

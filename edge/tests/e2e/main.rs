@@ -4,6 +4,10 @@
 
 mod harness;
 
+mod admin;
 mod chat;
 mod errors;
+mod faults;
 mod lifecycle;
+mod pool;
+mod real_upstream;

@@ -1,0 +1,132 @@
+//! The admin API: auth, the event stream, live config reload on SIGHUP.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::harness::*;
+
+const SECS5: Duration = Duration::from_secs(5);
+
+#[test]
+fn admin_requires_the_bearer_token() {
+    let edge = Edge::start(&pool_config(&[mock_node("n1", 1, 0, 2, 0)], &[mock_model("m", &["n1"], "")], ""));
+    for path in ["/admin/v1/nodes", "/admin/v1/events"] {
+        let r = request(edge.http, "GET", path, None, &[]);
+        assert_eq!(r.status, 401, "{path} without a token: {}", String::from_utf8_lossy(&r.body));
+        assert!(r.json()["error"]["message"].is_string());
+        let r = request(edge.http, "GET", path, None, &[("authorization", "Bearer not-the-token")]);
+        assert_eq!(r.status, 401, "{path} with a wrong token: {}", String::from_utf8_lossy(&r.body));
+        let r = request(edge.http, "GET", path, None, &[("authorization", ADMIN_TOKEN)]);
+        assert_eq!(r.status, 401, "{path} without the Bearer scheme");
+    }
+    // With the token: every configured node listed, offline before it connects.
+    let snap = edge.snapshot();
+    assert_offline(&snap, "n1");
+    assert_eq!(provider_of(&snap, "n1", "mock")["normal"]["configured"], 1);
+    assert_eq!(model_of(&snap, "m")["max_waiters"], 256);
+    assert_eq!(model_of(&snap, "m")["targets"].as_array().map(Vec::len), Some(1));
+    counters_zero(&snap).unwrap();
+}
+
+#[test]
+fn event_stream_reports_the_node_lifecycle_and_runs() {
+    let edge = Edge::start(&pool_config(&[mock_node("n1", 1, 0, 2, 0)], &[mock_model("m", &["n1"], "")], ""));
+    let mut ev = edge.events();
+
+    let mut bad = edge.node("wrong-token", &[]);
+    let refused = ev.wait("registration_refused", SECS5, |_| true);
+    assert_eq!(refused["refusal"], "unknown_token", "{refused}");
+    assert_eq!(bad.wait_exit(SECS5), Some(2));
+
+    let mut n1 = edge.start_node("n1", "");
+    let reg = ev.wait("node_registered", SECS5, |e| e["node"] == "n1");
+    let generation = reg["generation"].as_u64().expect("generation");
+    assert!(reg["ts_ms"].as_u64().expect("ts_ms") > 0, "{reg}");
+    let ready = ev.wait("node_ready", SECS5, |e| e["node"] == "n1");
+    assert_eq!(ready["generation"], generation, "{ready}");
+    edge.wait_nodes_ready(1);
+    let snap = edge.snapshot();
+    let node = node_of(&snap, "n1");
+    assert_eq!((node["connected"].clone(), node["ready"].clone()), (json!(true), json!(true)), "{snap:#}");
+    assert_eq!(node["generation"], generation, "{snap:#}");
+    assert_eq!(provider_of(&snap, "n1", "mock")["status"], "available", "{snap:#}");
+
+    let r = post_json(
+        edge.http,
+        "/v1/chat/completions",
+        &json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let done = ev.wait("run_terminal", SECS5, |_| true);
+    assert_eq!(done["outcome"], "complete", "{done}");
+    assert_eq!(done["node"], "n1", "{done}");
+    assert_eq!(done["model"], "m", "{done}");
+    assert!(done["run_id"].as_str().is_some_and(|s| !s.is_empty()), "{done}");
+
+    n1.kill9();
+    let gone = ev.wait("node_disconnected", SECS5, |e| e["node"] == "n1");
+    assert_eq!(gone["generation"], generation, "{gone}");
+    assert_eq!(gone["current"], true, "{gone}");
+    assert!(gone["reason"].as_str().is_some_and(|s| !s.is_empty()), "{gone}");
+    let snap = edge.wait_snapshot(SECS5, "n1 offline", |s| node_of(s, "n1")["connected"] == false);
+    assert_offline(&snap, "n1");
+    counters_zero(&snap).unwrap();
+}
+
+#[test]
+fn sighup_applies_a_new_capacity_and_rejects_an_invalid_file() {
+    let config =
+        |capacity: u32| pool_config(&[mock_node("n1", capacity, 0, 60, 50)], &[mock_model("m", &["n1"], "")], "");
+    let edge = Edge::start(&config(1));
+    let mut ev = edge.events();
+    let _n1 = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+
+    // One 3 s stream running, a short one queued behind it.
+    let mut a = Chat::stream(edge.http, "m");
+    a.wait_data("tok0", SECS5);
+    let b = Chat::start(edge.http, "m", "hi", true, 3);
+    edge.wait_model_waiters("m", 1);
+
+    edge.rewrite_config(&config(2));
+    let hup = Instant::now();
+    edge.sighup();
+    ev.wait("config_reloaded", SECS5, |e| e["revision"].is_u64());
+    let b = b.join_within(SECS5);
+    assert_eq!(b.resp.status, 200, "{}", b.resp_text());
+    assert_eq!(b.content(), "tok0 tok1 tok2 ");
+    let took = b.ended.saturating_duration_since(hup);
+    println!("queued request finished {took:?} after SIGHUP");
+    assert!(took < Duration::from_secs(1), "queued request finished only {took:?} after the reload");
+    assert!(!a.is_finished(), "the queued request should not have waited for the first one");
+    let snap = edge
+        .wait_snapshot(SECS5, "configured capacity 2", |s| provider_of(s, "n1", "mock")["normal"]["configured"] == 2);
+    assert_eq!(provider_of(&snap, "n1", "mock")["normal"]["effective"], 2, "{snap:#}");
+
+    // An invalid file is rejected; the running config stays.
+    edge.rewrite_config(&config(0));
+    edge.sighup();
+    let rejected = ev.wait("config_rejected", SECS5, |_| true);
+    assert!(rejected["error"].as_str().is_some_and(|e| e.contains("capacity")), "{rejected}");
+    eventually(SECS5, "edge logs the rejected reload", || edge.proc.log_text().contains("capacity"));
+    let snap = edge.snapshot();
+    assert_eq!(provider_of(&snap, "n1", "mock")["normal"]["configured"], 2, "{snap:#}");
+    assert_eq!(provider_of(&snap, "n1", "mock")["status"], "available", "{snap:#}");
+    // Still served, and still with room for two at once (the first stream runs on).
+    assert!(!a.is_finished());
+    let started = Instant::now();
+    let r = post_json(
+        edge.http,
+        "/v1/chat/completions",
+        &json!({"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "tok0 tok1 ");
+    assert!(started.elapsed() < Duration::from_secs(1), "request waited {:?}", started.elapsed());
+    assert!(!a.is_finished(), "served beside the running stream, not after it");
+
+    let a = a.join();
+    assert_eq!(a.last().1, "[DONE]", "{}", a.resp_text());
+    edge.assert_idle();
+}

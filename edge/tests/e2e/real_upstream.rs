@@ -1,0 +1,89 @@
+//! Against a real model server: llama.cpp's OpenAI-compatible server with
+//! SmolLM2-135M, installed by `scripts/fetch-test-model.sh` (CI runs it and
+//! sets `IOP_E2E_LLAMA_MODEL`). Without that variable the test says so and
+//! returns.
+
+use std::{
+    io::{BufRead, BufReader},
+    process::{Child, Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use serde_json::json;
+
+use crate::harness::*;
+
+struct Llama(Child);
+
+impl Drop for Llama {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start_llama(model: &str) -> (Llama, u16) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/llama_server.py");
+    let mut child = Command::new("python3")
+        .args([script, model, &port.to_string(), "smollm2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("python3");
+    let stdout = child.stdout.take().unwrap();
+    let llama = Llama(child);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let line =
+            rx.recv_timeout(deadline.saturating_duration_since(Instant::now())).expect("llama server never came up");
+        if line.starts_with("llama-server ready") {
+            return (llama, port);
+        }
+    }
+}
+
+#[test]
+fn real_llama_cpp_upstream_streams_and_completes() {
+    let Ok(model) = std::env::var("IOP_E2E_LLAMA_MODEL") else {
+        eprintln!("IOP_E2E_LLAMA_MODEL not set: run scripts/fetch-test-model.sh to enable the real-upstream test");
+        return;
+    };
+    let (_llama, port) = start_llama(&model);
+    let edge = Edge::start(&edge_config(&format!("http://127.0.0.1:{port}/v1"), ""));
+    let _node = edge.node(NODE_TOKEN, &[]);
+    edge.wait_nodes_ready(1);
+    let ask = |stream: bool| {
+        post_json(
+            edge.http,
+            "/v1/chat/completions",
+            &json!({"model": "gpt-test", "stream": stream, "stream_options": {"include_usage": true},
+                    "temperature": 0, "max_tokens": 8,
+                    "messages": [{"role": "user", "content": "Name three colors."}]}),
+        )
+    };
+    let r = ask(true);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let data = r.sse_data();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<serde_json::Value> =
+        data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
+    let streamed: String =
+        chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect::<Vec<_>>().concat();
+    assert!(!streamed.trim().is_empty(), "no content streamed: {data:?}");
+    assert_eq!(chunks.iter().find_map(|c| c["choices"][0]["finish_reason"].as_str()), Some("length"));
+    let usage = &chunks.last().unwrap()["usage"];
+    assert_eq!(usage["completion_tokens"], 8, "{usage}");
+    assert!(usage["prompt_tokens"].as_u64().unwrap() > 0);
+
+    // Greedy decoding: the aggregated answer is the same text.
+    let v = ask(false).json();
+    assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), streamed);
+    assert_eq!(v["usage"]["completion_tokens"], 8);
+}
