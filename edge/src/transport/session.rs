@@ -213,6 +213,22 @@ impl Session {
         ));
         let mut cmd_tx = Some(cmd_tx);
         let mut ready = false;
+        // A registered connection that never reports ready would hold the
+        // node's registration (refusing every reconnect) forever.
+        let became_ready = Rc::new(std::cell::Cell::new(false));
+        {
+            let (flag, closed) = (became_ready.clone(), self.closed.clone());
+            let stop = Stop { stopper: reader.stopper(), reason: self.stop_reason.clone() };
+            monoio::spawn(async move {
+                monoio::select! {
+                    _ = monoio::time::sleep(HANDSHAKE_TIMEOUT) => {}
+                    _ = closed.cancelled() => return,
+                }
+                if !flag.get() {
+                    stop.stop("ready_timeout");
+                }
+            });
+        }
         loop {
             let env = match reader.next().await {
                 Ok(Some(env)) => env,
@@ -228,6 +244,7 @@ impl Session {
                 Some(Body::NodeReadyRequest(req)) => {
                     let ok = self.on_ready(&req, &mut cmd_tx).await;
                     ready |= ok;
+                    became_ready.set(ready);
                     let resp = pb::NodeReadyResponse {
                         ready: ok,
                         reason: if ok { String::new() } else { "stale or unknown connection".into() },

@@ -178,3 +178,34 @@ fn queue_timeout_is_503_with_retry_after() {
     assert_eq!(a.content(), tokens(60));
     edge.assert_idle();
 }
+
+#[test]
+fn client_leaving_the_queue_frees_its_place() {
+    use std::io::Write;
+    let edge =
+        Edge::start(&pool_config(&[mock_node("n1", 1, 0, 40, 25)], &[mock_model("m", &["n1"], "max_waiters = 1")], ""));
+    let _n1 = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+
+    let mut a = Chat::stream(edge.http, "m");
+    a.wait_data("tok0", SECS5);
+    // A raw client queues, then hangs up while waiting.
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}).to_string();
+    let mut s = std::net::TcpStream::connect(edge.http).unwrap();
+    let req = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    s.write_all(req.as_bytes()).unwrap();
+    edge.wait_model_waiters("m", 1);
+    drop(s);
+    // Its place is free at once (max_waiters = 1 would refuse a new waiter
+    // otherwise), long before the running request ends.
+    edge.wait_snapshot(Duration::from_secs(1), "the departed waiter left every queue", |s| {
+        model_of(s, "m")["waiters"] == 0 && provider_of(s, "n1", "mock")["waiters"] == 0
+    });
+    let b = Chat::start(edge.http, "m", "hi", false, 0);
+    edge.wait_model_waiters("m", 1);
+    assert!(!a.is_finished(), "the first request should still be running");
+    assert_eq!(a.join().resp.status, 200);
+    let b = b.join();
+    assert_eq!(b.resp.status, 200, "{}", b.resp_text());
+    edge.assert_idle();
+}
