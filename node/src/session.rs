@@ -8,7 +8,7 @@ use iop_core::{
     config::NodeConfig,
     rt::{
         blocking,
-        frames::{FrameReader, FrameWriter, ReadError, ReadStopper},
+        frames::{self, FrameReader, FrameWriter, ReadError, ReadStopper},
         signal::LocalCancel,
     },
     wire::pb::{self, envelope::Body, Envelope},
@@ -282,20 +282,9 @@ async fn heartbeat(
     closed: LocalCancel,
     stopper: ReadStopper,
 ) {
-    loop {
-        monoio::select! {
-            _ = monoio::time::sleep(timing.heartbeat_interval) => {}
-            _ = closed.cancelled() => return,
-        }
-        if last_seen.get().elapsed() > timing.heartbeat_wait {
-            tracing::warn!("edge silent beyond the heartbeat wait; closing (heartbeat_timeout)");
-            stopper.stop();
-            return;
-        }
-        let ping = pb::Heartbeat { ping: true, sent_at_ms: 0 };
-        if writer.send(&envelope(0, Body::Heartbeat(ping))).is_err() {
-            return;
-        }
+    if frames::heartbeat(timing, &writer, &last_seen, &closed).await == frames::Liveness::Silent {
+        tracing::warn!("edge silent beyond the heartbeat wait; closing (heartbeat_timeout)");
+        stopper.stop();
     }
 }
 

@@ -238,3 +238,38 @@ impl FrameWriter {
         }
     }
 }
+
+/// Pings the peer every `timing.heartbeat_interval` and returns
+/// `Silent` once nothing arrived (`last_seen`, updated by the reader) for
+/// `timing.heartbeat_wait`; returns `Closed` when `closed` is raised or the
+/// writer is gone. Shared by both ends of the edge↔node connection.
+pub async fn heartbeat(
+    timing: crate::config::TestingSettings,
+    writer: &FrameWriter,
+    last_seen: &Cell<std::time::Instant>,
+    closed: &super::signal::LocalCancel,
+) -> Liveness {
+    use crate::wire::pb::{envelope::Body, Heartbeat};
+    loop {
+        monoio::select! {
+            _ = monoio::time::sleep(timing.heartbeat_interval) => {}
+            _ = closed.cancelled() => return Liveness::Closed,
+        }
+        if last_seen.get().elapsed() > timing.heartbeat_wait {
+            return Liveness::Silent;
+        }
+        let ping = Envelope { correlation_id: 0, body: Some(Body::Heartbeat(Heartbeat { ping: true, sent_at_ms: 0 })) };
+        if writer.send(&ping).is_err() {
+            return Liveness::Closed;
+        }
+    }
+}
+
+/// How [`heartbeat`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Liveness {
+    /// The peer stayed silent beyond the wait: close with `heartbeat_timeout`.
+    Silent,
+    /// The connection closed first.
+    Closed,
+}

@@ -7,7 +7,7 @@ use bytes::BytesMut;
 use iop_core::{
     exec::{codes, ExecEvent, FailureSource, RunFailure},
     rt::{
-        frames::{FrameReader, FrameWriter, ReadError},
+        frames::{self, FrameReader, FrameWriter, ReadError},
         mailbox,
         signal::LocalCancel,
     },
@@ -462,20 +462,9 @@ async fn heartbeat(
     stop: Stop,
     node_id: String,
 ) {
-    loop {
-        monoio::select! {
-            _ = monoio::time::sleep(timing.heartbeat_interval) => {}
-            _ = closed.cancelled() => return,
-        }
-        if last_seen.get().elapsed() > timing.heartbeat_wait {
-            tracing::warn!(node = %node_id, "node silent beyond the heartbeat wait; closing (heartbeat_timeout)");
-            stop.stop("heartbeat_timeout");
-            return;
-        }
-        let ping = pb::Heartbeat { ping: true, sent_at_ms: 0 };
-        if writer.send(&envelope(0, Body::Heartbeat(ping))).is_err() {
-            return;
-        }
+    if frames::heartbeat(timing, &writer, &last_seen, &closed).await == frames::Liveness::Silent {
+        tracing::warn!(node = %node_id, "node silent beyond the heartbeat wait; closing (heartbeat_timeout)");
+        stop.stop("heartbeat_timeout");
     }
 }
 

@@ -1,14 +1,13 @@
 //! Sending one request and reading its response over a pooled connection.
 
-use std::{fmt, io, rc::Rc};
+use std::{fmt, rc::Rc};
 
 use bytes::{Bytes, BytesMut};
-use iop_core::http::{parse_response_head, write_request_head, BodyDecoder, BodyKind, ResponseHead};
-use monoio::{
-    buf::IoBufMut,
-    io::{AsyncReadRent, AsyncWriteRentExt},
-    net::TcpStream,
+use iop_core::{
+    http::{parse_response_head, write_request_head, BodyDecoder, BodyKind, ResponseHead},
+    rt::io::read_append,
 };
+use monoio::{io::AsyncWriteRentExt, net::TcpStream};
 
 use super::{
     authority,
@@ -150,9 +149,7 @@ impl UpstreamClient {
                     break head;
                 }
             }
-            let (res, back) = read_more(&mut stream, buf).await;
-            buf = back;
-            match res {
+            match read_append(&mut stream, &mut buf, READ_CHUNK).await {
                 Ok(0) if received => {
                     return Err(Attempt::Failed(UpstreamError::Closed("in the middle of the response head")))
                 }
@@ -190,17 +187,6 @@ fn encode_request(req: &Request<'_>) -> Bytes {
     write_request_head(&mut out, req.method, req.target, &authority(req.host, req.port), req.headers, content_length);
     out.extend_from_slice(req.body);
     out.freeze()
-}
-
-/// Appends what one read returns to `buf` (monoio reads write from index 0 of
-/// the buffer they get, so hand it only the spare capacity).
-async fn read_more(stream: &mut TcpStream, mut buf: BytesMut) -> (io::Result<usize>, BytesMut) {
-    if buf.capacity() - buf.len() < READ_CHUNK / 4 {
-        buf.reserve(READ_CHUNK);
-    }
-    let (len, cap) = (buf.len(), buf.capacity());
-    let (res, slice) = stream.read(buf.slice_mut(len..cap)).await;
-    (res, slice.into_inner())
 }
 
 /// A response whose head arrived; the body is read with [`Response::chunk`].
@@ -274,9 +260,7 @@ impl Response {
             let Some(stream) = self.conn.as_mut() else {
                 return Err(UpstreamError::Closed("before the end of the body"));
             };
-            let (res, back) = read_more(stream, std::mem::take(&mut self.buf)).await;
-            self.buf = back;
-            match res {
+            match read_append(stream, &mut self.buf, READ_CHUNK).await {
                 Ok(0) => {
                     // The connection is finished either way.
                     self.conn = None;
