@@ -24,12 +24,11 @@ pub enum DispatchError {
 }
 
 /// The events of a submitted run. Dropping it before the terminal event
-/// cancels the run on the node. It owns the run's capacity lease, released
-/// when the terminal event arrives or the stream is dropped, whichever is first.
+/// cancels the run on the node. (The run's lease lives in the node session,
+/// which releases it when the run ends.)
 pub struct RunStream {
     shared: std::sync::Arc<crate::shared::Shared>,
     model: String,
-    lease: Option<crate::pool::Lease>,
     rx: mailbox::Receiver<ExecEvent>,
     session: mailbox::Sender<SessionCmd>,
     run_id: String,
@@ -67,7 +66,6 @@ impl RunStream {
             return;
         }
         self.done = true;
-        self.lease = None;
         let (outcome, code) = match ev {
             ExecEvent::Complete { .. } => ("complete", None),
             ExecEvent::Error(f) => ("error", Some(f.code)),
@@ -135,11 +133,10 @@ pub fn submit(
     req.adapter = target.provider;
     req.target = target.upstream_model;
     let (tx, rx) = mailbox::mailbox(RUN_EVENT_CAPACITY);
-    match session.try_send(SessionCmd::Run { req, events: tx }) {
+    match session.try_send(SessionCmd::Run { req, events: tx, lease }) {
         Ok(()) => Ok(RunStream {
             shared: worker.shared.clone(),
             model: model.to_owned(),
-            lease: Some(lease),
             rx,
             session,
             run_id,

@@ -28,6 +28,9 @@ pub enum SessionCmd {
         req: pb::RunRequest,
         /// Where the run's events go.
         events: RunEvents,
+        /// The run's capacity: the session owns it for the run's lifetime
+        /// and drops it when the run ends, however it ends.
+        lease: crate::pool::Lease,
     },
     /// Cancel a run (client gone).
     Cancel {

@@ -5,10 +5,15 @@ use std::collections::HashMap;
 use iop_core::exec::{codes, ExecEvent, FailureSource, RunFailure};
 
 use super::RunEvents;
+use crate::pool::Lease;
 
+/// A run in flight. Dropping the entry (terminal, cancel, slow consumer,
+/// disconnect) drops the run's lease: capacity is released exactly once,
+/// here, and never waits on a client that is slow to read.
 struct Entry {
     events: RunEvents,
     next_seq: u64,
+    _lease: Option<Lease>,
 }
 
 /// What the session must do after routing an event.
@@ -30,8 +35,8 @@ pub struct RunTable {
 
 impl RunTable {
     /// Tracks a new run.
-    pub fn insert(&mut self, run_id: String, events: RunEvents) {
-        self.runs.insert(run_id, Entry { events, next_seq: 0 });
+    pub fn insert(&mut self, run_id: String, events: RunEvents, lease: Option<Lease>) {
+        self.runs.insert(run_id, Entry { events, next_seq: 0, _lease: lease });
     }
 
     /// Forgets a run; true if it was tracked.
@@ -110,7 +115,7 @@ mod tests {
     fn delivers_in_order_and_forgets_after_terminal() {
         let mut t = RunTable::default();
         let (tx, rx) = mailbox::mailbox(super::super::RUN_EVENT_CAPACITY);
-        t.insert("r".into(), tx);
+        t.insert("r".into(), tx, None);
         assert_eq!(t.route("r", 0, ExecEvent::Delta("a".into())), Routed::Done);
         let done = ExecEvent::Complete { finish_reason: "stop".into(), usage: None };
         assert_eq!(t.route("r", 1, done.clone()), Routed::Done);
@@ -126,7 +131,7 @@ mod tests {
     fn out_of_order_fails_the_run() {
         let mut t = RunTable::default();
         let (tx, rx) = mailbox::mailbox(8);
-        t.insert("r".into(), tx);
+        t.insert("r".into(), tx, None);
         assert_eq!(t.route("r", 1, ExecEvent::Delta("x".into())), Routed::CancelOnNode("protocol_violation"));
         assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(_))));
     }
@@ -135,7 +140,7 @@ mod tests {
     fn slow_consumer_fails_without_blocking() {
         let mut t = RunTable::default();
         let (tx, rx) = mailbox::mailbox(super::super::RUN_EVENT_CAPACITY);
-        t.insert("r".into(), tx);
+        t.insert("r".into(), tx, None);
         let mut seq = 0;
         let outcome = loop {
             match t.route("r", seq, ExecEvent::Delta("x".into())) {
@@ -155,7 +160,7 @@ mod tests {
     fn client_gone_asks_node_to_cancel() {
         let mut t = RunTable::default();
         let (tx, rx) = mailbox::mailbox(8);
-        t.insert("r".into(), tx);
+        t.insert("r".into(), tx, None);
         drop(rx);
         assert_eq!(t.route("r", 0, ExecEvent::Delta("x".into())), Routed::CancelOnNode("client_gone"));
         assert_eq!(t.len(), 0);

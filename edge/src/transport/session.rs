@@ -400,9 +400,9 @@ async fn pump_commands(
         };
         let Some(cmd) = cmd else { break };
         match cmd {
-            SessionCmd::Run { req, events } => {
+            SessionCmd::Run { req, events, lease } => {
                 let run_id = req.run_id.clone();
-                runs.borrow_mut().insert(run_id.clone(), events);
+                runs.borrow_mut().insert(run_id.clone(), events, Some(lease));
                 if writer.send(&envelope(0, Body::RunRequest(req))).is_err() {
                     break;
                 }

@@ -11,3 +11,4 @@ mod faults;
 mod lifecycle;
 mod pool;
 mod real_upstream;
+mod robustness;

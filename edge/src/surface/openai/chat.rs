@@ -72,7 +72,10 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
     };
     let meta = Meta { model: req.model, id: format!("chatcmpl-{}", run.run_id()), created: unix_now() };
     if req.stream {
-        stream(conn, run, &meta, req.include_usage, keep).await
+        // A client that stops reading for this long is dropped (its run was
+        // already failed by the session once its event queue filled up).
+        let write_timeout = worker.config.borrow().http.idle_timeout;
+        stream(conn, run, &meta, req.include_usage, keep, write_timeout).await
     } else {
         aggregate(conn, run, &meta, keep).await
     }
@@ -102,7 +105,14 @@ async fn respond_failure(conn: &mut Conn, f: &RunFailure, keep: bool) -> bool {
 
 /// Streams the run. Errors before the first byte become a plain HTTP error
 /// with the mapped status; after it, an SSE error event.
-async fn stream(conn: &mut Conn, mut run: RunStream, meta: &Meta, include_usage: bool, keep: bool) -> bool {
+async fn stream(
+    conn: &mut Conn,
+    mut run: RunStream,
+    meta: &Meta,
+    include_usage: bool,
+    keep: bool,
+    write_timeout: std::time::Duration,
+) -> bool {
     let Conn { rd, wr, buf, out } = conn;
     let Some(first) = with_disconnect_watch(rd, buf, run.next()).await else {
         return false; // client gone; dropping `run` cancels it on the node
@@ -121,7 +131,7 @@ async fn stream(conn: &mut Conn, mut run: RunStream, meta: &Meta, include_usage:
         keep,
     );
     let enc = ChunkEncoder::new(&meta.id, &meta.model, meta.created);
-    let body = stream_body(wr, out, &mut run, &enc, first, include_usage);
+    let body = stream_body(wr, out, &mut run, &enc, first, include_usage, write_timeout);
     match with_disconnect_watch(rd, buf, body).await {
         Some(Ok(())) => keep,
         _ => false,
@@ -135,6 +145,7 @@ async fn stream_body<W: AsyncWriteRentExt>(
     enc: &ChunkEncoder,
     first: ExecEvent,
     include_usage: bool,
+    write_timeout: std::time::Duration,
 ) -> std::io::Result<()> {
     let mut sse = BytesMut::with_capacity(1024);
     enc.role(&mut sse);
@@ -154,7 +165,11 @@ async fn stream_body<W: AsyncWriteRentExt>(
         if terminal {
             http::write_last_chunk(out);
         }
-        let (res, mut written) = wr.write_all(std::mem::take(out)).await;
+        // A timed-out write closes the connection, so dropping it loses nothing.
+        let Ok((res, mut written)) = monoio::time::timeout(write_timeout, wr.write_all(std::mem::take(out))).await
+        else {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading"));
+        };
         written.clear();
         *out = written;
         res?;

@@ -1,0 +1,111 @@
+//! A slow client never stalls the node connection; bad frames never harm the edge.
+
+use std::{
+    io::{Read, Write},
+    net::TcpStream,
+    time::{Duration, Instant},
+};
+
+use bytes::BytesMut;
+use iop_core::wire::{self, pb};
+use serde_json::json;
+
+use crate::harness::*;
+
+#[test]
+fn a_client_that_stops_reading_fails_only_its_own_run() {
+    // A flood of tokens with no pacing: the stalled client's socket buffers
+    // fill, then its bounded event queue, and the session fails that run.
+    let edge = Edge::start(&pool_config(&[mock_node("n1", 4, 0, 500_000, 0)], &[mock_model("m", &["n1"], "")], ""));
+    let _n1 = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+
+    let mut stalled = TcpStream::connect(edge.http).unwrap();
+    let body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]}).to_string();
+    let req = format!("POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    stalled.write_all(req.as_bytes()).unwrap();
+    let mut head = [0u8; 64];
+    let n = stalled.read(&mut head).unwrap();
+    assert!(String::from_utf8_lossy(&head[..n]).starts_with("HTTP/1.1 200"));
+    // From here on the client reads nothing.
+
+    // Another run on the same node connection is served normally meanwhile.
+    let started = Instant::now();
+    let r = post_json(
+        edge.http,
+        "/v1/chat/completions",
+        &json!({"model": "m", "stream": true, "max_tokens": 5, "messages": [{"role": "user", "content": "y"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.sse_data().last().map(String::as_str), Some("[DONE]"));
+    assert!(started.elapsed() < Duration::from_secs(3), "the other run was stalled: {:?}", started.elapsed());
+
+    // The stalled run is failed and its capacity returned while the client
+    // still holds its connection without reading.
+    let snap = edge.wait_snapshot(Duration::from_secs(20), "the stalled client's lease was released", |s| {
+        provider_of(s, "n1", "mock")["leases_in_use"] == 0
+    });
+    assert_eq!(provider_of(&snap, "n1", "mock")["live_leases"], 0, "{snap:#}");
+    edge.assert_idle();
+    drop(stalled);
+}
+
+/// Reads until the peer closes; true if it did within `within`.
+fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
+    s.set_read_timeout(Some(within)).unwrap();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + within;
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => return true,
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => return true,
+            Err(_) => return false,
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+    }
+}
+
+fn frame(body: pb::envelope::Body) -> Vec<u8> {
+    let mut out = BytesMut::new();
+    wire::encode(&pb::Envelope { correlation_id: 1, body: Some(body) }, &mut out, 1 << 20).unwrap();
+    out.to_vec()
+}
+
+#[test]
+fn bad_frames_close_only_their_connection() {
+    let edge = Edge::start(&pool_config(&[mock_node("n1", 2, 0, 3, 0)], &[mock_model("m", &["n1"], "")], ""));
+
+    // Garbage bytes.
+    let mut s = TcpStream::connect(edge.nodes).unwrap();
+    s.write_all(b"\x00\x00\x00\x05hello, this is not protobuf at all").unwrap();
+    assert!(closed_within(&mut s, Duration::from_secs(5)), "garbage should close the connection");
+
+    // A length prefix far above the frame limit: refused before any body arrives.
+    let mut s = TcpStream::connect(edge.nodes).unwrap();
+    s.write_all(&u32::MAX.to_be_bytes()).unwrap();
+    assert!(closed_within(&mut s, Duration::from_secs(5)), "an oversize frame should close the connection");
+
+    // Registered, then a frame the edge must never receive before ready.
+    let mut s = TcpStream::connect(edge.nodes).unwrap();
+    s.write_all(&frame(pb::envelope::Body::RegisterRequest(pb::RegisterRequest {
+        token: node_token("n1"),
+        node_version: "test".into(),
+    })))
+    .unwrap();
+    s.write_all(&frame(pb::envelope::Body::RunRequest(pb::RunRequest::default()))).unwrap();
+    assert!(closed_within(&mut s, Duration::from_secs(5)), "a protocol violation should close the connection");
+
+    // The registration was released: the real node registers and serves.
+    let _n1 = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+    let r = post_json(
+        edge.http,
+        "/v1/chat/completions",
+        &json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    edge.assert_idle();
+}
