@@ -133,7 +133,7 @@ pub fn submit(
     req.adapter = target.provider;
     req.target = target.upstream_model;
     let (tx, rx) = mailbox::mailbox(RUN_EVENT_CAPACITY);
-    match session.try_send(SessionCmd::Run { req, events: tx, lease }) {
+    match session.try_send(SessionCmd::Run { req: Box::new(req), events: tx, lease }) {
         Ok(()) => Ok(RunStream {
             shared: worker.shared.clone(),
             model: model.to_owned(),

@@ -24,8 +24,9 @@ pub const SESSION_CMD_CAPACITY: usize = 4096;
 pub enum SessionCmd {
     /// Start a run; its events go to `events`.
     Run {
-        /// The request as sent to the node.
-        req: pb::RunRequest,
+        /// The request as sent to the node (boxed: mailbox slots are
+        /// preallocated at the size of the largest command).
+        req: Box<pb::RunRequest>,
         /// Where the run's events go.
         events: RunEvents,
         /// The run's capacity: the session owns it for the run's lifetime

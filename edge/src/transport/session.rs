@@ -403,7 +403,7 @@ async fn pump_commands(
             SessionCmd::Run { req, events, lease } => {
                 let run_id = req.run_id.clone();
                 runs.borrow_mut().insert(run_id.clone(), events, Some(lease));
-                if writer.send(&envelope(0, Body::RunRequest(req))).is_err() {
+                if writer.send(&envelope(0, Body::RunRequest(*req))).is_err() {
                     break;
                 }
             }
