@@ -1,7 +1,9 @@
 //! Bounded multi-producer single-consumer mailbox that works across cores:
-//! a lock-free `ArrayQueue` plus an `AtomicWaker` (monoio's `sync` feature
-//! makes wakers callable from other threads). Also used within one core,
-//! where it costs only a few atomics.
+//! a lock-free `SegQueue` with an atomic length bound, plus an `AtomicWaker`
+//! (monoio's `sync` feature makes wakers callable from other threads). Also
+//! used within one core, where it costs only a few atomics. Segments are
+//! allocated as the queue fills, so a generous bound (a run's event burst)
+//! costs memory only when used.
 
 use std::{
     future::Future,
@@ -14,11 +16,13 @@ use std::{
 };
 
 use atomic_waker::AtomicWaker;
-use crossbeam_queue::ArrayQueue;
+use crossbeam_queue::SegQueue;
 use parking_lot::Mutex;
 
 struct Inner<T> {
-    queue: ArrayQueue<T>,
+    queue: SegQueue<T>,
+    len: AtomicUsize,
+    capacity: usize,
     recv_waker: AtomicWaker,
     senders: AtomicUsize,
     receiver_alive: AtomicBool,
@@ -58,7 +62,9 @@ pub struct Receiver<T> {
 /// A mailbox holding at most `capacity` messages.
 pub fn mailbox<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
     let inner = Arc::new(Inner {
-        queue: ArrayQueue::new(capacity.max(1)),
+        queue: SegQueue::new(),
+        len: AtomicUsize::new(0),
+        capacity: capacity.max(1),
         recv_waker: AtomicWaker::new(),
         senders: AtomicUsize::new(1),
         receiver_alive: AtomicBool::new(true),
@@ -74,13 +80,14 @@ impl<T> Sender<T> {
         if !self.inner.receiver_alive.load(Ordering::Acquire) {
             return Err(SendError::Closed(msg));
         }
-        match self.inner.queue.push(msg) {
-            Ok(()) => {
-                self.inner.recv_waker.wake();
-                Ok(())
-            }
-            Err(msg) => Err(SendError::Full(msg)),
+        // Reserve a slot first so concurrent senders never exceed the bound.
+        if self.inner.len.fetch_add(1, Ordering::AcqRel) >= self.inner.capacity {
+            self.inner.len.fetch_sub(1, Ordering::AcqRel);
+            return Err(SendError::Full(msg));
         }
+        self.inner.queue.push(msg);
+        self.inner.recv_waker.wake();
+        Ok(())
     }
 
     /// Sends, waiting for room while the queue is full.
@@ -114,14 +121,14 @@ impl<T> Sender<T> {
         !self.inner.receiver_alive.load(Ordering::Acquire)
     }
 
-    /// Messages waiting.
+    /// Messages waiting (including sends in progress).
     pub fn len(&self) -> usize {
-        self.inner.queue.len()
+        self.inner.len.load(Ordering::Acquire)
     }
 
     /// No message waiting.
     pub fn is_empty(&self) -> bool {
-        self.inner.queue.is_empty()
+        self.len() == 0
     }
 }
 
@@ -145,6 +152,7 @@ impl<T> Receiver<T> {
     pub fn try_recv(&self) -> Option<T> {
         let msg = self.inner.queue.pop();
         if msg.is_some() {
+            self.inner.len.fetch_sub(1, Ordering::AcqRel);
             self.wake_space_waiters();
         }
         msg

@@ -14,8 +14,14 @@ use crate::worker::Worker;
 pub type RunEvents = mailbox::Sender<ExecEvent>;
 
 /// Capacity of one run's event mailbox; beyond it the client is too slow
-/// and the run is failed instead of stalling the node connection.
-pub const RUN_EVENT_CAPACITY: usize = 256;
+/// and the run is failed instead of stalling the node connection. Large
+/// enough to absorb a burst from a fast provider (memory is allocated only
+/// as the queue fills).
+pub const RUN_EVENT_CAPACITY: usize = 4096;
+
+/// Frames a session routes before letting other tasks on its core (e.g. the
+/// clients consuming those events) run.
+pub const FRAMES_PER_YIELD: u32 = 256;
 
 /// Capacity of a session's command mailbox.
 pub const SESSION_CMD_CAPACITY: usize = 4096;

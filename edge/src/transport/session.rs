@@ -213,6 +213,7 @@ impl Session {
         ));
         let mut cmd_tx = Some(cmd_tx);
         let mut ready = false;
+        let mut since_yield = 0u32;
         // A registered connection that never reports ready would hold the
         // node's registration (refusing every reconnect) forever.
         let became_ready = Rc::new(std::cell::Cell::new(false));
@@ -239,6 +240,13 @@ impl Session {
                 Err(e) => return format!("read_error: {e}"),
             };
             self.last_seen.set(Instant::now());
+            since_yield += 1;
+            if since_yield >= super::FRAMES_PER_YIELD {
+                // A buffer full of frames decodes without awaiting: let this
+                // core's clients drain their runs before routing more.
+                since_yield = 0;
+                iop_core::rt::yield_now().await;
+            }
             let cid = env.correlation_id;
             match env.body {
                 Some(Body::NodeReadyRequest(req)) => {

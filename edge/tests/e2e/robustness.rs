@@ -109,3 +109,34 @@ fn bad_frames_close_only_their_connection() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     edge.assert_idle();
 }
+
+#[test]
+fn an_unpaced_burst_reaches_a_reading_client_whole() {
+    // No pacing at all: the node sends events as fast as it can; a client
+    // that keeps reading must get every one of them, not a slow-consumer error.
+    let edge = Edge::start(&pool_config(&[mock_node("n1", 4, 0, 20_000, 0)], &[mock_model("m", &["n1"], "")], ""));
+    let _n1 = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+    for stream in [true, false] {
+        let r = post_json(
+            edge.http,
+            "/v1/chat/completions",
+            &json!({"model": "m", "stream": stream, "messages": [{"role": "user", "content": "x"}]}),
+        );
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body[..r.body.len().min(500)]));
+        let text = if stream {
+            let data = r.sse_data();
+            assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+            data[..data.len() - 1]
+                .iter()
+                .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+                .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+                .collect::<String>()
+        } else {
+            r.json()["choices"][0]["message"]["content"].as_str().unwrap().to_owned()
+        };
+        assert_eq!(text.matches("tok").count(), 20_000);
+        assert!(text.ends_with("tok19999 "));
+    }
+    edge.assert_idle();
+}

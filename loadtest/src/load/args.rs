@@ -1,0 +1,352 @@
+//! Command line of `iop-loadtest` and its validated form.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use iop_core::http::write_request_head;
+
+/// Default endpoint when `--url` carries no path.
+pub const DEFAULT_PATH: &str = "/v1/chat/completions";
+/// Requests sent when neither `--requests` nor `--duration-sec` is given.
+pub const DEFAULT_REQUESTS: u64 = 1000;
+
+/// `iop-loadtest` flags.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "iop-loadtest",
+    version,
+    about = "SSE load generator for OpenAI-compatible chat completions (iop-edge, iop-mockprov, vLLM, ...)"
+)]
+pub struct LoadArgs {
+    /// Server: `http://host:port` (the path defaults to /v1/chat/completions)
+    /// or a full endpoint URL `http://host:port/some/path`.
+    #[arg(long, default_value = "http://127.0.0.1:8080")]
+    pub url: String,
+    /// `model` sent in every request.
+    #[arg(long, default_value = "mock")]
+    pub model: String,
+    /// Connections, each running one request at a time (HTTP/1.1 keep-alive).
+    #[arg(long, default_value_t = 16)]
+    pub concurrency: usize,
+    /// Requests to send in total (errors included). Without this and without
+    /// --duration-sec, 1000.
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Stop starting requests after this many seconds; requests in flight finish.
+    #[arg(long)]
+    pub duration_sec: Option<u64>,
+    /// Ask for an SSE stream (the default).
+    #[arg(long, overrides_with = "no_stream")]
+    pub stream: bool,
+    /// Ask for one JSON `chat.completion` instead of a stream.
+    #[arg(long, overrides_with = "stream")]
+    pub no_stream: bool,
+    /// `max_tokens` sent in every request (omitted when not given).
+    #[arg(long)]
+    pub max_tokens: Option<u64>,
+    /// Size of the user message, in bytes.
+    #[arg(long, default_value_t = 64)]
+    pub prompt_bytes: usize,
+    /// Threads, one monoio runtime each (default: cores, at most --concurrency).
+    #[arg(long)]
+    pub workers: Option<usize>,
+    /// Give up on one request after this many seconds (counted as `timeout`).
+    #[arg(long, default_value_t = 60)]
+    pub timeout_sec: u64,
+    /// Sent as `Authorization: Bearer <key>`.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Print one JSON object instead of the text report.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Where requests go.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    /// `host[:port]` as written in the URL (sent as `Host`).
+    pub authority: String,
+    /// Host part without brackets.
+    pub host: String,
+    /// Port (80 when the URL has none).
+    pub port: u16,
+    /// Request target, e.g. `/v1/chat/completions`.
+    pub path: String,
+}
+
+impl Target {
+    /// Parses `http://host[:port][/path]`. Only plain `http` is supported.
+    pub fn parse(url: &str) -> Result<Self, String> {
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| format!("--url {url:?}: only http:// URLs are supported"))?;
+        let (authority, path) = match rest.find(['/', '?', '#']) {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        if path.contains('#') {
+            return Err(format!("--url {url:?}: a fragment is not allowed"));
+        }
+        if authority.is_empty() || authority.contains('@') {
+            return Err(format!("--url {url:?}: expected http://host[:port][/path]"));
+        }
+        let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+            let (host, after) = v6.split_once(']').ok_or_else(|| format!("--url {url:?}: unclosed '['"))?;
+            let port = match after {
+                "" => None,
+                p => Some(p.strip_prefix(':').ok_or_else(|| format!("--url {url:?}: bad port"))?),
+            };
+            (host, port)
+        } else {
+            match authority.rsplit_once(':') {
+                Some((h, p)) => (h, Some(p)),
+                None => (authority, None),
+            }
+        };
+        let port = match port {
+            None => 80,
+            Some(p) => p.parse::<u16>().map_err(|_| format!("--url {url:?}: bad port {p:?}"))?,
+        };
+        if host.is_empty() {
+            return Err(format!("--url {url:?}: empty host"));
+        }
+        let path = match path {
+            "" | "/" => DEFAULT_PATH.to_owned(),
+            p if p.starts_with('?') => format!("{DEFAULT_PATH}{p}"),
+            p => p.to_owned(),
+        };
+        Ok(Self { authority: authority.to_owned(), host: host.to_owned(), port, path })
+    }
+
+    /// The first address the host resolves to (blocking; done once at start).
+    pub fn resolve(&self) -> Result<SocketAddr, String> {
+        (self.host.as_str(), self.port)
+            .to_socket_addrs()
+            .map_err(|e| format!("cannot resolve {}: {e}", self.authority))?
+            .next()
+            .ok_or_else(|| format!("{} resolves to no address", self.authority))
+    }
+}
+
+/// How the run ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Bounds {
+    /// At most this many requests.
+    pub requests: Option<u64>,
+    /// Start no request after this long.
+    pub duration: Option<Duration>,
+}
+
+/// Validated settings of one run.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// Where requests go.
+    pub target: Target,
+    /// Resolved address of `target`.
+    pub addr: SocketAddr,
+    /// `model`.
+    pub model: String,
+    /// Connections in total.
+    pub concurrency: NonZeroUsize,
+    /// Worker threads.
+    pub workers: NonZeroUsize,
+    /// Request count and/or duration.
+    pub bounds: Bounds,
+    /// SSE stream or one JSON body.
+    pub stream: bool,
+    /// `max_tokens`.
+    pub max_tokens: Option<u64>,
+    /// User message size.
+    pub prompt_bytes: usize,
+    /// Per-request limit.
+    pub timeout: Duration,
+    /// Bearer token.
+    pub api_key: Option<String>,
+}
+
+impl Settings {
+    /// Checks the flags and resolves the host.
+    pub fn from_args(args: &LoadArgs) -> Result<Self, String> {
+        let target = Target::parse(&args.url)?;
+        let concurrency = NonZeroUsize::new(args.concurrency).ok_or("--concurrency must be at least 1")?;
+        let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+        let workers = match args.workers {
+            Some(0) => return Err("--workers must be at least 1".into()),
+            Some(n) => n.min(concurrency.get()),
+            None => cores.min(concurrency.get()),
+        };
+        let workers = NonZeroUsize::new(workers).ok_or("--workers must be at least 1")?;
+        if args.requests == Some(0) {
+            return Err("--requests must be at least 1".into());
+        }
+        if args.duration_sec == Some(0) {
+            return Err("--duration-sec must be at least 1".into());
+        }
+        if args.timeout_sec == 0 {
+            return Err("--timeout-sec must be at least 1".into());
+        }
+        if args.model.is_empty() {
+            return Err("--model must not be empty".into());
+        }
+        if args.prompt_bytes > 64 << 20 {
+            return Err("--prompt-bytes must be at most 67108864".into());
+        }
+        let bounds = match (args.requests, args.duration_sec) {
+            (None, None) => Bounds { requests: Some(DEFAULT_REQUESTS), duration: None },
+            (r, d) => Bounds { requests: r, duration: d.map(Duration::from_secs) },
+        };
+        let addr = target.resolve()?;
+        Ok(Self {
+            target,
+            addr,
+            model: args.model.clone(),
+            concurrency,
+            workers,
+            bounds,
+            stream: !args.no_stream,
+            max_tokens: args.max_tokens,
+            prompt_bytes: args.prompt_bytes,
+            timeout: Duration::from_secs(args.timeout_sec),
+            api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+        })
+    }
+
+    /// The JSON request body.
+    pub fn body(&self) -> String {
+        let mut body = serde_json::json!({
+            "model": self.model,
+            "messages": [{"role": "user", "content": prompt(self.prompt_bytes)}],
+            "stream": self.stream,
+        });
+        if self.stream {
+            body["stream_options"] = serde_json::json!({"include_usage": true});
+        }
+        if let Some(n) = self.max_tokens {
+            body["max_tokens"] = n.into();
+        }
+        body.to_string()
+    }
+
+    /// The whole request (head and body), sent unchanged on every request.
+    pub fn request_bytes(&self) -> Bytes {
+        let body = self.body();
+        let auth = self.api_key.as_ref().map(|k| format!("Bearer {k}"));
+        let mut headers: Vec<(&str, &str)> = vec![
+            ("content-type", "application/json"),
+            ("accept", if self.stream { "text/event-stream" } else { "application/json" }),
+            ("user-agent", "iop-loadtest"),
+        ];
+        if let Some(auth) = &auth {
+            headers.push(("authorization", auth));
+        }
+        let mut out = BytesMut::with_capacity(256 + body.len());
+        write_request_head(&mut out, "POST", &self.target.path, &self.target.authority, &headers, Some(body.len()));
+        out.extend_from_slice(body.as_bytes());
+        out.freeze()
+    }
+
+    /// Connections of worker `index`: the concurrency split as evenly as possible.
+    pub fn connections_of(&self, index: usize) -> usize {
+        let (c, w) = (self.concurrency.get(), self.workers.get());
+        c / w + usize::from(index < c % w)
+    }
+}
+
+/// ASCII words filling exactly `bytes` bytes.
+pub fn prompt(bytes: usize) -> String {
+    const WORDS: &str = "the quick brown fox jumps over the lazy dog ";
+    WORDS.chars().cycle().take(bytes).collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn args(extra: &[&str]) -> LoadArgs {
+        LoadArgs::parse_from(["iop-loadtest"].iter().chain(extra))
+    }
+
+    #[test]
+    fn parses_urls() {
+        let t = Target::parse("http://127.0.0.1:8080").unwrap();
+        assert_eq!((t.authority.as_str(), t.host.as_str(), t.port, t.path.as_str()), (
+            "127.0.0.1:8080",
+            "127.0.0.1",
+            8080,
+            DEFAULT_PATH
+        ));
+        let t = Target::parse("http://localhost/").unwrap();
+        assert_eq!((t.port, t.path.as_str()), (80, DEFAULT_PATH));
+        let t = Target::parse("http://[::1]:9000/v1/chat/completions?x=1").unwrap();
+        assert_eq!((t.host.as_str(), t.port, t.path.as_str()), ("::1", 9000, "/v1/chat/completions?x=1"));
+        for bad in ["https://x", "x:80", "http://", "http://:80", "http://h:99999", "http://u@h", "http://[::1", "http://h/#f"]
+        {
+            assert!(Target::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn validates_flags() {
+        let s = Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--concurrency", "5", "--workers", "2"]))
+            .unwrap();
+        assert!(s.stream);
+        assert_eq!(s.bounds, Bounds { requests: Some(DEFAULT_REQUESTS), duration: None });
+        assert_eq!((s.connections_of(0), s.connections_of(1)), (3, 2));
+        let s = Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--concurrency", "2", "--workers", "8"]))
+            .unwrap();
+        assert_eq!(s.workers.get(), 2);
+        let s = Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--duration-sec", "3", "--no-stream"]))
+            .unwrap();
+        assert_eq!(s.bounds, Bounds { requests: None, duration: Some(Duration::from_secs(3)) });
+        assert!(!s.stream);
+        let s = Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--no-stream", "--stream"])).unwrap();
+        assert!(s.stream);
+        for bad in [
+            &["--concurrency", "0"][..],
+            &["--workers", "0"],
+            &["--requests", "0"],
+            &["--duration-sec", "0"],
+            &["--timeout-sec", "0"],
+            &["--model", ""],
+        ] {
+            let mut a = vec!["--url", "http://127.0.0.1:1"];
+            a.extend_from_slice(bad);
+            assert!(Settings::from_args(&args(&a)).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn builds_the_request() {
+        let s = Settings::from_args(&args(&[
+            "--url",
+            "http://127.0.0.1:1",
+            "--model",
+            "m",
+            "--max-tokens",
+            "7",
+            "--prompt-bytes",
+            "10",
+            "--api-key",
+            "k",
+        ]))
+        .unwrap();
+        let raw = s.request_bytes();
+        let text = std::str::from_utf8(&raw).unwrap();
+        let (head, body) = text.split_once("\r\n\r\n").unwrap();
+        assert!(head.starts_with("POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:1\r\n"), "{head}");
+        assert!(head.contains("authorization: Bearer k"));
+        assert!(head.contains(&format!("content-length: {}", body.len())));
+        let v: serde_json::Value = serde_json::from_str(body).unwrap();
+        assert_eq!(v["model"], "m");
+        assert_eq!(v["max_tokens"], 7);
+        assert_eq!(v["stream"], true);
+        assert_eq!(v["stream_options"]["include_usage"], true);
+        assert_eq!(v["messages"][0]["content"], "the quick ");
+        assert_eq!(prompt(0), "");
+    }
+}
