@@ -38,7 +38,11 @@ fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("IOP_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let text = std::fs::read_to_string(&args.config)
         .with_context(|| format!("cannot read config {}", args.config.display()))?;
     let config = NodeConfig::from_toml(&text, &|k| std::env::var(k).ok())

@@ -130,3 +130,34 @@ fn sighup_applies_a_new_capacity_and_rejects_an_invalid_file() {
     assert_eq!(a.last().1, "[DONE]", "{}", a.resp_text());
     edge.assert_idle();
 }
+
+#[test]
+fn sighup_pushes_a_changed_node_config_without_dropping_in_flight_runs() {
+    // The node's provider settings change (token count): the node gets a
+    // ConfigRefresh and applies it; the run in flight keeps its adapter.
+    let config = |tokens: u32| pool_config(&[mock_node("n1", 4, 0, tokens, 20)], &[mock_model("m", &["n1"], "")], "");
+    let edge = Edge::start(&config(40));
+    let _n1 = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+
+    let mut a = Chat::stream(edge.http, "m");
+    a.wait_data("tok0", SECS5);
+    edge.rewrite_config(&config(3));
+    edge.sighup();
+    eventually(SECS5, "the node acknowledged the refresh", || {
+        edge.proc.log_text().contains("node config refresh acknowledged")
+            && edge.proc.log_text().contains("applied=true")
+    });
+    let r = post_json(
+        edge.http,
+        "/v1/chat/completions",
+        &json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "tok0 tok1 tok2 ");
+    assert!(!a.is_finished(), "the first run should still be streaming");
+    let a = a.join();
+    assert_eq!(a.last().1, "[DONE]", "{}", a.resp_text());
+    assert_eq!(a.content().matches("tok").count(), 40, "the in-flight run kept its old settings");
+    edge.assert_idle();
+}
