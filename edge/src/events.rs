@@ -46,6 +46,13 @@ pub enum EdgeEvent {
         /// Connection generation.
         generation: u64,
     },
+    /// A node stopped taking new runs (it is shutting down); its runs in flight finish.
+    NodeDraining {
+        /// Node id.
+        node: String,
+        /// Connection generation.
+        generation: u64,
+    },
     /// A node connection ended.
     NodeDisconnected {
         /// Node id.
@@ -89,6 +96,7 @@ impl EdgeEvent {
             EdgeEvent::NodeRegistered { .. } => "node_registered",
             EdgeEvent::RegistrationRefused { .. } => "registration_refused",
             EdgeEvent::NodeReady { .. } => "node_ready",
+            EdgeEvent::NodeDraining { .. } => "node_draining",
             EdgeEvent::NodeDisconnected { .. } => "node_disconnected",
             EdgeEvent::RunTerminal { .. } => "run_terminal",
             EdgeEvent::ConfigReloaded { .. } => "config_reloaded",
@@ -105,7 +113,9 @@ impl EdgeEvent {
             EdgeEvent::RegistrationRefused { refusal, node, peer } => {
                 json!({"refusal": refusal, "node": node, "peer": peer})
             }
-            EdgeEvent::NodeReady { node, generation } => json!({"node": node, "generation": generation}),
+            EdgeEvent::NodeReady { node, generation } | EdgeEvent::NodeDraining { node, generation } => {
+                json!({"node": node, "generation": generation})
+            }
             EdgeEvent::NodeDisconnected { node, generation, reason, current } => {
                 json!({"node": node, "generation": generation, "reason": reason, "current": current})
             }

@@ -56,6 +56,9 @@ pub struct EdgeHandle {
     threads: Vec<JoinHandle<()>>,
     /// Committed revision, config and pool view (for the next reload's diff).
     current: Mutex<(u64, Arc<EdgeConfig>, Arc<PoolView>)>,
+    /// The config the process started with: what listeners, workers and
+    /// the embedded node actually run with until a restart.
+    startup: Arc<EdgeConfig>,
 }
 
 /// A live reload was not applied.
@@ -82,12 +85,16 @@ impl EdgeHandle {
     /// the worker count only change on restart. Returns the new revision.
     pub fn reload(&self, config: EdgeConfig) -> Result<u64, ReloadError> {
         let mut current = self.current.lock();
-        let (revision, old, old_pool) = &*current;
-        if config.http.listen != old.http.listen || config.node_listen != old.node_listen {
-            tracing::warn!("listen addresses changed in the config; they apply after a restart");
+        let (revision, _, old_pool) = &*current;
+        let boot = &self.startup;
+        if config.http.listen != boot.http.listen || config.node_listen != boot.node_listen {
+            tracing::warn!("listen addresses differ from the running ones; they apply after a restart");
         }
-        if config.workers != old.workers {
-            tracing::warn!("`workers` changed in the config; it applies after a restart");
+        if config.workers != boot.workers {
+            tracing::warn!("`workers` differs from the running value; it applies after a restart");
+        }
+        if config.embedded_node != boot.embedded_node {
+            tracing::warn!("`embedded_node` differs from the running one; it applies after a restart");
         }
         let revision = revision + 1;
         let config = Arc::new(config);
@@ -207,5 +214,6 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         threads.push(t);
     }
     let current = Mutex::new((1, shared.config.clone(), pool));
-    Ok(EdgeHandle { http_addr, node_addr, driver, shared, threads, current })
+    let startup = shared.config.clone();
+    Ok(EdgeHandle { http_addr, node_addr, driver, shared, threads, current, startup })
 }

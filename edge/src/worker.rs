@@ -27,8 +27,6 @@ pub struct NodeRoute {
     pub generation: Generation,
     /// Command mailbox of the node's session task.
     pub session: mailbox::Sender<transport::SessionCmd>,
-    /// Provider ids the node runs.
-    pub providers: Vec<String>,
 }
 
 /// Messages between cores.

@@ -163,6 +163,7 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
         shutdown.clone(),
         closed.clone(),
         manager.clone(),
+        writer.clone(),
         reader.stopper(),
         cfg.shutdown_grace,
     ));
@@ -211,17 +212,18 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
                 }
             }
             Some(Body::ConfigRefresh(refresh)) => {
+                let revision = refresh.config.as_ref().map(|c| c.revision).unwrap_or(0);
                 let ack = match refresh.config.as_ref().map(build_adapters) {
                     Some(Ok(adapters)) => {
                         manager.replace_adapters(adapters);
-                        let revision = refresh.config.as_ref().map(|c| c.revision).unwrap_or(0);
                         tracing::info!(revision, "provider config refreshed");
                         pb::ConfigRefreshAck { revision, applied: true, error: String::new() }
                     }
-                    Some(Err(e)) => pb::ConfigRefreshAck { revision: 0, applied: false, error: e },
-                    None => {
-                        pb::ConfigRefreshAck { revision: 0, applied: false, error: "refresh without config".into() }
+                    Some(Err(e)) => {
+                        tracing::error!(revision, error = %e, "refreshed provider config rejected; keeping the current one");
+                        pb::ConfigRefreshAck { revision, applied: false, error: e }
                     }
+                    None => pb::ConfigRefreshAck { revision, applied: false, error: "refresh without config".into() },
                 };
                 let _ = writer.send(&envelope(cid, Body::ConfigRefreshAck(ack)));
             }
@@ -294,6 +296,7 @@ async fn drain_on_shutdown(
     shutdown: LocalCancel,
     closed: LocalCancel,
     manager: Rc<RunManager>,
+    writer: FrameWriter,
     stopper: ReadStopper,
     grace: std::time::Duration,
 ) {
@@ -302,6 +305,8 @@ async fn drain_on_shutdown(
         _ = closed.cancelled() => return,
     }
     manager.start_draining();
+    let draining = pb::NodeDraining { reason: "shutdown".into() };
+    let _ = writer.send(&envelope(0, Body::NodeDraining(draining)));
     tracing::info!(active = manager.active(), "shutdown: draining in-flight runs");
     let drained = monoio::time::timeout(grace, manager.wait_idle()).await.is_ok();
     if !drained {

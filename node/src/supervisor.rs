@@ -31,19 +31,22 @@ pub async fn supervise(cfg: NodeConfig, shutdown: LocalCancel) -> Result<(), Nod
         let reason = match end {
             SessionEnd::Shutdown => return Ok(()),
             SessionEnd::Fatal(msg) => return Err(NodeError::Fatal(msg)),
-            SessionEnd::Retry { established, reason } => {
-                if established {
-                    failures = 0;
+            // Losing a ready session is not a failed attempt: the count of
+            // consecutive failures starts over from the next try.
+            SessionEnd::Retry { established: true, reason } => {
+                failures = 0;
+                reason
+            }
+            SessionEnd::Retry { established: false, reason } => {
+                failures += 1;
+                if let Some(max) = cfg.reconnect.max_attempts {
+                    if failures >= max {
+                        return Err(NodeError::Exhausted { attempts: failures, last: reason });
+                    }
                 }
                 reason
             }
         };
-        failures += 1;
-        if let Some(max) = cfg.reconnect.max_attempts {
-            if failures >= max {
-                return Err(NodeError::Exhausted { attempts: failures, last: reason });
-            }
-        }
         let delay = jittered(cfg.reconnect.interval);
         tracing::warn!(attempt = failures, %reason, retry_in_ms = delay.as_millis() as u64, "edge connection failed");
         monoio::select! {

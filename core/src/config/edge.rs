@@ -21,6 +21,8 @@ pub const MAX_FRAME_BYTES: usize = 1 << 30;
 pub const MAX_WORKERS: usize = 1024;
 /// Largest accepted `models[].queue_timeout_ms`: one day.
 pub const MAX_QUEUE_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
+/// Longest `request_timeout_sec` (one day).
+pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// The whole validated edge configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -407,7 +409,15 @@ fn provider_entry(key: &str, raw: RawProvider) -> Result<ProviderEntry, ConfigEr
     };
     let capacity = check::range_u32(&format!("{key}.capacity"), raw.capacity, 64, 1, u32::MAX)?;
     let long_capacity = check::range_u32(&format!("{key}.long_capacity"), raw.long_capacity, 0, 0, u32::MAX)?;
+    // At most a day: the node receives it in milliseconds as a u32.
     let request_timeout = check::secs(&format!("{key}.request_timeout_sec"), raw.request_timeout_sec, 600, 1)?;
+    if request_timeout > MAX_REQUEST_TIMEOUT {
+        return Err(ConfigError::invalid(
+            format!("{key}.request_timeout_sec"),
+            request_timeout.as_secs(),
+            format!("must be at most {}", MAX_REQUEST_TIMEOUT.as_secs()),
+        ));
+    }
     Ok(ProviderEntry {
         id,
         kind,
@@ -1102,9 +1112,9 @@ heartbeat_wait_ms = 25
             "must be at least 1",
         );
         rejects(
-            &[(PROVIDER_URL, "base_url = \"http://h:1\"\nrequest_timeout_sec = 31536001")],
+            &[(PROVIDER_URL, "base_url = \"http://h:1\"\nrequest_timeout_sec = 86401")],
             &format!("{p}.request_timeout_sec"),
-            "must be at most 31536000",
+            "must be at most 86400",
         );
         let mock = |line: &str| {
             [(PROVIDER_KIND, "kind = \"mock\"".to_owned()), (PROVIDER_URL, format!("[nodes.providers.mock]\n{line}"))]

@@ -239,8 +239,8 @@ impl FrameWriter {
     }
 }
 
-/// Pings the peer every `timing.heartbeat_interval` and returns
-/// `Silent` once nothing arrived (`last_seen`, updated by the reader) for
+/// Pings the peer every `timing.heartbeat_interval` and returns `Silent`
+/// as soon as nothing arrived (`last_seen`, updated by the reader) for
 /// `timing.heartbeat_wait`; returns `Closed` when `closed` is raised or the
 /// writer is gone. Shared by both ends of the edge↔node connection.
 pub async fn heartbeat(
@@ -249,18 +249,28 @@ pub async fn heartbeat(
     last_seen: &Cell<std::time::Instant>,
     closed: &super::signal::LocalCancel,
 ) -> Liveness {
+    use std::time::Instant;
+
     use crate::wire::pb::{envelope::Body, Heartbeat};
+    let mut next_ping = Instant::now() + timing.heartbeat_interval;
     loop {
+        // Wake for the next ping or the moment the peer would count as silent.
+        let wake = next_ping.min(last_seen.get() + timing.heartbeat_wait);
         monoio::select! {
-            _ = monoio::time::sleep(timing.heartbeat_interval) => {}
+            _ = monoio::time::sleep(wake.saturating_duration_since(Instant::now())) => {}
             _ = closed.cancelled() => return Liveness::Closed,
         }
-        if last_seen.get().elapsed() > timing.heartbeat_wait {
+        let now = Instant::now();
+        if now >= last_seen.get() + timing.heartbeat_wait {
             return Liveness::Silent;
         }
-        let ping = Envelope { correlation_id: 0, body: Some(Body::Heartbeat(Heartbeat { ping: true, sent_at_ms: 0 })) };
-        if writer.send(&ping).is_err() {
-            return Liveness::Closed;
+        if now >= next_ping {
+            next_ping = now + timing.heartbeat_interval;
+            let ping =
+                Envelope { correlation_id: 0, body: Some(Body::Heartbeat(Heartbeat { ping: true, sent_at_ms: 0 })) };
+            if writer.send(&ping).is_err() {
+                return Liveness::Closed;
+            }
         }
     }
 }

@@ -68,7 +68,7 @@ fn key(node: &str, provider: &str) -> ResourceKey {
 /// A node route of connection `generation` (its session mailbox is never read).
 fn route(generation: Generation) -> NodeRoute {
     let (session, _) = mailbox::mailbox(1);
-    NodeRoute { generation, session, providers: Vec::new() }
+    NodeRoute { generation, session }
 }
 
 /// Runs a test body on a monoio runtime (as the workers do).

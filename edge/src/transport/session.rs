@@ -260,6 +260,13 @@ impl Session {
                     let _ = self.writer.send(&envelope(cid, Body::NodeReadyResponse(resp)));
                 }
                 Some(Body::RunEvent(ev)) if ready => self.on_run_event(ev),
+                Some(Body::NodeDraining(d)) if ready => {
+                    // Fence new work now; runs in flight finish on this connection.
+                    tracing::info!(node = %self.node_id, generation = self.generation, reason = %d.reason, "node draining");
+                    let (node_id, generation) = (self.node_id.clone(), self.generation);
+                    self.worker.shared.broadcast(|| CoreMsg::NodeGone { node_id: node_id.clone(), generation }).await;
+                    self.worker.shared.events.publish(EdgeEvent::NodeDraining { node: node_id, generation });
+                }
                 Some(Body::Heartbeat(hb)) => {
                     if hb.ping {
                         let pong = pb::Heartbeat { ping: false, sent_at_ms: hb.sent_at_ms };
@@ -291,18 +298,12 @@ impl Session {
         let outcome = self.worker.shared.registry.lock().ready(&self.node_id, self.generation);
         match outcome {
             ReadyOutcome::BecameReady => {
-                let providers = {
-                    let cfg = self.worker.config.borrow();
-                    cfg.node(&self.node_id)
-                        .map(|n| n.providers.iter().map(|p| p.id.clone()).collect())
-                        .unwrap_or_default()
-                };
                 if let Some(session) = cmd_tx.take() {
                     self.worker
                         .local_sessions
                         .borrow_mut()
                         .insert(self.node_id.clone(), (self.generation, session.clone()));
-                    let route = NodeRoute { generation: self.generation, session, providers };
+                    let route = NodeRoute { generation: self.generation, session };
                     let node_id = self.node_id.clone();
                     self.worker
                         .shared
@@ -482,6 +483,7 @@ fn body_name(b: &Body) -> &'static str {
         Body::RegisterResponse(_) => "RegisterResponse",
         Body::NodeReadyRequest(_) => "NodeReadyRequest",
         Body::NodeReadyResponse(_) => "NodeReadyResponse",
+        Body::NodeDraining(_) => "NodeDraining before ready",
         Body::RunRequest(_) => "RunRequest",
         Body::RunEvent(_) => "RunEvent before ready",
         Body::CancelRequest(_) => "CancelRequest",

@@ -195,3 +195,49 @@ fn sigterm_drains_the_in_flight_stream_and_exits_0() {
     assert_offline(&snap, "n1");
     edge.assert_idle();
 }
+
+#[test]
+fn a_draining_node_gets_no_new_runs() {
+    // Two targets; n1 is told to shut down mid-stream: it finishes that run,
+    // and new requests go to n2 instead of failing on n1.
+    let edge = Edge::start(&pool_config(
+        &[mock_node("n1", 4, 0, 30, 50), mock_node("n2", 1, 0, 2, 20)],
+        &[mock_model("m", &["n1", "n2"], "")],
+        "",
+    ));
+    let mut ev = edge.events();
+    let mut n1 = edge.start_node("n1", "shutdown_grace_sec = 10\n");
+    let _n2 = edge.start_node("n2", "");
+    edge.wait_nodes_ready(2);
+
+    let mut a = Chat::stream(edge.http, "m"); // least loaded, ties to n1 (first target)
+    a.wait_data("tok1", SECS5);
+    n1.signal("TERM");
+    ev.wait("node_draining", SECS5, |e| e["node"] == "n1");
+    // n1 still has room for three more, n2 for one: without the drain fence
+    // most of these would land on n1 and fail; with it they queue for n2.
+    let clients: Vec<_> = (0..4)
+        .map(|_| {
+            let http = edge.http;
+            std::thread::spawn(move || {
+                post_json(
+                    http,
+                    "/v1/chat/completions",
+                    &json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+                )
+            })
+        })
+        .collect();
+    for c in clients {
+        let r = c.join().unwrap();
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.json()["choices"][0]["message"]["content"], "tok0 tok1 ", "served by n2");
+    }
+    let snap = edge.snapshot();
+    assert_eq!(provider_of(&snap, "n1", "mock")["status"], "unavailable", "{snap:#}");
+    let a = a.join_within(SECS5);
+    assert_eq!(a.last().1, "[DONE]", "{}", a.resp_text());
+    assert_eq!(a.content().matches("tok").count(), 30);
+    assert_eq!(n1.wait_exit(SECS5), Some(0), "node log:\n{}", n1.log_text());
+    edge.assert_idle();
+}

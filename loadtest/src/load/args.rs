@@ -79,9 +79,8 @@ pub struct Target {
 impl Target {
     /// Parses `http://host[:port][/path]`. Only plain `http` is supported.
     pub fn parse(url: &str) -> Result<Self, String> {
-        let rest = url
-            .strip_prefix("http://")
-            .ok_or_else(|| format!("--url {url:?}: only http:// URLs are supported"))?;
+        let rest =
+            url.strip_prefix("http://").ok_or_else(|| format!("--url {url:?}: only http:// URLs are supported"))?;
         let (authority, path) = match rest.find(['/', '?', '#']) {
             Some(i) => (&rest[..i], &rest[i..]),
             None => (rest, ""),
@@ -274,17 +273,16 @@ mod tests {
     #[test]
     fn parses_urls() {
         let t = Target::parse("http://127.0.0.1:8080").unwrap();
-        assert_eq!((t.authority.as_str(), t.host.as_str(), t.port, t.path.as_str()), (
-            "127.0.0.1:8080",
-            "127.0.0.1",
-            8080,
-            DEFAULT_PATH
-        ));
+        assert_eq!(
+            (t.authority.as_str(), t.host.as_str(), t.port, t.path.as_str()),
+            ("127.0.0.1:8080", "127.0.0.1", 8080, DEFAULT_PATH)
+        );
         let t = Target::parse("http://localhost/").unwrap();
         assert_eq!((t.port, t.path.as_str()), (80, DEFAULT_PATH));
         let t = Target::parse("http://[::1]:9000/v1/chat/completions?x=1").unwrap();
         assert_eq!((t.host.as_str(), t.port, t.path.as_str()), ("::1", 9000, "/v1/chat/completions?x=1"));
-        for bad in ["https://x", "x:80", "http://", "http://:80", "http://h:99999", "http://u@h", "http://[::1", "http://h/#f"]
+        for bad in
+            ["https://x", "x:80", "http://", "http://:80", "http://h:99999", "http://u@h", "http://[::1", "http://h/#f"]
         {
             assert!(Target::parse(bad).is_err(), "{bad}");
         }
@@ -300,8 +298,8 @@ mod tests {
         let s = Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--concurrency", "2", "--workers", "8"]))
             .unwrap();
         assert_eq!(s.workers.get(), 2);
-        let s = Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--duration-sec", "3", "--no-stream"]))
-            .unwrap();
+        let s =
+            Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--duration-sec", "3", "--no-stream"])).unwrap();
         assert_eq!(s.bounds, Bounds { requests: None, duration: Some(Duration::from_secs(3)) });
         assert!(!s.stream);
         let s = Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--no-stream", "--stream"])).unwrap();

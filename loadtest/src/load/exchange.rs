@@ -287,9 +287,8 @@ mod tests {
     use super::*;
 
     fn chunked(parts: &[&str]) -> String {
-        let mut out = String::from(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
-        );
+        let mut out =
+            String::from("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n");
         for p in parts {
             out.push_str(&format!("{:x}\r\n{p}\r\n", p.len()));
         }
@@ -362,8 +361,10 @@ mod tests {
                 "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}".into(),
                 Failure::Protocol("not_event_stream"),
             ),
-            ("HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n".into(),
-                Failure::Protocol("http")),
+            (
+                "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n".into(),
+                Failure::Protocol("http"),
+            ),
             ("garbage\r\n\r\n".into(), Failure::Protocol("http")),
         ];
         for (input, want) in cases {
@@ -401,20 +402,28 @@ mod tests {
             assert_eq!(done.result, Err(Failure::Status(500)));
             assert!(done.keep_alive);
         }
-        let input = format!("HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+        let input = format!(
+            "HTTP/1.1 503 Service Unavailable\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
         let done = run(false, &input, 0, false);
         assert_eq!((done.result, done.keep_alive), (Err(Failure::Status(503)), false));
     }
 
     #[test]
     fn json_answers() {
-        let body = r#"{"object":"chat.completion","choices":[{"message":{"content":"a b"}}],"usage":{"completion_tokens":2}}"#;
-        let input = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+        let body =
+            r#"{"object":"chat.completion","choices":[{"message":{"content":"a b"}}],"usage":{"completion_tokens":2}}"#;
+        let input = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
         for split in 0..=input.len() {
             let m = run(false, &input, split, false).result.unwrap();
             assert_eq!((m.tokens, m.usage_tokens, m.ttft), (2, Some(2), None));
         }
-        for (body, want) in [("{\"choices\":[]}", "no_choices"), ("{\"choices\":", "invalid_json"), ("[]", "invalid_json")]
+        for (body, want) in
+            [("{\"choices\":[]}", "no_choices"), ("{\"choices\":", "invalid_json"), ("[]", "invalid_json")]
         {
             let input = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}", body.len());
             assert_eq!(run(false, &input, 0, false).result, Err(Failure::Protocol(want)), "{body}");

@@ -214,8 +214,8 @@ mod tests {
         b.fail(Failure::Io);
         b.ok(&Measure { total: Duration::from_secs(7200), ..Measure::default() });
         a.merge(&b).unwrap();
-        assert_eq!((a.requests, a.completed, a.tokens, a.usage_tokens), (7, 2, 4, 4));
-        assert_eq!(a.errors.total(), 5);
+        assert_eq!((a.requests, a.completed, a.tokens, a.usage_tokens), (8, 2, 4, 4));
+        assert_eq!(a.errors.total(), 6);
         assert_eq!(a.errors.status[&503], 2);
         assert_eq!(a.errors.protocol["missing_done"], 1);
         assert_eq!((a.errors.connect, a.errors.timeout, a.errors.io), (1, 1, 1));

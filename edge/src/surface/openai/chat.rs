@@ -35,7 +35,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
         return respond_error(conn, 404, &msg, Some("model_not_found"), keep).await;
     };
     let class = match group.long_context_threshold {
-        Some(t) if request::estimate_prompt_tokens(&req.messages) > u64::from(t) => LeaseClass::Long,
+        Some(t) if request::estimate_prompt_tokens(&req.messages, &req.params_json) > u64::from(t) => LeaseClass::Long,
         _ => LeaseClass::Normal,
     };
     let admitted = {
@@ -206,16 +206,21 @@ fn encode(enc: &ChunkEncoder, sse: &mut BytesMut, ev: ExecEvent, include_usage: 
             true
         }
         ExecEvent::Cancelled { reason } => {
-            let f = RunFailure::new(
-                "cancelled",
-                499,
-                iop_core::exec::FailureSource::Node,
-                format!("run cancelled: {reason}"),
-            );
-            enc.error(sse, &f);
+            enc.error(sse, &node_cancelled(&reason));
             true
         }
     }
+}
+
+/// The node cancelled a run the client still wanted (e.g. its drain
+/// deadline passed): a server-side failure.
+fn node_cancelled(reason: &str) -> RunFailure {
+    RunFailure::new(
+        "cancelled",
+        503,
+        iop_core::exec::FailureSource::Node,
+        format!("run cancelled by the node: {reason}"),
+    )
 }
 
 struct Aggregate {
@@ -239,14 +244,7 @@ async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
                 return Ok(agg);
             }
             ExecEvent::Error(f) => return Err(f),
-            ExecEvent::Cancelled { reason } => {
-                return Err(RunFailure::new(
-                    "cancelled",
-                    499,
-                    iop_core::exec::FailureSource::Node,
-                    format!("run cancelled: {reason}"),
-                ))
-            }
+            ExecEvent::Cancelled { reason } => return Err(node_cancelled(&reason)),
         }
     }
     Err(RunFailure::new(

@@ -1,0 +1,150 @@
+//! `iop-loadtest`: a load generator for OpenAI chat completions over HTTP/1.1,
+//! streamed (SSE) or not, built on the same sans-IO codecs as the gateway
+//! (`iop_core::http`, `iop_core::sse`) and on monoio.
+//!
+//! - [`args`]: the command line ([`LoadArgs`]) and its validated form ([`Settings`]).
+//! - [`exchange`]: one request/response without I/O: timings and validation.
+//! - [`stats`]: HDR histograms and error classes ([`Recorder`], [`Failure`]).
+//! - [`report`]: the text and JSON report.
+//! - `conn`: the connection tasks.
+//!
+//! [`run`] starts `workers` threads, each with its own monoio runtime driving
+//! its share of the `concurrency` keep-alive connections; they share nothing
+//! but an atomic request counter. Each thread keeps its own [`Recorder`];
+//! they are merged when all have finished.
+
+pub mod args;
+mod conn;
+pub mod exchange;
+pub mod report;
+pub mod stats;
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+pub use args::{LoadArgs, Settings};
+pub use report::Report;
+pub use stats::{Failure, Recorder};
+
+use conn::{Budget, WorkerCtx};
+
+/// What a finished run measured.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// Merged measurements of every worker.
+    pub recorder: Recorder,
+    /// From the start of the first worker to the end of the last.
+    pub elapsed: Duration,
+    /// monoio driver (`io_uring` or `epoll`).
+    pub driver: &'static str,
+}
+
+type WorkerResult = anyhow::Result<(Recorder, &'static str)>;
+
+/// Holds the workers until every runtime is built, so they start together.
+#[derive(Debug, Default)]
+struct Gate {
+    /// `None` while closed; `Some(go)` once opened (`false` = abort).
+    state: Mutex<Option<bool>>,
+    opened: Condvar,
+}
+
+impl Gate {
+    fn open(&self, go: bool) {
+        *self.state.lock().unwrap_or_else(PoisonError::into_inner) = Some(go);
+        self.opened.notify_all();
+    }
+
+    /// Waits until opened; true to go ahead.
+    fn wait(&self) -> bool {
+        let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            if let Some(go) = *state {
+                return go;
+            }
+            state = self.opened.wait(state).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+}
+
+/// Runs the load described by `settings` and waits for it to finish.
+pub fn run(settings: &Settings) -> anyhow::Result<Outcome> {
+    let workers = settings.workers.get();
+    let budget = Arc::new(Budget::new(settings.bounds.requests));
+    let request = settings.request_bytes();
+    let gate = Arc::new(Gate::default());
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let mut handles = Vec::with_capacity(workers);
+    for index in 0..workers {
+        let connections = settings.connections_of(index);
+        let (budget, worker_gate, ready, request) = (budget.clone(), gate.clone(), ready_tx.clone(), request.clone());
+        let (addr, stream, timeout, duration) =
+            (settings.addr, settings.stream, settings.timeout, settings.bounds.duration);
+        let spawned =
+            std::thread::Builder::new().name(format!("iop-loadtest-{index}")).spawn(move || -> WorkerResult {
+                let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build();
+                let _ = ready.send(());
+                if !worker_gate.wait() {
+                    return Err(anyhow::anyhow!("run aborted"));
+                }
+                let mut rt = rt?;
+                let driver = match rt {
+                    monoio::FusionRuntime::Uring(_) => "io_uring",
+                    monoio::FusionRuntime::Legacy(_) => "epoll",
+                };
+                let ctx = Rc::new(WorkerCtx {
+                    addr,
+                    request,
+                    stream,
+                    timeout,
+                    budget,
+                    deadline: duration.map(|d| Instant::now() + d),
+                    recorder: RefCell::new(Recorder::new()?),
+                });
+                rt.block_on(async {
+                    let tasks: Vec<_> = (0..connections).map(|_| monoio::spawn(conn::drive(ctx.clone()))).collect();
+                    for task in tasks {
+                        task.await;
+                    }
+                });
+                let recorder = ctx.recorder.borrow().clone();
+                Ok((recorder, driver))
+            });
+        match spawned {
+            Ok(handle) => handles.push(handle),
+            Err(e) => {
+                gate.open(false);
+                for handle in handles {
+                    let _ = handle.join();
+                }
+                return Err(anyhow::anyhow!("cannot start worker thread {index}: {e}"));
+            }
+        }
+    }
+    drop(ready_tx);
+    // Every worker reports once, after building its runtime (or failing to).
+    for _ in 0..workers {
+        if ready_rx.recv().is_err() {
+            break;
+        }
+    }
+    let start = Instant::now();
+    gate.open(true);
+    let results: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
+    let elapsed = start.elapsed();
+    let mut merged = Recorder::new()?;
+    let mut driver = "unknown";
+    for result in results {
+        match result {
+            Ok(Ok((recorder, d))) => {
+                merged.merge(&recorder)?;
+                driver = d;
+            }
+            Ok(Err(e)) => return Err(e),
+            Err(_) => return Err(anyhow::anyhow!("a worker thread panicked")),
+        }
+    }
+    Ok(Outcome { recorder: merged, elapsed, driver })
+}
