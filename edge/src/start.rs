@@ -29,11 +29,12 @@ const INBOX_CAPACITY: usize = 4096;
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     /// A listener could not be bound.
-    #[error("{what}: {source}")]
+    #[error("cannot bind the {what}")]
     Bind {
         /// Which listener.
         what: &'static str,
         /// The OS error.
+        #[source]
         source: std::io::Error,
     },
     /// A worker thread could not be started.

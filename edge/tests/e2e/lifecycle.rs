@@ -73,3 +73,28 @@ fn check_config_reports_the_offending_key() {
         .unwrap();
     assert!(good.status.success(), "{}", String::from_utf8_lossy(&good.stderr));
 }
+
+#[test]
+fn nodes_reconnect_to_a_restarted_edge() {
+    let mut edge = Edge::start(&pool_config(&[mock_node("n1", 2, 0, 2, 0)], &[mock_model("m", &["n1"], "")], ""));
+    let node = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+    let port = edge.nodes.port();
+    edge.proc.kill9();
+
+    // Same node port: the node's supervisor finds the new edge by itself.
+    let config = pool_config(&[mock_node("n1", 2, 0, 2, 0)], &[mock_model("m", &["n1"], "")], "").replace(
+        "[node_listener]\nlisten = \"127.0.0.1:0\"",
+        &format!("[node_listener]\nlisten = \"127.0.0.1:{port}\""),
+    );
+    assert!(config.contains(&format!("127.0.0.1:{port}")));
+    let edge = Edge::start(&config);
+    edge.wait_nodes_ready(1);
+    let r = post_json(
+        edge.http,
+        "/v1/chat/completions",
+        &json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(r.status, 200, "{}\nnode log:\n{}", String::from_utf8_lossy(&r.body), node.log_text());
+    assert_eq!(r.json()["choices"][0]["message"]["content"], "tok0 tok1 ");
+}
