@@ -58,10 +58,28 @@ fn run() -> anyhow::Result<()> {
             }
             continue;
         }
-        tracing::info!(signal = sig, "shutting down");
         break;
     }
+    let grace = edge.shutdown_grace();
+    tracing::info!(
+        active = edge.active_requests(),
+        grace_sec = grace.as_secs(),
+        "shutting down: draining client requests"
+    );
     edge.shutdown();
+    // Wait for requests in flight; a second SIGINT/SIGTERM stops at once.
+    let deadline = std::time::Instant::now() + grace;
+    while edge.active_requests() > 0 {
+        if std::time::Instant::now() >= deadline {
+            tracing::warn!(active = edge.active_requests(), "drain deadline passed; exiting");
+            break;
+        }
+        if signals.pending().any(|s| s != SIGHUP) {
+            tracing::warn!(active = edge.active_requests(), "second signal; exiting now");
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
     Ok(())
 }
 

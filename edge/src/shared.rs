@@ -26,6 +26,28 @@ pub struct Shared {
     pub workers: usize,
     /// Lifecycle events.
     pub events: crate::events::EventBus,
+    /// Client requests being handled (head parsed, response not yet complete).
+    pub active_requests: std::sync::atomic::AtomicUsize,
+    /// Shutting down: no new connections; connections close after their
+    /// current response.
+    pub draining: std::sync::atomic::AtomicBool,
+}
+
+/// Counts one client request as active while it lives.
+pub struct ActiveRequest<'a>(&'a Shared);
+
+impl<'a> ActiveRequest<'a> {
+    /// Starts counting.
+    pub fn new(shared: &'a Shared) -> Self {
+        shared.active_requests.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Self(shared)
+    }
+}
+
+impl Drop for ActiveRequest<'_> {
+    fn drop(&mut self) {
+        self.0.active_requests.fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 impl Shared {

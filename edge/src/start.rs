@@ -74,11 +74,24 @@ pub enum ReloadError {
 }
 
 impl EdgeHandle {
-    /// Asks every worker to stop.
+    /// Starts a graceful shutdown: workers stop accepting clients, each
+    /// connection closes after its current response, `/healthz` answers 503.
+    /// Runs in flight go on (node sessions and leases keep working).
     pub fn shutdown(&self) {
+        self.shared.draining.store(true, std::sync::atomic::Ordering::Release);
         for inbox in &self.shared.inboxes {
-            let _ = inbox.try_send(CoreMsg::Shutdown);
+            let _ = send_blocking(inbox, CoreMsg::Shutdown);
         }
+    }
+
+    /// How long a shutdown waits for requests in flight.
+    pub fn shutdown_grace(&self) -> std::time::Duration {
+        self.current.lock().1.shutdown_grace
+    }
+
+    /// Client requests still being handled.
+    pub fn active_requests(&self) -> usize {
+        self.shared.active_requests.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Applies a new (validated) config on every core: prepare everywhere,
@@ -196,6 +209,8 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         node_addr,
         workers,
         events: crate::events::EventBus::new(),
+        active_requests: Default::default(),
+        draining: Default::default(),
     });
     let pool = Arc::new(PoolView::build(&shared.config, None));
 

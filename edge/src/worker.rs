@@ -261,10 +261,9 @@ pub async fn run(
     };
     monoio::spawn(server::accept_loop(worker.clone(), http));
     monoio::spawn(transport::accept_loop(worker.clone(), nodes));
+    // Keeps serving the inbox after Shutdown: draining runs still release
+    // leases and fences still apply until the process exits.
     while let Some(msg) = inbox.recv().await {
         worker.apply(msg);
-        if worker.stop.is_cancelled() {
-            break;
-        }
     }
 }

@@ -44,6 +44,8 @@ pub struct EdgeConfig {
     pub models: Vec<ModelGroup>,
     /// Bearer token protecting `/admin`.
     pub admin_token: Option<Secret>,
+    /// How long SIGINT/SIGTERM lets requests in flight finish.
+    pub shutdown_grace: Duration,
     /// Test-only timers (`[testing]`); defaults outside tests.
     pub testing: TestingSettings,
 }
@@ -294,6 +296,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
             MAX_FRAME_BYTES,
         )?;
         let admin_token = optional_secret(raw.admin_token);
+        let shutdown_grace = check::secs("shutdown_grace_sec", raw.shutdown_grace_sec, 30, 0)?;
 
         let http = check::required("http", raw.http)?;
         let http = HttpSettings {
@@ -358,7 +361,18 @@ impl TryFrom<RawEdge> for EdgeConfig {
         }
         let testing = TestingSettings::try_from(raw.testing)?;
 
-        Ok(Self { workers, http, node_listen, max_frame_bytes, embedded_node, nodes, models, admin_token, testing })
+        Ok(Self {
+            workers,
+            http,
+            node_listen,
+            max_frame_bytes,
+            embedded_node,
+            nodes,
+            models,
+            admin_token,
+            shutdown_grace,
+            testing,
+        })
     }
 }
 
@@ -678,6 +692,7 @@ provider = "local"
         assert!(c.workers >= 1 && c.workers <= MAX_WORKERS);
         assert_eq!(c.max_frame_bytes, DEFAULT_MAX_FRAME_BYTES);
         assert_eq!(c.admin_token, None);
+        assert_eq!(c.shutdown_grace, Duration::from_secs(30));
         assert_eq!(c.http.listen, "127.0.0.1:8080".parse().unwrap());
         assert_eq!(c.http.max_header_bytes, 16384);
         assert_eq!(c.http.max_body_bytes, 4 * 1024 * 1024);
@@ -993,6 +1008,11 @@ heartbeat_wait_ms = 25
         rejects(&[top("workers = 1025").as_ref_pair()], "workers", "must be at most 1024");
         rejects(&[top("max_frame_bytes = 4095").as_ref_pair()], "max_frame_bytes", "must be at least 4096");
         rejects(&[top("max_frame_bytes = 1073741825").as_ref_pair()], "max_frame_bytes", "must be at most 1073741824");
+        rejects(
+            &[top("shutdown_grace_sec = 31536001").as_ref_pair()],
+            "shutdown_grace_sec",
+            "must be at most 31536000",
+        );
     }
 
     #[test]

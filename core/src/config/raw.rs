@@ -47,6 +47,7 @@ pub(crate) struct RawEdge {
     pub workers: Option<u64>,
     pub admin_token: Option<String>,
     pub max_frame_bytes: Option<u64>,
+    pub shutdown_grace_sec: Option<u64>,
     pub http: Option<RawHttp>,
     pub node_listener: Option<RawNodeListener>,
     pub embedded_node: Option<RawEmbeddedNode>,

@@ -13,7 +13,9 @@ use monoio::{
     net::TcpStream,
 };
 
-use crate::{surface, worker::Worker};
+use std::sync::atomic::Ordering;
+
+use crate::{shared::ActiveRequest, surface, worker::Worker};
 
 const READ_RESERVE: usize = 16 * 1024;
 
@@ -98,8 +100,11 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream) {
             }
             Err(ConnError::Io) => return,
         };
-        let keep_alive = surface::handle(&worker, &mut conn, &head, body).await;
-        if !keep_alive || !head.keep_alive {
+        let keep_alive = {
+            let _active = ActiveRequest::new(&worker.shared);
+            surface::handle(&worker, &mut conn, &head, body).await
+        };
+        if !keep_alive || !head.keep_alive || worker.shared.draining.load(Ordering::Acquire) {
             return;
         }
     }

@@ -14,7 +14,12 @@ use crate::worker::Worker;
 /// Accepts client connections on this core.
 pub async fn accept_loop(worker: Rc<Worker>, listener: monoio::net::TcpListener) {
     loop {
-        match listener.accept().await {
+        // On shutdown the listener is dropped: new clients are refused at once.
+        let accepted = monoio::select! {
+            r = listener.accept() => r,
+            _ = worker.stop.cancelled() => return,
+        };
+        match accepted {
             Ok((stream, _peer)) => {
                 monoio::spawn(conn::serve(worker.clone(), stream));
             }

@@ -24,9 +24,12 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
         }
         ("GET", "/healthz") => {
             let ready = worker.routes.borrow().len();
+            // Draining: tell load balancers to stop sending before the edge goes away.
+            let draining = worker.shared.draining.load(std::sync::atomic::Ordering::Acquire);
+            let (status, label) = if draining { (503, "draining") } else { (200, "ok") };
             // `worker` names the core that answered: shows connections spread over cores.
-            let body = format!("{{\"status\":\"ok\",\"nodes_ready\":{ready},\"worker\":{}}}", worker.index);
-            conn.respond(200, "application/json", &[], body.as_bytes(), keep).await
+            let body = format!("{{\"status\":\"{label}\",\"nodes_ready\":{ready},\"worker\":{}}}", worker.index);
+            conn.respond(status, "application/json", &[], body.as_bytes(), keep).await
         }
         (_, "/v1/chat/completions" | "/v1/models" | "/healthz") => {
             let body = openai::error::body(405, &format!("method {method} is not allowed on {path}"), None);

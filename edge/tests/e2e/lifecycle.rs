@@ -98,3 +98,19 @@ fn nodes_reconnect_to_a_restarted_edge() {
     assert_eq!(r.status, 200, "{}\nnode log:\n{}", String::from_utf8_lossy(&r.body), node.log_text());
     assert_eq!(r.json()["choices"][0]["message"]["content"], "tok0 tok1 ");
 }
+
+#[test]
+fn sigterm_drains_the_edge_then_exits_0() {
+    let mut edge = Edge::start(&pool_config(&[mock_node("n1", 4, 0, 20, 50)], &[mock_model("m", &["n1"], "")], ""));
+    let _n1 = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+    let mut a = Chat::stream(edge.http, "m");
+    a.wait_data("tok1", Duration::from_secs(5));
+    edge.proc.signal("TERM");
+    // New clients are turned away while the stream in flight finishes.
+    eventually(Duration::from_secs(2), "listener closed", || std::net::TcpStream::connect(edge.http).is_err());
+    let a = a.join_within(Duration::from_secs(5));
+    assert_eq!(a.last().1, "[DONE]", "{}", a.resp_text());
+    assert_eq!(a.content().matches("tok").count(), 20);
+    assert_eq!(edge.proc.wait_exit(Duration::from_secs(5)), Some(0), "{}", edge.proc.log_text());
+}
