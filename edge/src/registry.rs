@@ -54,6 +54,8 @@ enum State {
 struct Owner {
     generation: Generation,
     state: State,
+    /// Worker core hosting the connection.
+    worker: usize,
 }
 
 /// Live view of one node for the snapshot.
@@ -67,6 +69,8 @@ pub struct NodeStatus {
     pub ready: bool,
     /// Generation of the owning connection (0 when none).
     pub generation: Generation,
+    /// Worker core hosting that connection.
+    pub worker: Option<usize>,
 }
 
 /// The registry.
@@ -82,15 +86,21 @@ impl Registry {
         Self::default()
     }
 
-    /// Claims the node owning `token` for a new connection (pending until ready).
-    pub fn register(&mut self, config: &EdgeConfig, token: &str) -> Result<(String, Generation), RegisterRefusal> {
+    /// Claims the node owning `token` for a new connection on core `worker`
+    /// (pending until ready).
+    pub fn register(
+        &mut self,
+        config: &EdgeConfig,
+        token: &str,
+        worker: usize,
+    ) -> Result<(String, Generation), RegisterRefusal> {
         let node = config.node_by_token(token).ok_or(RegisterRefusal::UnknownToken)?;
         if self.owners.contains_key(&node.id) {
             return Err(RegisterRefusal::Duplicate(node.id.clone()));
         }
         self.next_generation += 1;
         let generation = self.next_generation;
-        self.owners.insert(node.id.clone(), Owner { generation, state: State::Pending });
+        self.owners.insert(node.id.clone(), Owner { generation, state: State::Pending, worker });
         Ok((node.id.clone(), generation))
     }
 
@@ -137,6 +147,7 @@ impl Registry {
                     connected: owner.is_some(),
                     ready: owner.is_some_and(|o| o.state == State::Ready),
                     generation: owner.map(|o| o.generation).unwrap_or(0),
+                    worker: owner.map(|o| o.worker),
                 }
             })
             .collect()
@@ -171,17 +182,17 @@ mod tests {
     fn unknown_token_and_duplicate_are_refused() {
         let cfg = config();
         let mut r = Registry::new();
-        assert_eq!(r.register(&cfg, "nope"), Err(RegisterRefusal::UnknownToken));
-        let (id, _g) = r.register(&cfg, "tok-a").unwrap();
+        assert_eq!(r.register(&cfg, "nope", 0), Err(RegisterRefusal::UnknownToken));
+        let (id, _g) = r.register(&cfg, "tok-a", 0).unwrap();
         assert_eq!(id, "a");
-        assert_eq!(r.register(&cfg, "tok-a"), Err(RegisterRefusal::Duplicate("a".into())));
+        assert_eq!(r.register(&cfg, "tok-a", 0), Err(RegisterRefusal::Duplicate("a".into())));
     }
 
     #[test]
     fn ready_is_gated_on_the_current_generation() {
         let cfg = config();
         let mut r = Registry::new();
-        let (_, g1) = r.register(&cfg, "tok-a").unwrap();
+        let (_, g1) = r.register(&cfg, "tok-a", 0).unwrap();
         assert!(!r.is_current_ready("a", g1), "not dispatchable before ready");
         assert_eq!(r.ready("a", g1 + 100), ReadyOutcome::Stale);
         assert_eq!(r.ready("a", g1), ReadyOutcome::BecameReady);
@@ -193,10 +204,10 @@ mod tests {
     fn stale_disconnect_changes_nothing() {
         let cfg = config();
         let mut r = Registry::new();
-        let (_, g1) = r.register(&cfg, "tok-a").unwrap();
+        let (_, g1) = r.register(&cfg, "tok-a", 0).unwrap();
         r.ready("a", g1);
         assert_eq!(r.disconnect("a", g1), DisconnectOutcome::Current { was_ready: true });
-        let (_, g2) = r.register(&cfg, "tok-a").unwrap();
+        let (_, g2) = r.register(&cfg, "tok-a", 0).unwrap();
         assert!(g2 > g1);
         // The old connection's late disconnect and ready are ignored.
         assert_eq!(r.disconnect("a", g1), DisconnectOutcome::Stale);
@@ -204,6 +215,9 @@ mod tests {
         assert_eq!(r.ready("a", g2), ReadyOutcome::BecameReady);
         assert!(r.is_current_ready("a", g2));
         let st = r.statuses(&cfg);
-        assert_eq!(st, vec![NodeStatus { id: "a".into(), connected: true, ready: true, generation: g2 }]);
+        assert_eq!(
+            st,
+            vec![NodeStatus { id: "a".into(), connected: true, ready: true, generation: g2, worker: Some(0) }]
+        );
     }
 }

@@ -105,7 +105,7 @@ where
         return None;
     };
     let config = worker.config.borrow().clone();
-    let claimed = worker.shared.registry.lock().register(&config, &req.token);
+    let claimed = worker.shared.registry.lock().register(&config, &req.token, worker.index);
     let (resp, outcome) = match claimed {
         Ok((node_id, generation)) => match config.node(&node_id) {
             Some(entry) => {

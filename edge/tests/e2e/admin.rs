@@ -161,3 +161,26 @@ fn sighup_pushes_a_changed_node_config_without_dropping_in_flight_runs() {
     assert_eq!(a.content().matches("tok").count(), 40, "the in-flight run kept its old settings");
     edge.assert_idle();
 }
+
+#[test]
+fn node_sessions_are_served_by_every_worker_core() {
+    // Node connections are spread over the cores like client connections
+    // (SO_REUSEPORT hashes each connection): sixteen nodes all landing on one
+    // of two cores would be a 1-in-32768 fluke.
+    let ids: Vec<String> = (1..=16).map(|i| format!("n{i}")).collect();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let nodes: Vec<String> = ids.iter().map(|id| mock_node(id, 1, 0, 2, 0)).collect();
+    let edge = Edge::start(&pool_config(&nodes, &[mock_model("m", &ids, "")], ""));
+    let _procs: Vec<_> = ids.iter().map(|id| edge.start_node(id, "")).collect();
+    edge.wait_nodes_ready(ids.len() as u64);
+    let snap = edge.snapshot();
+    let mut workers: Vec<u64> = snap["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| n["worker"].as_u64().expect("worker of a connected node"))
+        .collect();
+    workers.sort();
+    workers.dedup();
+    assert_eq!(workers, vec![0, 1], "{snap:#}");
+}

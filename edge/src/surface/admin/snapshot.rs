@@ -38,12 +38,14 @@ fn node(n: &NodeEntry, status: Option<&NodeStatus>, pool: &PoolView) -> Value {
     let connected = status.is_some_and(|s| s.connected);
     let ready = status.is_some_and(|s| s.ready);
     let generation = status.filter(|s| s.connected).map_or(0, |s| s.generation);
+    let worker = status.and_then(|s| s.worker);
     let providers: Vec<Value> = n
         .providers
         .iter()
         .map(|p| provider(p, pool.resources.get(&ResourceKey::new(&n.id, &p.id)).map(|l| &**l)))
         .collect();
-    json!({"id": n.id, "connected": connected, "ready": ready, "generation": generation, "providers": providers})
+    json!({"id": n.id, "connected": connected, "ready": ready, "generation": generation, "worker": worker,
+           "providers": providers})
 }
 
 /// One provider. A resource missing from the view (it cannot be, for a
@@ -150,14 +152,14 @@ mod tests {
         assert_eq!(big.capacity(LeaseClass::Long), 1);
         pool.waiters.get("gpt-test").unwrap().store(7, Ordering::Relaxed);
         let statuses = vec![
-            NodeStatus { id: "n1".into(), connected: true, ready: true, generation: 3 },
-            NodeStatus { id: "n2".into(), connected: false, ready: false, generation: 0 },
+            NodeStatus { id: "n1".into(), connected: true, ready: true, generation: 3, worker: Some(1) },
+            NodeStatus { id: "n2".into(), connected: false, ready: false, generation: 0, worker: None },
         ];
 
         let v = snapshot(&cfg, &statuses, &pool);
         let expected = json!({
             "nodes": [
-                {"id": "n1", "connected": true, "ready": true, "generation": 3, "providers": [
+                {"id": "n1", "connected": true, "ready": true, "generation": 3, "worker": 1, "providers": [
                     {"id": "up", "status": "available", "health": "online",
                      "normal": {"configured": 4, "effective": 4, "in_use": 1},
                      "long": {"configured": 0, "effective": 0, "in_use": 0},
@@ -167,7 +169,7 @@ mod tests {
                      "long": {"configured": 1, "effective": 1, "in_use": 1},
                      "leases_in_use": 3, "live_leases": 3, "waiters": 5},
                 ]},
-                {"id": "n2", "connected": false, "ready": false, "generation": 0, "providers": [
+                {"id": "n2", "connected": false, "ready": false, "generation": 0, "worker": null, "providers": [
                     {"id": "up", "status": "unavailable", "health": "offline",
                      "normal": {"configured": 8, "effective": 0, "in_use": 0},
                      "long": {"configured": 0, "effective": 0, "in_use": 0},
@@ -218,7 +220,8 @@ mod tests {
         // Fenced: offline, but a lease not yet dropped is still counted.
         up.in_use_normal.store(1, Ordering::Relaxed);
         up.live_guards.store(1, Ordering::Relaxed);
-        let statuses = vec![NodeStatus { id: "n2".into(), connected: false, ready: false, generation: 0 }];
+        let statuses =
+            vec![NodeStatus { id: "n2".into(), connected: false, ready: false, generation: 0, worker: None }];
         let v = snapshot(&cfg, &statuses, &pool);
         let p = &v["nodes"][1]["providers"][0];
         assert_eq!(p["status"], "unavailable");
