@@ -17,6 +17,11 @@ use crate::wire::DEFAULT_MAX_FRAME_BYTES;
 pub const MIN_FRAME_BYTES: usize = 4096;
 /// Largest accepted `max_frame_bytes` (both binaries): 1 GiB.
 pub const MAX_FRAME_BYTES: usize = 1 << 30;
+
+/// The `max_frame_bytes` key, shared by both configs.
+pub(crate) fn max_frame_bytes(value: Option<u64>) -> Result<usize, ConfigError> {
+    check::range_usize("max_frame_bytes", value, DEFAULT_MAX_FRAME_BYTES, MIN_FRAME_BYTES, MAX_FRAME_BYTES)
+}
 /// Largest accepted `workers`.
 pub const MAX_WORKERS: usize = 1024;
 /// Largest accepted `models[].queue_timeout_ms`: one day.
@@ -288,13 +293,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
     fn try_from(raw: RawEdge) -> Result<Self, ConfigError> {
         let default_workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WORKERS);
         let workers = check::range_usize("workers", raw.workers, default_workers, 1, MAX_WORKERS)?;
-        let max_frame_bytes = check::range_usize(
-            "max_frame_bytes",
-            raw.max_frame_bytes,
-            DEFAULT_MAX_FRAME_BYTES,
-            MIN_FRAME_BYTES,
-            MAX_FRAME_BYTES,
-        )?;
+        let max_frame_bytes = max_frame_bytes(raw.max_frame_bytes)?;
         let admin_token = optional_secret(raw.admin_token);
         let shutdown_grace = check::secs("shutdown_grace_sec", raw.shutdown_grace_sec, 30, 0)?;
 

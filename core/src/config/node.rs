@@ -3,11 +3,10 @@
 use std::time::Duration;
 
 use super::{
-    edge::{split_host_port, MAX_FRAME_BYTES, MIN_FRAME_BYTES},
+    edge::{max_frame_bytes, split_host_port},
     raw::{self, check, RawNodeConfig},
     ConfigError, Secret, TestingSettings,
 };
-use crate::wire::DEFAULT_MAX_FRAME_BYTES;
 
 /// The whole validated node configuration.
 #[derive(Debug, Clone, PartialEq)]
@@ -56,13 +55,7 @@ impl TryFrom<RawNodeConfig> for NodeConfig {
         let edge = check::required("edge", raw.edge)?;
         validate_edge_addr(&edge).map_err(|why| ConfigError::invalid("edge", &edge, why))?;
         let token = Secret::new(check::non_empty("token", raw.token)?);
-        let max_frame_bytes = check::range_usize(
-            "max_frame_bytes",
-            raw.max_frame_bytes,
-            DEFAULT_MAX_FRAME_BYTES,
-            MIN_FRAME_BYTES,
-            MAX_FRAME_BYTES,
-        )?;
+        let max_frame_bytes = max_frame_bytes(raw.max_frame_bytes)?;
         let shutdown_grace = check::secs("shutdown_grace_sec", raw.shutdown_grace_sec, 30, 0)?;
         let defaults = ReconnectPolicy::default();
         let reconnect = match raw.reconnect {
@@ -125,7 +118,7 @@ mod tests {
         let c = ok(BASE);
         assert_eq!(c.edge, "127.0.0.1:7070");
         assert_eq!(c.token, Secret::new("tok"));
-        assert_eq!(c.max_frame_bytes, DEFAULT_MAX_FRAME_BYTES);
+        assert_eq!(c.max_frame_bytes, crate::wire::DEFAULT_MAX_FRAME_BYTES);
         assert_eq!(c.shutdown_grace, Duration::from_secs(30));
         assert_eq!(c.reconnect, ReconnectPolicy { max_attempts: Some(10), interval: Duration::from_secs(10) });
         assert_eq!(c.testing, TestingSettings::default());

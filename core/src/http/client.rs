@@ -3,7 +3,8 @@
 use bytes::{Bytes, BytesMut};
 
 use super::{
-    explicit_framing, find_header, keep_alive, parse_head, put_decimal, put_sanitized, BodyKind, HttpError, Limits,
+    explicit_framing, find_header, keep_alive, parse_head, put_decimal, put_headers, put_sanitized, BodyKind,
+    HttpError, Limits,
 };
 
 /// A parsed response head. Header names are lower-cased.
@@ -46,12 +47,7 @@ pub fn write_request_head(
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
     put_sanitized(out, host);
     out.extend_from_slice(b"\r\n");
-    for (name, value) in headers {
-        put_sanitized(out, name);
-        out.extend_from_slice(b": ");
-        put_sanitized(out, value);
-        out.extend_from_slice(b"\r\n");
-    }
+    put_headers(out, headers);
     if let Some(n) = content_length {
         out.extend_from_slice(b"content-length: ");
         put_decimal(out, n as u64);

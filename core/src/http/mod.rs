@@ -222,6 +222,16 @@ pub(crate) fn put_sanitized(out: &mut BytesMut, s: &str) {
     }
 }
 
+/// Appends `name: value\r\n` for each header, sanitized.
+pub(crate) fn put_headers(out: &mut BytesMut, headers: &[(&str, &str)]) {
+    for (name, value) in headers {
+        put_sanitized(out, name);
+        out.extend_from_slice(b": ");
+        put_sanitized(out, value);
+        out.extend_from_slice(b"\r\n");
+    }
+}
+
 /// Appends the decimal form of `n`.
 pub(crate) fn put_decimal(out: &mut BytesMut, n: u64) {
     let mut digits = [0u8; 20];

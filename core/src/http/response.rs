@@ -2,7 +2,7 @@
 
 use bytes::BytesMut;
 
-use super::{put_decimal, put_sanitized};
+use super::{put_decimal, put_headers};
 
 /// How the response body will be framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -32,12 +32,7 @@ pub fn write_response_head(
     out.extend_from_slice(b" ");
     out.extend_from_slice(reason_phrase(status).as_bytes());
     out.extend_from_slice(b"\r\n");
-    for (name, value) in headers {
-        put_sanitized(out, name);
-        out.extend_from_slice(b": ");
-        put_sanitized(out, value);
-        out.extend_from_slice(b"\r\n");
-    }
+    put_headers(out, headers);
     if !(status < 200 || status == 204) {
         match framing {
             Framing::Length(n) => {
