@@ -77,6 +77,14 @@ pub async fn run(cfg: &NodeConfig, shutdown: &LocalCancel) -> SessionEnd {
     let writer = FrameWriter::new(cfg.max_frame_bytes, HIGH_WATER, HARD_LIMIT);
     monoio::spawn(writer.clone().run(wr));
     let mut reader = FrameReader::new(rd, cfg.max_frame_bytes, BytesMut::new());
+    // A dead or stuck write side ends the session now, not at the next heartbeat.
+    {
+        let (writer, stopper) = (writer.clone(), reader.stopper());
+        monoio::spawn(async move {
+            writer.closed().await;
+            stopper.stop();
+        });
+    }
     let end = serve(cfg, shutdown, &writer, &mut reader).await;
     writer.close();
     end
@@ -169,7 +177,11 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     ));
 
     let reason = serve_frames(reader, writer, &manager, &last_seen).await;
-    let reason = if reason == STOPPED && !shutdown.is_cancelled() { "heartbeat_timeout".to_owned() } else { reason };
+    let reason = match reason.as_str() {
+        STOPPED if writer.is_closed() => "write to the edge failed".to_owned(),
+        STOPPED if !shutdown.is_cancelled() => "heartbeat_timeout".to_owned(),
+        _ => reason,
+    };
     closed.cancel();
     // Runs are bound to this connection: their events could go nowhere now.
     manager.cancel_all();

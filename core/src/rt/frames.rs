@@ -131,7 +131,7 @@ struct WriterInner {
     hard_limit: usize,
     data: LocalNotify,
     drained: RefCell<Vec<Waker>>,
-    closed: Cell<bool>,
+    closed: super::signal::LocalCancel,
 }
 
 /// Shared handle to a connection's outbound frame buffer.
@@ -153,7 +153,7 @@ impl FrameWriter {
                 hard_limit: hard_limit.max(high_water + max_frame),
                 data: LocalNotify::new(),
                 drained: RefCell::new(Vec::new()),
-                closed: Cell::new(false),
+                closed: super::signal::LocalCancel::new(),
             }),
         }
     }
@@ -161,7 +161,7 @@ impl FrameWriter {
     /// Queues one frame without waiting.
     pub fn send(&self, env: &Envelope) -> Result<(), SendError> {
         let inner = &self.inner;
-        if inner.closed.get() {
+        if inner.closed.is_cancelled() {
             return Err(SendError::Closed);
         }
         {
@@ -181,7 +181,7 @@ impl FrameWriter {
     /// Waits until the buffer is below the high-water mark.
     pub async fn wait_writable(&self) -> Result<(), SendError> {
         poll_fn(|cx| {
-            if self.inner.closed.get() {
+            if self.inner.closed.is_cancelled() {
                 Poll::Ready(Err(SendError::Closed))
             } else if self.inner.buf.borrow().len() < self.inner.high_water {
                 Poll::Ready(Ok(()))
@@ -195,7 +195,7 @@ impl FrameWriter {
 
     /// Closes the writer: queued bytes are still flushed, new frames refused.
     pub fn close(&self) {
-        self.inner.closed.set(true);
+        self.inner.closed.cancel();
         self.inner.data.notify();
         for w in self.inner.drained.take() {
             w.wake();
@@ -204,7 +204,13 @@ impl FrameWriter {
 
     /// Whether the writer was closed.
     pub fn is_closed(&self) -> bool {
-        self.inner.closed.get()
+        self.inner.closed.is_cancelled()
+    }
+
+    /// Resolves once the writer is closed (a write failed, the peer stopped
+    /// reading, or the session closed it), so the session can stop reading too.
+    pub async fn closed(&self) {
+        self.inner.closed.cancelled().await
     }
 
     /// Drains the buffer into `io` until closed and empty, or a write fails.
@@ -232,7 +238,7 @@ impl FrameWriter {
                         return Err(e);
                     }
                 }
-                None if self.inner.closed.get() => return Ok(()),
+                None if self.inner.closed.is_cancelled() => return Ok(()),
                 None => self.inner.data.notified().await,
             }
         }

@@ -45,6 +45,15 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr) {
     let writer = FrameWriter::new(max_frame, HIGH_WATER, HARD_LIMIT);
     monoio::spawn(writer.clone().run(wr));
     let mut reader = FrameReader::new(rd, max_frame, BytesMut::new());
+    // A dead or stuck write side ends the session now, not at the next heartbeat.
+    let stop_reason = Rc::new(RefCell::new(None));
+    {
+        let (writer, stop) = (writer.clone(), Stop { stopper: reader.stopper(), reason: stop_reason.clone() });
+        monoio::spawn(async move {
+            writer.closed().await;
+            stop.stop("write_failed");
+        });
+    }
 
     let Some((node_id, generation)) = register(&worker, &mut reader, &writer, peer).await else {
         writer.close();
@@ -59,7 +68,7 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr) {
         runs: Rc::new(RefCell::new(RunTable::default())),
         closed: LocalCancel::new(),
         last_seen: Rc::new(std::cell::Cell::new(Instant::now())),
-        stop_reason: Rc::new(RefCell::new(None)),
+        stop_reason,
     };
     let reason = session.run(&mut reader, cmd_tx, cmd_rx).await;
     session.teardown(reason).await;
