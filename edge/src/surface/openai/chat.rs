@@ -223,6 +223,9 @@ fn node_cancelled(reason: &str) -> RunFailure {
     )
 }
 
+/// Largest non-streamed completion the edge buffers (text and reasoning).
+const MAX_AGGREGATE_BYTES: usize = 64 * 1024 * 1024;
+
 struct Aggregate {
     content: String,
     reasoning: String,
@@ -234,6 +237,16 @@ async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
     let mut agg =
         Aggregate { content: String::new(), reasoning: String::new(), finish_reason: String::new(), usage: None };
     while let Some(ev) = run.next().await {
+        if agg.content.len() + agg.reasoning.len() > MAX_AGGREGATE_BYTES {
+            // The caller then drops the stream, which cancels the run on the node.
+            let msg = format!("the completion exceeds {MAX_AGGREGATE_BYTES} bytes; use stream=true");
+            return Err(RunFailure::new(
+                iop_core::exec::codes::INTERNAL,
+                502,
+                iop_core::exec::FailureSource::Edge,
+                msg,
+            ));
+        }
         match ev {
             ExecEvent::Start { .. } => {}
             ExecEvent::Delta(t) => agg.content.push_str(&t),
