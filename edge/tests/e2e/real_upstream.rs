@@ -87,3 +87,27 @@ fn real_llama_cpp_upstream_streams_and_completes() {
     assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), streamed);
     assert_eq!(v["usage"]["completion_tokens"], 8);
 }
+
+#[test]
+fn official_openai_python_sdk_streams_and_completes() {
+    if std::env::var("IOP_E2E_LLAMA_MODEL").is_err() {
+        eprintln!("IOP_E2E_LLAMA_MODEL not set: run scripts/fetch-test-model.sh (it also installs the openai SDK)");
+        return;
+    }
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../configs/quickstart.toml")).unwrap();
+    let edge = Edge::start(&text.replace("127.0.0.1:8080", "127.0.0.1:0"));
+    edge.wait_nodes_ready(1);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/openai_sdk_check.py");
+    let out =
+        Command::new("python3").args([script, &format!("http://{}/v1", edge.http), "mock"]).output().expect("python3");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["stream_text"], "tok0 tok1 tok2 tok3 tok4 tok5 ", "{v}");
+    assert_eq!(v["stream_finish"], "length", "{v}");
+    assert_eq!(v["stream_usage"]["completion_tokens"], 6, "{v}");
+    assert!(v["text"].as_str().unwrap().starts_with("tok0 tok1 "), "{v}");
+    assert_eq!(v["finish"], "stop", "{v}");
+    assert!(v["usage"]["total_tokens"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["models"], json!(["mock"]), "{v}");
+    assert_eq!(v["not_found_status"], 404, "{v}");
+}
