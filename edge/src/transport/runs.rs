@@ -54,7 +54,9 @@ impl RunTable {
     /// rather than blocking the connection.
     pub fn route(&mut self, run_id: &str, seq: u64, ev: ExecEvent) -> Routed {
         let Some(entry) = self.runs.get_mut(run_id) else {
+            // Expected after a cancel or a slow-consumer failure races the node's events.
             self.ignored_events += 1;
+            tracing::debug!(run = %run_id, seq, ignored = self.ignored_events, "event for a run no longer tracked dropped");
             return Routed::Done;
         };
         if seq != entry.next_seq {
