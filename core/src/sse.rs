@@ -30,6 +30,9 @@ pub enum SseError {
 
 const BOM: &[u8] = b"\xEF\xBB\xBF";
 
+/// Bytes a line may hold beyond the event limit (a field name and its `: `).
+const LINE_OVERHEAD: usize = 16;
+
 /// The event being assembled.
 #[derive(Debug, Default)]
 struct Pending {
@@ -163,13 +166,20 @@ impl SseParser {
                 }
                 self.skip_lf = false;
             }
+            // Any one line, finished or not, is bounded by the event limit plus
+            // room for a field name, so a peer cannot grow `buf` forever; the
+            // same bound for both keeps the outcome independent of how the
+            // input was split.
+            let max_line = self.max_event_bytes.saturating_add(LINE_OVERHEAD);
             let Some(end) = memchr::memchr2(b'\n', b'\r', &self.buf) else {
-                // An unfinished line is bounded too, or a peer could grow `buf` forever.
-                if self.pending.size + self.buf.len() > self.max_event_bytes {
+                if self.buf.len() > max_line {
                     return Err(SseError::EventTooLarge(self.max_event_bytes));
                 }
                 return Ok(None);
             };
+            if end > max_line {
+                return Err(SseError::EventTooLarge(self.max_event_bytes));
+            }
             let event = self.pending.line(&self.buf[..end], self.max_event_bytes)?;
             let cr = self.buf[end] == b'\r';
             self.buf.advance(end + 1);
@@ -293,13 +303,27 @@ mod tests {
         assert_eq!(parse_split(b"data: 12345\n\n", &[], 5).unwrap(), vec![ev("12345")]);
         assert_eq!(parse_split(b"data: 123456\n\n", &[], 5), Err(SseError::EventTooLarge(5)));
         assert_eq!(parse_split(b"data: 123\ndata: 45\n\n", &[], 5), Err(SseError::EventTooLarge(5)));
-        // A line that never ends is refused while incomplete.
+        // A line that never ends is refused while incomplete, once it is
+        // longer than the limit plus room for a field name.
         let mut p = SseParser::new(16);
         p.push(b"data: ");
         assert_eq!(p.next_event().unwrap(), None);
-        p.push(&[b'a'; 20]);
+        p.push(&[b'a'; 26]);
+        assert_eq!(p.next_event().unwrap(), None);
+        p.push(b"a");
         assert_eq!(p.next_event(), Err(SseError::EventTooLarge(16)));
         assert_eq!(p.buffered(), 0);
+        // The same bound holds for a finished line, so splitting never matters.
+        let long_comment = [b":".as_slice(), &[b'c'; 40], b"\ndata: ok\n\n"].concat();
+        for splits in [&[][..], &[3, 20]] {
+            assert_eq!(parse_split(&long_comment, splits, 16), Err(SseError::EventTooLarge(16)));
+        }
+        // The fuzzer's regressions: the outcome does not depend on the split.
+        for (input, max) in [(&b":\n"[..], 0), (&b"data: 12345\n\n"[..], 5)] {
+            let whole = parse_split(input, &[], max);
+            let bytewise = parse_split(input, &(1..input.len()).collect::<Vec<_>>(), max);
+            assert_eq!(whole, bytewise, "{:?}", String::from_utf8_lossy(input));
+        }
         // Comments do not count towards an event.
         let mut input = Vec::new();
         for _ in 0..10 {
