@@ -67,8 +67,7 @@ fn run(pieces: &[&[u8]], max: usize) -> Outcome {
                             assert_eq!(&buf[..], &before[..], "FrameTooLarge consumed bytes");
                         }
                         WireError::Malformed(_) | WireError::EmptyEnvelope => {
-                            let declared =
-                                u32::from_be_bytes([before[0], before[1], before[2], before[3]]) as usize;
+                            let declared = u32::from_be_bytes([before[0], before[1], before[2], before[3]]) as usize;
                             assert_eq!(before.len() - buf.len(), 4 + declared, "bad frame not consumed");
                         }
                         WireError::Encode(_) => panic!("decode returned an encode error"),
