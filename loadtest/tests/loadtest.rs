@@ -3,49 +3,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use common::MockProv;
+
+use std::process::{Command, Stdio};
 
 use serde_json::Value;
-
-/// A running `iop-mockprov`, killed on drop.
-struct MockProv {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl MockProv {
-    fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_iop-mockprov"))
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn iop-mockprov");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read ready line");
-        let addr = line
-            .trim()
-            .strip_prefix("iop-mockprov listening on ")
-            .unwrap_or_else(|| panic!("unexpected ready line {line:?}"))
-            .parse()
-            .expect("address");
-        Self { child, addr }
-    }
-
-    fn url(&self) -> String {
-        format!("http://{}", self.addr)
-    }
-}
-
-impl Drop for MockProv {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// Runs `iop-loadtest --json` with `args`; returns the report.
 fn loadtest(args: &[&str]) -> Value {

@@ -2,9 +2,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use common::MockProv;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
@@ -12,43 +15,7 @@ use iop_core::http::{parse_response_head, BodyDecoder, Limits, ResponseHead};
 use iop_core::sse::{SseEvent, SseParser};
 use serde_json::Value;
 
-/// A running `iop-mockprov`, killed on drop.
-struct MockProv {
-    child: Child,
-    addr: SocketAddr,
-}
-
 impl MockProv {
-    fn start(args: &[&str]) -> Self {
-        Self::start_on(args, false)
-    }
-
-    /// `legacy` forces monoio's epoll driver instead of io_uring.
-    fn start_on(args: &[&str], legacy: bool) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_iop-mockprov"));
-        if legacy {
-            cmd.env("MONOIO_FORCE_LEGACY_DRIVER", "1");
-        } else {
-            cmd.env_remove("MONOIO_FORCE_LEGACY_DRIVER");
-        }
-        let mut child = cmd
-            .args(["--listen", "127.0.0.1:0"])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn iop-mockprov");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("read ready line");
-        let addr = line
-            .trim()
-            .strip_prefix("iop-mockprov listening on ")
-            .unwrap_or_else(|| panic!("unexpected ready line {line:?}"))
-            .parse()
-            .expect("address");
-        Self { child, addr }
-    }
-
     fn connect(&self) -> TcpStream {
         let s = TcpStream::connect(self.addr).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -74,13 +41,6 @@ impl MockProv {
         let mut raw = Vec::new();
         s.read_to_end(&mut raw).unwrap();
         Response::parse(&raw)
-    }
-}
-
-impl Drop for MockProv {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
