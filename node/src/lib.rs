@@ -1,7 +1,7 @@
 //! iop-node: runs beside model servers, dials out to the edge, registers,
 //! receives its provider config and executes runs.
 //!
-//! - [`run`]: the node's root future ([`supervisor`] → [`session`]).
+//! - [`run()`](fn@run): the node's root future ([`supervisor`] → [`session`]).
 //! - [`adapter`]: provider adapters (`mock`, `openai_compat`) over the
 //!   [`upstream`] HTTP client.
 //! - [`run`](mod@run): admission by provider concurrency, event sinks, cancellation.

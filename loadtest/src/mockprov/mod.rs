@@ -41,7 +41,7 @@ pub struct MockConfig {
     /// Answer chat requests with this HTTP status and an OpenAI-shaped error.
     #[arg(long, value_parser = clap::value_parser!(u16).range(400..=599))]
     pub error_status: Option<u16>,
-    /// Close the connection after this many content chunks (no finish, no [DONE]).
+    /// Close the connection after this many content chunks (no finish, no `[DONE]`).
     #[arg(long)]
     pub abort_after: Option<u64>,
     /// Reasoning (`reasoning_content`) chunks before the content.
