@@ -267,6 +267,9 @@ impl Session {
                         reason: if ok { String::new() } else { "stale or unknown connection".into() },
                     };
                     let _ = self.writer.send(&envelope(cid, Body::NodeReadyResponse(resp)));
+                    if ok {
+                        self.push_config_if_stale(req.config_revision);
+                    }
                 }
                 Some(Body::RunEvent(ev)) if ready => self.on_run_event(ev),
                 Some(Body::NodeDraining(d)) if ready => {
@@ -331,6 +334,21 @@ impl Session {
                 tracing::warn!(node = %self.node_id, generation = self.generation, "stale ready refused");
                 false
             }
+        }
+    }
+
+    /// A reload committed between registration and ready leaves the node on
+    /// the config it registered with: push the current one (after the ready
+    /// response, which the node waits for first).
+    fn push_config_if_stale(&self, node_revision: u64) {
+        let revision = self.worker.revision.get();
+        if node_revision == revision {
+            return;
+        }
+        let entry = self.worker.config.borrow().node(&self.node_id).cloned();
+        if let Some(entry) = entry {
+            let refresh = pb::ConfigRefresh { config: Some(node_payload(&entry, revision)) };
+            let _ = self.writer.send(&envelope(revision, Body::ConfigRefresh(refresh)));
         }
     }
 
