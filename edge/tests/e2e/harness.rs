@@ -255,10 +255,17 @@ impl Response {
     }
 }
 
-/// One request on a fresh connection (`Connection: close`), body read to EOF.
-pub fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) -> Response {
+/// Opens a connection and writes one `Connection: close` request.
+fn send_request(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<&[u8]>,
+    headers: &[(&str, &str)],
+    read_timeout: Duration,
+) -> TcpStream {
     let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(Duration::from_secs(20))).expect("timeout");
+    s.set_read_timeout(Some(read_timeout)).expect("timeout");
     let mut req = format!("{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
     for (k, v) in headers {
         req.push_str(&format!("{k}: {v}\r\n"));
@@ -271,6 +278,12 @@ pub fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&[u8]>, 
     if let Some(b) = body {
         s.write_all(b).expect("write body");
     }
+    s
+}
+
+/// One request on a fresh connection (`Connection: close`), body read to EOF.
+pub fn request(addr: SocketAddr, method: &str, path: &str, body: Option<&[u8]>, headers: &[(&str, &str)]) -> Response {
+    let mut s = send_request(addr, method, path, body, headers, Duration::from_secs(20));
     let mut raw = Vec::new();
     s.read_to_end(&mut raw).expect("read response");
     parse_response(&raw)
@@ -629,20 +642,7 @@ fn open_stream(
     headers: &[(&str, &str)],
     read_timeout: Duration,
 ) -> Opened {
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_read_timeout(Some(read_timeout)).expect("timeout");
-    let mut req = format!("{method} {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    if let Some(b) = body {
-        req.push_str(&format!("content-type: application/json\r\ncontent-length: {}\r\n", b.len()));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).expect("write head");
-    if let Some(b) = body {
-        s.write_all(b).expect("write body");
-    }
+    let s = send_request(addr, method, path, body, headers, read_timeout);
     let mut rd = BufReader::new(s.try_clone().expect("clone stream"));
     let mut status_line = String::new();
     rd.read_line(&mut status_line).expect("status line");
