@@ -84,6 +84,9 @@ pub mod codes {
     pub const NODE_DISCONNECTED: &str = "node_disconnected";
     /// The client consumed the stream too slowly.
     pub const SLOW_CONSUMER: &str = "slow_consumer";
+    /// The run did not end within its deadline (the provider's
+    /// `request_timeout_sec`), enforced by the edge.
+    pub const DEADLINE_EXCEEDED: &str = "deadline_exceeded";
     /// The request was invalid for the provider.
     pub const INVALID_REQUEST: &str = "invalid_request";
     /// Anything else.
@@ -98,6 +101,7 @@ pub mod codes {
         CAPACITY,
         UNKNOWN_ADAPTER,
         NODE_DISCONNECTED,
+        DEADLINE_EXCEEDED,
         SLOW_CONSUMER,
         INVALID_REQUEST,
         INTERNAL,
@@ -181,6 +185,17 @@ impl ExecEvent {
     /// Whether this event ends the run.
     pub fn is_terminal(&self) -> bool {
         matches!(self, ExecEvent::Complete { .. } | ExecEvent::Error(_) | ExecEvent::Cancelled { .. })
+    }
+
+    /// Bytes of text this event carries: what a buffer of events holds.
+    pub fn payload_bytes(&self) -> usize {
+        match self {
+            ExecEvent::Start { model } => model.len(),
+            ExecEvent::Delta(t) | ExecEvent::ReasoningDelta(t) => t.len(),
+            ExecEvent::Complete { finish_reason, .. } => finish_reason.len(),
+            ExecEvent::Error(f) => f.message.len(),
+            ExecEvent::Cancelled { reason } => reason.len(),
+        }
     }
 
     /// Wire form of this event.

@@ -7,10 +7,12 @@
 //!   listeners, cross-core mailboxes.
 //! - [`http`], [`sse`]: sans-IO HTTP/1.1 and server-sent-events codecs.
 //! - [`exec`]: run events, usage and failure classification.
+//! - [`limits`]: counted slots, a log throttle, the open-file limit.
 
 pub mod config;
 pub mod exec;
 pub mod http;
+pub mod limits;
 pub mod rt;
 pub mod sse;
 pub mod wire;

@@ -118,12 +118,22 @@ pub struct SseParser {
     skip_lf: bool,
     /// A byte-order mark may still be stripped.
     at_start: bool,
+    /// `buf[..scanned]` holds no line end: a long line arriving in many
+    /// reads is scanned once, not once per read.
+    scanned: usize,
 }
 
 impl SseParser {
     /// A parser rejecting events above `max_event_bytes`.
     pub fn new(max_event_bytes: usize) -> Self {
-        Self { buf: BytesMut::new(), max_event_bytes, pending: Pending::default(), skip_lf: false, at_start: true }
+        Self {
+            buf: BytesMut::new(),
+            max_event_bytes,
+            pending: Pending::default(),
+            skip_lf: false,
+            at_start: true,
+            scanned: 0,
+        }
     }
 
     /// Appends input bytes.
@@ -143,6 +153,7 @@ impl SseParser {
             self.pending.reset();
             self.buf.clear();
             self.skip_lf = false;
+            self.scanned = 0;
         }
         result
     }
@@ -161,7 +172,10 @@ impl SseParser {
             if self.skip_lf {
                 match self.buf.first() {
                     None => return Ok(None),
-                    Some(b'\n') => self.buf.advance(1),
+                    Some(b'\n') => {
+                        self.buf.advance(1);
+                        self.scanned = self.scanned.saturating_sub(1);
+                    }
                     Some(_) => {}
                 }
                 self.skip_lf = false;
@@ -171,12 +185,15 @@ impl SseParser {
             // same bound for both keeps the outcome independent of how the
             // input was split.
             let max_line = self.max_event_bytes.saturating_add(LINE_OVERHEAD);
-            let Some(end) = memchr::memchr2(b'\n', b'\r', &self.buf) else {
+            let from = self.scanned.min(self.buf.len());
+            let Some(end) = memchr::memchr2(b'\n', b'\r', &self.buf[from..]).map(|i| from + i) else {
+                self.scanned = self.buf.len();
                 if self.buf.len() > max_line {
                     return Err(SseError::EventTooLarge(self.max_event_bytes));
                 }
                 return Ok(None);
             };
+            self.scanned = 0;
             if end > max_line {
                 return Err(SseError::EventTooLarge(self.max_event_bytes));
             }
@@ -260,6 +277,22 @@ mod tests {
             ev("x\n y"),
             ev("[DONE]"),
         ]
+    }
+
+    #[test]
+    fn a_long_line_in_many_pieces_is_scanned_once() {
+        let mut p = SseParser::new(1 << 20);
+        p.push(b"data: ");
+        for _ in 0..1000 {
+            p.push(&[b'x'; 100]);
+            assert_eq!(p.next_event(), Ok(None));
+            // Everything buffered is known to hold no line end.
+            assert_eq!(p.scanned, p.buffered());
+        }
+        p.push(b"\n\n");
+        let ev = p.next_event().unwrap().unwrap();
+        assert_eq!(ev.data.len(), 100_000);
+        assert_eq!((p.scanned, p.buffered()), (0, 0));
     }
 
     #[test]

@@ -6,6 +6,13 @@ use anyhow::Context;
 use clap::Parser;
 use iop_core::config::EdgeConfig;
 
+/// jemalloc, with its background purge thread: freed memory goes back to
+/// the OS after a burst (glibc's per-thread arenas and growing mmap
+/// threshold kept tens of MiB after a burst of large request bodies), and
+/// frees from other threads take no arena lock.
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// iop edge: OpenAI-compatible gateway in front of a fleet of iop nodes.
 #[derive(Parser)]
 #[command(version)]
@@ -28,6 +35,9 @@ fn main() {
 fn run() -> anyhow::Result<()> {
     let args = Args::parse();
     init_tracing();
+    if let Err(e) = iop_core::rt::alloc::tune_jemalloc() {
+        tracing::warn!(error = %e, "jemalloc tuning failed: freed memory returns to the OS more slowly");
+    }
     let config = load(&args.config)?;
     if args.check_config {
         eprintln!("config {} is valid", args.config.display());

@@ -3,7 +3,7 @@
 
 use std::{net::SocketAddr, sync::Arc};
 
-use iop_core::{config::EdgeConfig, rt::mailbox};
+use iop_core::{config::EdgeConfig, limits::Slots, rt::mailbox};
 use parking_lot::Mutex;
 
 use crate::{registry::Registry, worker::CoreMsg};
@@ -31,6 +31,14 @@ pub struct Shared {
     /// Shutting down: no new connections; connections close after their
     /// current response.
     pub draining: std::sync::atomic::AtomicBool,
+    /// Open client connections (bounded by `http.max_connections`).
+    pub connections: Slots,
+    /// `http.max_connections` when the config leaves it unset.
+    pub default_max_connections: usize,
+    /// Node connections that have not yet completed the handshake.
+    pub node_handshakes: Slots,
+    /// Failed credential checks per client/node address.
+    pub auth_failures: crate::auth_limit::FailureLimiter,
 }
 
 /// Counts one client request as active while it lives.

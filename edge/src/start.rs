@@ -195,7 +195,10 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
     };
 
     let driver = rt::Driver::detect();
-    tracing::info!(driver = driver.name(), workers, %http_addr, %node_addr, "iop-edge starting");
+    let open_files = iop_core::limits::raise_open_file_limit();
+    let default_max_connections = iop_core::limits::default_max_connections(open_files);
+    let max_connections = config.http.max_connections.unwrap_or(default_max_connections);
+    tracing::info!(driver = driver.name(), workers, %http_addr, %node_addr, open_files, max_connections, "iop-edge starting");
 
     let (inboxes, receivers): (Vec<_>, Vec<_>) = (0..workers).map(|_| mailbox::mailbox(INBOX_CAPACITY)).unzip();
     let instance =
@@ -211,6 +214,10 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         events: crate::events::EventBus::new(),
         active_requests: Default::default(),
         draining: Default::default(),
+        connections: Default::default(),
+        default_max_connections,
+        node_handshakes: Default::default(),
+        auth_failures: Default::default(),
     });
     let pool = Arc::new(PoolView::build(&shared.config, None));
 

@@ -127,6 +127,8 @@ pub struct Worker {
     pending: RefCell<Option<Staged>>,
     /// Raised when the worker stops.
     pub stop: LocalCancel,
+    /// Request body bytes being received and parsed on this core.
+    pub body_budget: server::BodyBudget,
 }
 
 impl Worker {
@@ -148,7 +150,14 @@ impl Worker {
             revision: Cell::new(1),
             pending: RefCell::new(None),
             stop: LocalCancel::new(),
+            body_budget: server::BodyBudget::default(),
         }
+    }
+
+    /// Client connections allowed at once on the edge (`http.max_connections`,
+    /// by default derived from the open-file limit).
+    pub fn max_connections(&self) -> usize {
+        self.config.borrow().http.max_connections.unwrap_or(self.shared.default_max_connections)
     }
 
     /// Arrival number for a new waiter (per core; with the core index it orders logs).

@@ -7,6 +7,13 @@ use clap::Parser;
 use iop_core::{config::NodeConfig, rt};
 use iop_node::NodeError;
 
+/// jemalloc, with its background purge thread: freed memory goes back to
+/// the OS after a burst (glibc's per-thread arenas and growing mmap
+/// threshold kept tens of MiB after a burst of large request bodies), and
+/// frees from other threads take no arena lock.
+#[global_allocator]
+static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 /// iop node: runs beside model servers and executes requests for the edge.
 #[derive(Parser)]
 #[command(version)]
@@ -43,6 +50,9 @@ fn run() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if let Err(e) = iop_core::rt::alloc::tune_jemalloc() {
+        tracing::warn!(error = %e, "jemalloc tuning failed: freed memory returns to the OS more slowly");
+    }
     let text = std::fs::read_to_string(&args.config)
         .with_context(|| format!("cannot read config {}", args.config.display()))?;
     let config = NodeConfig::from_toml(&text, &|k| std::env::var(k).ok())

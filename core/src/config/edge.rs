@@ -39,6 +39,8 @@ pub struct EdgeConfig {
     /// Where nodes connect. None only when `embedded_node` is set (then an
     /// ephemeral loopback port is used).
     pub node_listen: Option<SocketAddr>,
+    /// Limits on node connections before they are registered and ready.
+    pub node_handshake: HandshakeSettings,
     /// Largest edge↔node frame accepted, in bytes.
     pub max_frame_bytes: usize,
     /// Run this node inside the edge process.
@@ -66,7 +68,42 @@ pub struct HttpSettings {
     pub max_body_bytes: usize,
     /// Idle keep-alive connections are closed after this.
     pub idle_timeout: Duration,
+    /// A request head must arrive within this, however it trickles (408).
+    pub header_timeout: Duration,
+    /// A request body must make progress at least this often (408).
+    pub body_timeout: Duration,
+    /// The whole request (head and body) must arrive within this (408).
+    pub read_timeout: Duration,
+    /// Client connections open at once on the edge; None = derived from
+    /// the open-file limit at start.
+    pub max_connections: Option<usize>,
+    /// Request body bytes being received and parsed at once per worker
+    /// core; beyond it 503.
+    pub max_inflight_body_bytes: usize,
 }
+
+/// Limits on node connections that have not finished the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HandshakeSettings {
+    /// Register and ready must both complete within this after accept.
+    pub timeout: Duration,
+    /// Node connections in the handshake at once on the edge; more are
+    /// closed at accept.
+    pub max_pending: usize,
+}
+
+impl Default for HandshakeSettings {
+    fn default() -> Self {
+        Self { timeout: Duration::from_secs(DEFAULT_HANDSHAKE_TIMEOUT_SEC), max_pending: DEFAULT_MAX_HANDSHAKES }
+    }
+}
+
+/// Default `node_listener.handshake_timeout_sec`.
+pub const DEFAULT_HANDSHAKE_TIMEOUT_SEC: u64 = 10;
+/// Default `node_listener.max_handshakes`.
+pub const DEFAULT_MAX_HANDSHAKES: usize = 64;
+/// Smallest default `http.max_inflight_body_bytes` (16 MiB per core).
+pub const DEFAULT_INFLIGHT_BODY_BYTES: usize = 16 << 20;
 
 /// A node run inside the edge process.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -298,12 +335,29 @@ impl TryFrom<RawEdge> for EdgeConfig {
         let shutdown_grace = check::secs("shutdown_grace_sec", raw.shutdown_grace_sec, 30, 0)?;
 
         let http = check::required("http", raw.http)?;
-        let http = HttpSettings {
+        let http_settings = HttpSettings {
             listen: check::socket_addr("http.listen", http.listen)?,
             max_header_bytes: check::range_usize("http.max_header_bytes", http.max_header_bytes, 16384, 1024, 1 << 20)?,
             max_body_bytes: check::range_usize("http.max_body_bytes", http.max_body_bytes, 4 << 20, 1024, 256 << 20)?,
             idle_timeout: check::secs("http.idle_timeout_sec", http.idle_timeout_sec, 60, 1)?,
+            header_timeout: check::secs("http.header_timeout_sec", http.header_timeout_sec, 10, 1)?,
+            body_timeout: check::secs("http.body_timeout_sec", http.body_timeout_sec, 10, 1)?,
+            read_timeout: check::secs("http.read_timeout_sec", http.read_timeout_sec, 60, 1)?,
+            max_connections: match http.max_connections {
+                None => None,
+                Some(n) => Some(check::range_usize("http.max_connections", Some(n), 1, 1, 10_000_000)?),
+            },
+            max_inflight_body_bytes: 0,
         };
+        // A body the limit allows must fit in the per-core budget.
+        let max_inflight_body_bytes = check::range_usize(
+            "http.max_inflight_body_bytes",
+            http.max_inflight_body_bytes,
+            DEFAULT_INFLIGHT_BODY_BYTES.max(http_settings.max_body_bytes),
+            http_settings.max_body_bytes,
+            1 << 40,
+        )?;
+        let http = HttpSettings { max_inflight_body_bytes, ..http_settings };
 
         if raw.nodes.is_empty() {
             return Err(ConfigError::key("nodes", "at least one [[nodes]] entry is required"));
@@ -337,9 +391,27 @@ impl TryFrom<RawEdge> for EdgeConfig {
                 Some(EmbeddedNode { node_id })
             }
         };
-        let node_listen = match raw.node_listener {
-            Some(l) => Some(check::socket_addr("node_listener.listen", l.listen)?),
-            None if embedded_node.is_some() => None,
+        let (node_listen, node_handshake) = match raw.node_listener {
+            Some(l) => {
+                let listen = check::socket_addr("node_listener.listen", l.listen)?;
+                let handshake = HandshakeSettings {
+                    timeout: check::secs(
+                        "node_listener.handshake_timeout_sec",
+                        l.handshake_timeout_sec,
+                        DEFAULT_HANDSHAKE_TIMEOUT_SEC,
+                        1,
+                    )?,
+                    max_pending: check::range_usize(
+                        "node_listener.max_handshakes",
+                        l.max_handshakes,
+                        DEFAULT_MAX_HANDSHAKES,
+                        1,
+                        1_000_000,
+                    )?,
+                };
+                (Some(listen), handshake)
+            }
+            None if embedded_node.is_some() => (None, HandshakeSettings::default()),
             None => return Err(ConfigError::key("node_listener", "is required unless [embedded_node] is set")),
         };
 
@@ -364,6 +436,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
             workers,
             http,
             node_listen,
+            node_handshake,
             max_frame_bytes,
             embedded_node,
             nodes,
@@ -696,7 +769,13 @@ provider = "local"
         assert_eq!(c.http.max_header_bytes, 16384);
         assert_eq!(c.http.max_body_bytes, 4 * 1024 * 1024);
         assert_eq!(c.http.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.http.header_timeout, Duration::from_secs(10));
+        assert_eq!(c.http.body_timeout, Duration::from_secs(10));
+        assert_eq!(c.http.read_timeout, Duration::from_secs(60));
+        assert_eq!(c.http.max_connections, None);
+        assert_eq!(c.http.max_inflight_body_bytes, 16 << 20);
         assert_eq!(c.node_listen, Some("127.0.0.1:7070".parse().unwrap()));
+        assert_eq!(c.node_handshake, HandshakeSettings { timeout: Duration::from_secs(10), max_pending: 64 });
         assert_eq!(c.embedded_node, None);
         let p = &c.nodes[0].providers[0];
         assert_eq!((p.capacity.get(), p.long_capacity, p.max_concurrency()), (64, 0, 64));
@@ -737,6 +816,10 @@ listen = "[::1]:8080"
 max_header_bytes = 1024
 max_body_bytes = 268435456
 idle_timeout_sec = 5
+header_timeout_sec = 2
+body_timeout_sec = 3
+read_timeout_sec = 4
+max_connections = 10
 [embedded_node]
 node = "b"
 [[nodes]]
@@ -791,7 +874,13 @@ heartbeat_wait_ms = 25
         assert_eq!(c.http.listen, "[::1]:8080".parse().unwrap());
         assert_eq!((c.http.max_header_bytes, c.http.max_body_bytes), (1024, 256 << 20));
         assert_eq!(c.http.idle_timeout, Duration::from_secs(5));
+        let timeouts = (c.http.header_timeout, c.http.body_timeout, c.http.read_timeout);
+        assert_eq!(timeouts, (Duration::from_secs(2), Duration::from_secs(3), Duration::from_secs(4)));
+        assert_eq!(c.http.max_connections, Some(10));
+        // The per-core body budget is at least one largest body.
+        assert_eq!(c.http.max_inflight_body_bytes, 256 << 20);
         assert_eq!(c.node_listen, None);
+        assert_eq!(c.node_handshake, HandshakeSettings::default());
         assert_eq!(c.embedded_node, Some(EmbeddedNode { node_id: "b".into() }));
         let up = &c.nodes[0].providers[0];
         assert_eq!(up.api_key, Some(Secret::new("k")));
@@ -1027,6 +1116,33 @@ heartbeat_wait_ms = 25
         rejects(&[with("max_body_bytes = 268435457").as_ref_pair()], "http.max_body_bytes", "at most 268435456");
         rejects(&[with("idle_timeout_sec = 0").as_ref_pair()], "http.idle_timeout_sec", "at least 1");
         rejects(&[with("idle_timeout_sec = 31536001").as_ref_pair()], "http.idle_timeout_sec", "at most 31536000");
+        for key in ["header_timeout_sec", "body_timeout_sec", "read_timeout_sec"] {
+            rejects(&[with(&format!("{key} = 0")).as_ref_pair()], &format!("http.{key}"), "at least 1");
+        }
+        rejects(&[with("max_connections = 0").as_ref_pair()], "http.max_connections", "at least 1");
+        rejects(&[with("max_connections = 10000001").as_ref_pair()], "http.max_connections", "at most 10000000");
+        // Smaller than one largest body: such a body could never be taken.
+        rejects(
+            &[with("max_inflight_body_bytes = 4194303").as_ref_pair()],
+            "http.max_inflight_body_bytes",
+            "invalid value `4194303`: must be at least 4194304",
+        );
+        let c = ok(&BASE.replacen("[http]", "[http]\nmax_inflight_body_bytes = 5000000", 1));
+        assert_eq!(c.http.max_inflight_body_bytes, 5_000_000);
+    }
+
+    #[test]
+    fn node_handshake_settings() {
+        let with = |line: &str| ("[node_listener]", format!("[node_listener]\n{line}"));
+        let c =
+            ok(&BASE.replacen("[node_listener]", "[node_listener]\nhandshake_timeout_sec = 3\nmax_handshakes = 5", 1));
+        assert_eq!(c.node_handshake, HandshakeSettings { timeout: Duration::from_secs(3), max_pending: 5 });
+        rejects(
+            &[with("handshake_timeout_sec = 0").as_ref_pair()],
+            "node_listener.handshake_timeout_sec",
+            "at least 1",
+        );
+        rejects(&[with("max_handshakes = 0").as_ref_pair()], "node_listener.max_handshakes", "at least 1");
     }
 
     #[test]

@@ -12,8 +12,8 @@ mod secret;
 pub mod testing;
 
 pub use edge::{
-    EdgeConfig, EmbeddedNode, HttpSettings, MockSettings, ModelGroup, ModelTarget, NodeEntry, ProviderEntry,
-    ProviderKind, UpstreamUrl,
+    EdgeConfig, EmbeddedNode, HandshakeSettings, HttpSettings, MockSettings, ModelGroup, ModelTarget, NodeEntry,
+    ProviderEntry, ProviderKind, UpstreamUrl,
 };
 pub use error::ConfigError;
 pub use node::{NodeConfig, ReconnectPolicy};

@@ -66,6 +66,11 @@ pub(crate) struct RawHttp {
     pub max_header_bytes: Option<u64>,
     pub max_body_bytes: Option<u64>,
     pub idle_timeout_sec: Option<u64>,
+    pub header_timeout_sec: Option<u64>,
+    pub body_timeout_sec: Option<u64>,
+    pub read_timeout_sec: Option<u64>,
+    pub max_connections: Option<u64>,
+    pub max_inflight_body_bytes: Option<u64>,
 }
 
 /// `[node_listener]`.
@@ -73,6 +78,8 @@ pub(crate) struct RawHttp {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawNodeListener {
     pub listen: Option<String>,
+    pub handshake_timeout_sec: Option<u64>,
+    pub max_handshakes: Option<u64>,
 }
 
 /// `[embedded_node]`.

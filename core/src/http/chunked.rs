@@ -100,6 +100,14 @@ impl BodyDecoder {
                         if consumed > MAX_CHUNK_LINE {
                             return Err(HttpError::Malformed("chunk size line too long"));
                         }
+                        // httparse takes any octet inside an extension, a bare
+                        // LF included: a lenient proxy in front would split
+                        // the line there (a smuggling primitive). Only the
+                        // final CRLF may be a line break; no other control
+                        // character but HTAB is allowed.
+                        if !valid_chunk_line(&buf[..consumed - 2]) {
+                            return Err(HttpError::Malformed("invalid character in chunk size line"));
+                        }
                         buf.advance(consumed);
                         if size == 0 {
                             self.state = State::Trailers(0);
@@ -208,6 +216,13 @@ impl BodyDecoder {
 /// `min(remaining, available)` as a usize without lossy casts.
 fn clamp_len(remaining: u64, available: usize) -> usize {
     usize::try_from(remaining).map_or(available, |r| r.min(available))
+}
+
+/// A chunk-size line without its CRLF: no CR, LF or other control
+/// character except HTAB (RFC 9112 §7.1.1 extensions are tokens and
+/// quoted strings).
+fn valid_chunk_line(line: &[u8]) -> bool {
+    line.iter().all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
 }
 
 /// A trailer line must look like `name: value` with a token name.
@@ -333,6 +348,11 @@ mod tests {
             b"5\r\nhello\r\n0\r\nbad trailer\r\n\r\n",
             b"5\r\nhello\r\n0\r\nx: y\n\r\n",
             b"fffffffffffffffff\r\n",
+            // A bare LF (or CR, or NUL) inside a chunk extension.
+            b"5;a\nb\r\nhello\r\n0\r\n\r\n",
+            b"5;a\rb\r\nhello\r\n0\r\n\r\n",
+            b"5;a\x00b\r\nhello\r\n0\r\n\r\n",
+            b"5\r\nhello\r\n0;x\ny\r\n\r\n",
         ] {
             let r = decode_split(BodyKind::Chunked, 1 << 40, bad, 0);
             assert!(matches!(r, Err(HttpError::Malformed(_))), "{bad:?}: {r:?}");

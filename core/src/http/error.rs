@@ -27,6 +27,16 @@ impl HttpError {
             HttpError::UnsupportedTransferEncoding => 501,
         }
     }
+
+    /// A stable, low-cardinality code for error bodies and metrics.
+    pub fn code(&self) -> &'static str {
+        match self {
+            HttpError::HeadTooLarge => "head_too_large",
+            HttpError::BodyTooLarge => "body_too_large",
+            HttpError::Malformed(_) => "malformed_request",
+            HttpError::UnsupportedTransferEncoding => "unsupported_transfer_encoding",
+        }
+    }
 }
 
 #[cfg(test)]
@@ -39,5 +49,6 @@ mod tests {
         assert_eq!(HttpError::BodyTooLarge.status(), 413);
         assert_eq!(HttpError::Malformed("x").status(), 400);
         assert_eq!(HttpError::UnsupportedTransferEncoding.status(), 501);
+        assert_eq!(HttpError::BodyTooLarge.code(), "body_too_large");
     }
 }

@@ -48,6 +48,8 @@ pub struct FrameReader<R> {
     max_frame: usize,
     canceller: Rc<RefCell<Canceller>>,
     stop: Rc<Cell<bool>>,
+    /// Bytes of the frames decoded so far.
+    decoded: u64,
 }
 
 /// Stops a [`FrameReader`] blocked in a read, from another task on the same core.
@@ -76,7 +78,19 @@ impl<R: CancelableAsyncReadRent> FrameReader<R> {
             max_frame,
             canceller: Rc::new(RefCell::new(Canceller::new())),
             stop: Rc::new(Cell::new(false)),
+            decoded: 0,
         }
+    }
+
+    /// Bytes of all frames decoded so far (prefixes included).
+    pub fn decoded_bytes(&self) -> u64 {
+        self.decoded
+    }
+
+    /// Changes the largest frame accepted from now on (e.g. raised once the
+    /// peer has authenticated).
+    pub fn set_max_frame(&mut self, max_frame: usize) {
+        self.max_frame = max_frame;
     }
 
     /// A handle that can stop this reader.
@@ -87,7 +101,9 @@ impl<R: CancelableAsyncReadRent> FrameReader<R> {
     /// Next frame; `Ok(None)` on a clean end of stream between frames.
     pub async fn next(&mut self) -> Result<Option<Envelope>, ReadError> {
         loop {
+            let before = self.buf.len();
             if let Some(env) = wire::decode(&mut self.buf, self.max_frame)? {
+                self.decoded += (before - self.buf.len()) as u64;
                 return Ok(Some(env));
             }
             if self.stop.get() {

@@ -7,6 +7,8 @@ use monoio::{buf::IoBufMut, io::AsyncReadRent};
 
 /// Reads once, appending to `buf` (monoio reads overwrite from index 0, so
 /// the read goes into the spare tail). Returns the bytes read; 0 = EOF.
+/// The buffer travels with the read: dropping the future before it
+/// completes (a timeout) leaves `buf` empty.
 pub async fn read_append<R: AsyncReadRent>(io: &mut R, buf: &mut BytesMut, reserve: usize) -> io::Result<usize> {
     let mut owned = std::mem::take(buf);
     if owned.capacity() - owned.len() < reserve {

@@ -5,6 +5,7 @@
 //! Runtime-specific code stays behind this module so a move to another
 //! completion-based runtime touches little else.
 
+pub mod alloc;
 pub mod blocking;
 pub mod frames;
 pub mod io;

@@ -2,7 +2,8 @@
 //!
 //! The length counts only the payload (not the 4-byte prefix). Both sides
 //! enforce a hard maximum so a peer can never make us buffer an unbounded
-//! frame: `decode` rejects an oversize frame as soon as its prefix arrives.
+//! frame: `decode` rejects an oversize frame as soon as its prefix arrives,
+//! and never allocates for a length it was only announced.
 
 use bytes::{Buf, BufMut, BytesMut};
 use prost::Message;
@@ -74,8 +75,9 @@ pub fn decode(buf: &mut BytesMut, max_frame_bytes: usize) -> Result<Option<Envel
     }
     let frame_len = PREFIX_LEN + len;
     if buf.len() < frame_len {
-        // Grow once for the whole frame instead of on every short read.
-        buf.reserve(frame_len - buf.len());
+        // Never reserve for the announced length: a peer could announce the
+        // maximum and send nothing. The reader's buffer grows with the bytes
+        // that actually arrive.
         return Ok(None);
     }
     let mut frame = buf.split_to(frame_len).freeze();
@@ -336,6 +338,12 @@ mod tests {
         let mut buf = BytesMut::new();
         buf.put_u32(1024);
         assert!(decode(&mut buf, max).unwrap().is_none());
+        // An announced frame reserves nothing: memory follows arrived bytes.
+        let mut buf = BytesMut::with_capacity(8);
+        buf.put_u32(16 << 20);
+        buf.put_u8(0);
+        assert!(decode(&mut buf, MAX).unwrap().is_none());
+        assert!(buf.capacity() < 1024, "reserved {} bytes for an announced frame", buf.capacity());
         // u32::MAX never turns into an allocation.
         let mut buf = BytesMut::from(&[0xff, 0xff, 0xff, 0xff][..]);
         assert!(matches!(decode(&mut buf, MAX), Err(WireError::FrameTooLarge { .. })));

@@ -1,23 +1,41 @@
-//! One client connection: read a request, hand it to the surface, write
-//! the answer, repeat while keep-alive.
+//! One client connection: read a request within its deadlines, hand it to
+//! the surface, write the answer, repeat while keep-alive.
+//!
+//! Deadlines (all from `[http]`): a new connection must deliver its first
+//! head within `header_timeout` of being accepted; between requests the
+//! connection may idle for `idle_timeout`, and once a head has begun it must
+//! be complete within `header_timeout` however it trickles; a body must make
+//! progress every `body_timeout`; head and body together must arrive within
+//! `read_timeout`. An expired deadline with a request begun is answered with
+//! 408 and the connection closed.
 
-use std::{io, rc::Rc};
+use std::{io, rc::Rc, sync::atomic::Ordering, time::Duration};
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use iop_core::{
-    http::{self, BodyDecoder, Framing, HttpError, Limits, RequestHead},
+    http::{self, BodyDecoder, BodyKind, Framing, HttpError, Limits, RequestHead},
+    limits::SlotGuard,
     rt::io::read_append,
 };
 use monoio::{
-    io::{AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable},
+    io::{AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable},
     net::TcpStream,
+    time::Instant,
 };
 
-use std::sync::atomic::Ordering;
-
+use super::body::{Body, BodyPermit};
 use crate::{shared::ActiveRequest, surface, worker::Worker};
 
 const READ_RESERVE: usize = 16 * 1024;
+/// Room for a request head: most fit; an idle connection holds only this.
+const HEAD_RESERVE: usize = 4 * 1024;
+/// After an error response, unread input is drained for at most this long
+/// and this many bytes before closing, so the client reads the response
+/// instead of a reset (a "lingering close").
+const LINGER_TIME: Duration = Duration::from_secs(2);
+/// Buffers larger than this are given back after a request, so an idle
+/// keep-alive connection holds little memory whatever it carried before.
+const MAX_IDLE_BUFFER: usize = 64 * 1024;
 
 /// A client connection's halves and buffers.
 pub struct Conn {
@@ -29,6 +47,10 @@ pub struct Conn {
     pub buf: BytesMut,
     /// Outgoing bytes, written by `flush`.
     pub out: BytesMut,
+    /// The current request is `HEAD`: responses carry their head only.
+    pub head_only: bool,
+    /// The client's address (for per-address limits and logs).
+    pub peer: std::net::SocketAddr,
 }
 
 impl Conn {
@@ -44,7 +66,7 @@ impl Conn {
         res.map(|_| ())
     }
 
-    /// Writes a complete response with a body.
+    /// Writes a complete response with a body (its head only for `HEAD`).
     pub async fn respond(
         &mut self,
         status: u16,
@@ -57,48 +79,79 @@ impl Conn {
         headers.push(("content-type", content_type));
         headers.extend_from_slice(extra);
         http::write_response_head(&mut self.out, status, &headers, Framing::Length(body.len()), keep_alive);
-        self.out.extend_from_slice(body);
+        if !self.head_only {
+            self.out.extend_from_slice(body);
+        }
         self.flush().await
+    }
+
+    /// Gives back buffer memory a large request or response left behind.
+    fn shrink(&mut self) {
+        if self.buf.capacity() > MAX_IDLE_BUFFER && self.buf.len() <= READ_RESERVE {
+            self.buf = BytesMut::from(&self.buf[..]);
+        }
+        if self.out.capacity() > MAX_IDLE_BUFFER {
+            self.out = BytesMut::new();
+        }
     }
 }
 
-/// Serves one client connection until it closes or must be closed.
-pub async fn serve(worker: Rc<Worker>, stream: TcpStream) {
+/// The read deadlines of one connection, fixed at accept.
+#[derive(Clone, Copy)]
+struct Timeouts {
+    idle: Duration,
+    header: Duration,
+    body: Duration,
+    read: Duration,
+}
+
+/// Serves one client connection until it closes or must be closed. `_slot`
+/// counts it against `http.max_connections` while it lives.
+pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::SocketAddr, _slot: SlotGuard) {
     let _ = stream.set_nodelay(true);
-    let (limits, idle) = {
+    let (limits, timeouts) = {
         let cfg = worker.config.borrow();
         let limits = Limits {
             max_head_bytes: cfg.http.max_header_bytes,
             max_body_bytes: cfg.http.max_body_bytes,
             ..Limits::default()
         };
-        (limits, cfg.http.idle_timeout)
+        let h = &cfg.http;
+        (
+            limits,
+            Timeouts { idle: h.idle_timeout, header: h.header_timeout, body: h.body_timeout, read: h.read_timeout },
+        )
     };
     let (rd, wr) = stream.into_split();
-    let mut conn = Conn { rd, wr, buf: BytesMut::with_capacity(READ_RESERVE), out: BytesMut::with_capacity(4096) };
+    let mut conn = Conn { rd, wr, buf: BytesMut::new(), out: BytesMut::new(), head_only: false, peer };
+    // The first head is timed from accept: a connection that never sends a
+    // byte does not hold its slot for a whole idle timeout.
+    let mut accepted = Some(Instant::now());
     loop {
-        let head = match read_head(&mut conn, &limits, idle).await {
+        let (head, read_deadline) = match read_head(&mut conn, &limits, &timeouts, accepted.take()).await {
             Ok(Some(head)) => head,
             Ok(None) => return,
-            Err(ConnError::Http(e)) => {
-                let _ = reject(&mut conn, &e).await;
-                return;
-            }
-            Err(ConnError::Io) => return,
+            Err(e) => return fail(&mut conn, e, 0).await,
         };
-        if head.expect_continue {
+        conn.head_only = head.method == "HEAD";
+        let declared = match head.body {
+            BodyKind::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            _ => 0,
+        };
+        let permit = match reserve_body(&worker, &head) {
+            Ok(p) => p,
+            // Not read; drained so the client sees the 503.
+            Err(e) => return fail(&mut conn, e, declared).await,
+        };
+        if head.expect_continue && head.body != BodyKind::Empty {
             conn.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
             if conn.flush().await.is_err() {
                 return;
             }
         }
-        let body = match read_body(&mut conn, &head, &limits).await {
+        let body = match read_body(&mut conn, &worker, &head, &limits, permit, &timeouts, read_deadline).await {
             Ok(body) => body,
-            Err(ConnError::Http(e)) => {
-                let _ = reject(&mut conn, &e).await;
-                return;
-            }
-            Err(ConnError::Io) => return,
+            Err(e) => return fail(&mut conn, e, 0).await,
         };
         let keep_alive = {
             let _active = ActiveRequest::new(&worker.shared);
@@ -107,76 +160,205 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream) {
         if !keep_alive || !head.keep_alive || worker.shared.draining.load(Ordering::Acquire) {
             return;
         }
+        conn.shrink();
     }
 }
 
+/// Why a request could not be read.
 enum ConnError {
+    /// Unparsable or over a size limit: answered with its status.
     Http(HttpError),
+    /// A read deadline passed with the request begun (408).
+    Timeout(&'static str),
+    /// The core's in-flight body budget is spent (503).
+    Busy,
+    /// The socket failed or the client left: nothing to answer.
     Io,
 }
 
-/// Reads until a request head parses. `Ok(None)`: the client closed (or idled out) between requests.
+/// Answers what can be answered, then the connection closes (lingering:
+/// see [`linger`]). `unread` is what the client may still be sending.
+async fn fail(conn: &mut Conn, e: ConnError, unread: usize) {
+    let (status, message, code, extra): (u16, String, &str, &[(&str, &str)]) = match e {
+        ConnError::Io => return,
+        ConnError::Http(e) => (e.status(), e.to_string(), e.code(), &[]),
+        ConnError::Timeout(what) => (408, format!("the {what} did not arrive in time"), "request_timeout", &[]),
+        ConnError::Busy => (
+            503,
+            "the server is receiving too many request bodies; retry shortly".to_owned(),
+            "server_busy",
+            &[("retry-after", "1")],
+        ),
+    };
+    conn.head_only = false;
+    let body = crate::surface::openai::error::body(status, &message, Some(code));
+    if conn.respond(status, "application/json", extra, &body, false).await.is_ok() {
+        linger(conn, unread).await;
+    }
+}
+
+/// Half-closes, then reads and discards what the client still sends (at
+/// most `max(unread, 64 KiB)` bytes, for at most [`LINGER_TIME`]) until it
+/// closes too. Closing with unread input would make the kernel send a reset,
+/// which can destroy the response before the client reads it.
+async fn linger(conn: &mut Conn, unread: usize) {
+    let _ = conn.wr.shutdown().await;
+    let mut left = unread.max(64 * 1024);
+    let deadline = Instant::now() + LINGER_TIME;
+    let mut scratch = std::mem::take(&mut conn.buf);
+    while left > 0 {
+        scratch.clear();
+        // The connection is closing: a timed-out read loses nothing.
+        match monoio::time::timeout_at(deadline, read_append(&mut conn.rd, &mut scratch, READ_RESERVE)).await {
+            Ok(Ok(n)) if n > 0 => left = left.saturating_sub(n),
+            _ => return,
+        }
+    }
+}
+
+/// Reads until a request head parses. `accepted` is set for the first
+/// request of a connection. Returns the head and the deadline for the rest
+/// of the request; `Ok(None)` when the client closed or idled out between
+/// requests (nothing to answer).
 async fn read_head(
     conn: &mut Conn,
     limits: &Limits,
-    idle: std::time::Duration,
-) -> Result<Option<RequestHead>, ConnError> {
+    t: &Timeouts,
+    accepted: Option<Instant>,
+) -> Result<Option<(RequestHead, Instant)>, ConnError> {
+    // When the current head began (a pipelined one began already).
+    let mut began = accepted.or_else(|| (!conn.buf.is_empty()).then(Instant::now));
+    // The parser restarts from the first byte each time, so it runs only
+    // once a blank line (or too much) has arrived: a head trickled a byte at
+    // a time costs one scan of each byte, not one parse per byte.
+    let mut scanned = 0;
     loop {
-        if let Some(head) = http::parse_request_head(&mut conn.buf, limits).map_err(ConnError::Http)? {
-            return Ok(Some(head));
-        }
-        // An idle timeout closes the connection, so a dropped read loses nothing we need.
-        match monoio::time::timeout(idle, read_append(&mut conn.rd, &mut conn.buf, READ_RESERVE)).await {
-            Err(_) => return Ok(None),
-            Ok(Ok(0)) => {
-                return if conn.buf.is_empty() {
-                    Ok(None)
-                } else {
-                    Err(ConnError::Http(HttpError::Malformed("truncated request head")))
-                };
+        let ready = head_end_seen(&conn.buf, &mut scanned) || conn.buf.len() > limits.max_head_bytes;
+        if ready {
+            if let Some(head) = http::parse_request_head(&mut conn.buf, limits).map_err(ConnError::Http)? {
+                let began = began.unwrap_or_else(Instant::now);
+                return Ok(Some((head, began + t.read)));
             }
-            Ok(Ok(_)) => {}
+        }
+        let deadline = match began {
+            Some(b) => b + t.header.min(t.read),
+            None => Instant::now() + t.idle,
+        };
+        // A timeout closes the connection, so a dropped read (which takes
+        // the buffer with it) loses nothing we need.
+        let partial = !conn.buf.is_empty();
+        match monoio::time::timeout_at(deadline, read_append(&mut conn.rd, &mut conn.buf, HEAD_RESERVE)).await {
+            Err(_) if !partial => return Ok(None),
+            Err(_) => return Err(ConnError::Timeout("request head")),
+            Ok(Ok(0)) if conn.buf.is_empty() => return Ok(None),
+            Ok(Ok(0)) => return Err(ConnError::Http(HttpError::Malformed("truncated request head"))),
+            Ok(Ok(_)) => {
+                began.get_or_insert_with(Instant::now);
+            }
             Ok(Err(_)) => return Err(ConnError::Io),
         }
     }
 }
 
-async fn read_body(conn: &mut Conn, head: &RequestHead, limits: &Limits) -> Result<Bytes, ConnError> {
-    let mut decoder = BodyDecoder::new(head.body, limits.max_body_bytes);
-    let mut body = BytesMut::new();
-    let mut first: Option<Bytes> = None;
-    loop {
-        while let Some(piece) = decoder.decode(&mut conn.buf).map_err(ConnError::Http)? {
-            // The common case (one Content-Length piece) stays zero-copy.
-            match first.take() {
-                None if body.is_empty() => first = Some(piece),
-                prev => {
-                    if let Some(p) = prev {
-                        body.extend_from_slice(&p);
-                    }
-                    body.extend_from_slice(&piece);
-                }
-            }
-        }
-        if decoder.is_done() {
-            return Ok(match first {
-                Some(p) if body.is_empty() => p,
-                _ => body.freeze(),
-            });
-        }
-        match read_append(&mut conn.rd, &mut conn.buf, READ_RESERVE).await {
-            Ok(0) => {
-                decoder.finish_on_eof().map_err(ConnError::Http)?;
+/// Whether `buf` holds a line end followed by an empty line (`\n\n` or
+/// `\n\r\n`), looking only at bytes after `scanned` (and the two before).
+fn head_end_seen(buf: &[u8], scanned: &mut usize) -> bool {
+    let from = scanned.saturating_sub(2);
+    *scanned = buf.len();
+    memchr::memchr_iter(b'\n', &buf[from..]).any(|i| {
+        let rest = &buf[from + i + 1..];
+        rest.first() == Some(&b'\n') || rest.starts_with(b"\r\n")
+    })
+}
+
+/// Takes the declared body size from the core's budget before reading it
+/// (and before `100 Continue`); a chunked body is counted as it arrives.
+fn reserve_body(worker: &Worker, head: &RequestHead) -> Result<Option<BodyPermit>, ConnError> {
+    let limit = worker.config.borrow().http.max_inflight_body_bytes;
+    let declared = match head.body {
+        BodyKind::Empty | BodyKind::Length(0) => return Ok(None),
+        // Within max_body_bytes (checked by the head parser), so it fits a usize.
+        BodyKind::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        BodyKind::Chunked | BodyKind::UntilClose => 0,
+    };
+    worker.body_budget.try_reserve(declared, limit).map(Some).ok_or(ConnError::Busy)
+}
+
+/// One read for the body, bounded by the progress and total deadlines.
+async fn read_more(conn: &mut Conn, reserve: usize, t: &Timeouts, read_deadline: Instant) -> Result<usize, ConnError> {
+    let deadline = (Instant::now() + t.body).min(read_deadline);
+    match monoio::time::timeout_at(deadline, read_append(&mut conn.rd, &mut conn.buf, reserve)).await {
+        Err(_) => Err(ConnError::Timeout("request body")),
+        Ok(Ok(n)) => Ok(n),
+        Ok(Err(_)) => Err(ConnError::Io),
+    }
+}
+
+async fn read_body(
+    conn: &mut Conn,
+    worker: &Worker,
+    head: &RequestHead,
+    limits: &Limits,
+    permit: Option<BodyPermit>,
+    t: &Timeouts,
+    read_deadline: Instant,
+) -> Result<Body, ConnError> {
+    let Some(mut permit) = permit else { return Ok(Body::new(bytes::Bytes::new(), None)) };
+    if let BodyKind::Length(n) = head.body {
+        // Within max_body_bytes: room for the whole body once, then one
+        // zero-copy split (no growth by doubling, no copy of pieces).
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        conn.buf.reserve(n.saturating_sub(conn.buf.len()));
+        while conn.buf.len() < n {
+            if read_more(conn, n - conn.buf.len(), t, read_deadline).await? == 0 {
                 return Err(ConnError::Http(HttpError::Malformed("truncated request body")));
             }
-            Ok(_) => {}
-            Err(_) => return Err(ConnError::Io),
+        }
+        return Ok(Body::new(conn.buf.split_to(n).freeze(), Some(permit)));
+    }
+    let limit = worker.config.borrow().http.max_inflight_body_bytes;
+    let mut decoder = BodyDecoder::new(head.body, limits.max_body_bytes);
+    let mut body = BytesMut::new();
+    loop {
+        while let Some(piece) = decoder.decode(&mut conn.buf).map_err(ConnError::Http)? {
+            if !permit.grow(piece.len(), limit) {
+                return Err(ConnError::Busy);
+            }
+            body.extend_from_slice(&piece);
+        }
+        if decoder.is_done() {
+            return Ok(Body::new(body.freeze(), Some(permit)));
+        }
+        if read_more(conn, READ_RESERVE, t, read_deadline).await? == 0 {
+            decoder.finish_on_eof().map_err(ConnError::Http)?;
+            return Err(ConnError::Http(HttpError::Malformed("truncated request body")));
         }
     }
 }
 
-async fn reject(conn: &mut Conn, e: &HttpError) -> io::Result<()> {
-    let status = e.status();
-    let body = crate::surface::openai::error::body(status, &e.to_string(), None);
-    conn.respond(status, "application/json", &[], &body, false).await
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn head_end_is_found_however_the_head_is_split() {
+        for head in
+            [&b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"[..], b"GET / HTTP/1.1\nhost: x\n\n", b"GET / HTTP/1.1\r\n\r\n"]
+        {
+            // Fed one byte at a time: found exactly when the last byte arrives.
+            let mut scanned = 0;
+            for end in 1..=head.len() {
+                assert_eq!(head_end_seen(&head[..end], &mut scanned), end == head.len(), "{head:?} at {end}");
+            }
+            // And at every two-piece split.
+            for split in 0..head.len() {
+                let mut scanned = 0;
+                let _ = head_end_seen(&head[..split], &mut scanned);
+                assert!(head_end_seen(head, &mut scanned));
+            }
+        }
+        let mut scanned = 0;
+        assert!(!head_end_seen(b"GET / HTTP/1.1\r\nhost: x\r\n", &mut scanned));
+    }
 }

@@ -5,19 +5,28 @@ pub mod openai;
 
 use std::rc::Rc;
 
-use bytes::Bytes;
 use iop_core::http::RequestHead;
 
-use crate::{server::Conn, worker::Worker};
+use crate::{
+    server::{Body, Conn},
+    worker::Worker,
+};
+
+/// `Allow` of the read-only routes.
+pub const ALLOW_GET: (&str, &str) = ("allow", "GET, HEAD");
 
 /// Routes one request; returns whether the connection may be kept open.
-pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, body: Bytes) -> bool {
+/// `HEAD` is served as `GET` with the body left out (`Conn::head_only`).
+pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, body: Body) -> bool {
     let keep = head.keep_alive;
     let path = head.path();
-    let method = head.method.as_str();
+    let method = if head.method == "HEAD" { "GET" } else { head.method.as_str() };
     let result = match (method, path) {
         ("POST", "/v1/chat/completions") => return openai::chat::handle(worker, conn, head, body).await,
-        (_, p) if admin::is_admin_path(p) => return admin::handle(worker, conn, head, body).await,
+        (_, p) if admin::is_admin_path(p) => {
+            drop(body);
+            return admin::handle(worker, conn, head).await;
+        }
         ("GET", "/v1/models") => {
             let body = openai::models::list(&worker.config.borrow());
             conn.respond(200, "application/json", &[], &body, keep).await
@@ -31,14 +40,30 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
             let body = format!("{{\"status\":\"{label}\",\"nodes_ready\":{ready},\"worker\":{}}}", worker.index);
             conn.respond(status, "application/json", &[], body.as_bytes(), keep).await
         }
-        (_, "/v1/chat/completions" | "/v1/models" | "/healthz") => {
-            let body = openai::error::body(405, &format!("method {method} is not allowed on {path}"), None);
-            conn.respond(405, "application/json", &[], &body, keep).await
-        }
+        (_, "/v1/chat/completions") => method_not_allowed(conn, head, ("allow", "POST"), keep).await,
+        (_, "/v1/models" | "/healthz") => method_not_allowed(conn, head, ALLOW_GET, keep).await,
         _ => {
-            let body = openai::error::body(404, &format!("no route for {method} {path}"), Some("not_found"));
+            let msg = format!("no route for {} {}", openai::error::clip(&head.method), openai::error::clip(path));
+            let body = openai::error::body(404, &msg, Some("not_found"));
             conn.respond(404, "application/json", &[], &body, keep).await
         }
     };
     result.is_ok() && keep
+}
+
+/// 405 naming the allowed methods (RFC 9110 §15.5.6 requires `Allow`).
+pub async fn method_not_allowed(
+    conn: &mut Conn,
+    head: &RequestHead,
+    allow: (&str, &str),
+    keep: bool,
+) -> std::io::Result<()> {
+    let msg = format!(
+        "method {} is not allowed on {}; allowed: {}",
+        openai::error::clip(&head.method),
+        openai::error::clip(head.path()),
+        allow.1
+    );
+    let body = openai::error::body(405, &msg, Some("method_not_allowed"));
+    conn.respond(405, "application/json", &[allow], &body, keep).await
 }

@@ -4,7 +4,7 @@ use std::collections::HashMap;
 
 use iop_core::exec::{codes, ExecEvent, FailureSource, RunFailure};
 
-use super::RunEvents;
+use super::{RunEvents, Undelivered};
 use crate::pool::Lease;
 
 /// A run in flight. Dropping the entry (terminal, cancel, slow consumer,
@@ -50,8 +50,8 @@ impl RunTable {
     }
 
     /// Delivers one event of `run_id` with sequence `seq`. Keeps per-run
-    /// order and exactly one terminal; a full client mailbox fails the run
-    /// rather than blocking the connection.
+    /// order and exactly one terminal; a client too far behind (in events
+    /// or bytes) fails the run rather than blocking the connection.
     pub fn route(&mut self, run_id: &str, seq: u64, ev: ExecEvent) -> Routed {
         let Some(entry) = self.runs.get_mut(run_id) else {
             // Expected after a cancel or a slow-consumer failure races the node's events.
@@ -66,34 +66,30 @@ impl RunTable {
                 FailureSource::Node,
                 format!("node sent event {seq} of run out of order (expected {})", entry.next_seq),
             );
-            let _ = entry.events.try_send(ExecEvent::Error(f));
+            entry.events.send_terminal(ExecEvent::Error(f));
             self.runs.remove(run_id);
             return Routed::CancelOnNode("protocol_violation");
         }
         entry.next_seq += 1;
-        let terminal = ev.is_terminal();
-        // Keep one slot free so a slow consumer can still be told why it failed.
-        if !terminal && entry.events.len() + 1 >= super::RUN_EVENT_CAPACITY {
-            let f = RunFailure::new(codes::SLOW_CONSUMER, 503, FailureSource::Client, "client is reading too slowly");
-            let _ = entry.events.try_send(ExecEvent::Error(f));
+        if ev.is_terminal() {
+            // Its slot is always free (see below); a gone client just misses it.
+            entry.events.send_terminal(ev);
             self.runs.remove(run_id);
-            return Routed::CancelOnNode("slow_consumer");
+            return Routed::Done;
         }
-        match entry.events.try_send(ev) {
-            Ok(()) => {
-                if terminal {
-                    self.runs.remove(run_id);
-                }
-                Routed::Done
-            }
-            Err(_) => {
-                // The client is gone (or its mailbox is full at a terminal).
+        // Keep one slot free so a slow consumer can still be told why it failed.
+        match entry.events.try_send(ev, 1) {
+            Ok(()) => Routed::Done,
+            Err(Undelivered::Full) => {
+                let f =
+                    RunFailure::new(codes::SLOW_CONSUMER, 503, FailureSource::Client, "client is reading too slowly");
+                entry.events.send_terminal(ExecEvent::Error(f));
                 self.runs.remove(run_id);
-                if terminal {
-                    Routed::Done
-                } else {
-                    Routed::CancelOnNode("client_gone")
-                }
+                Routed::CancelOnNode("slow_consumer")
+            }
+            Err(Undelivered::Closed) => {
+                self.runs.remove(run_id);
+                Routed::CancelOnNode("client_gone")
             }
         }
     }
@@ -101,7 +97,7 @@ impl RunTable {
     /// Ends every run with `failure` (connection lost).
     pub fn fail_all(&mut self, failure: &RunFailure) {
         for (_, e) in self.runs.drain() {
-            let _ = e.events.try_send(ExecEvent::Error(failure.clone()));
+            e.events.send_terminal(ExecEvent::Error(failure.clone()));
         }
     }
 }
@@ -109,14 +105,13 @@ impl RunTable {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use iop_core::rt::mailbox;
-
     use super::*;
+    use crate::transport::{run_events, RUN_BUFFER_BYTES};
 
     #[test]
     fn delivers_in_order_and_forgets_after_terminal() {
         let mut t = RunTable::default();
-        let (tx, rx) = mailbox::mailbox(super::super::RUN_EVENT_CAPACITY);
+        let (tx, rx) = run_events();
         t.insert("r".into(), tx, None);
         assert_eq!(t.route("r", 0, ExecEvent::Delta("a".into())), Routed::Done);
         let done = ExecEvent::Complete { finish_reason: "stop".into(), usage: None };
@@ -132,7 +127,7 @@ mod tests {
     #[test]
     fn out_of_order_fails_the_run() {
         let mut t = RunTable::default();
-        let (tx, rx) = mailbox::mailbox(8);
+        let (tx, rx) = run_events();
         t.insert("r".into(), tx, None);
         assert_eq!(t.route("r", 1, ExecEvent::Delta("x".into())), Routed::CancelOnNode("protocol_violation"));
         assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(_))));
@@ -141,7 +136,7 @@ mod tests {
     #[test]
     fn slow_consumer_fails_without_blocking() {
         let mut t = RunTable::default();
-        let (tx, rx) = mailbox::mailbox(super::super::RUN_EVENT_CAPACITY);
+        let (tx, rx) = run_events();
         t.insert("r".into(), tx, None);
         let mut seq = 0;
         let outcome = loop {
@@ -159,9 +154,39 @@ mod tests {
     }
 
     #[test]
+    fn buffered_bytes_are_bounded() {
+        let mut t = RunTable::default();
+        let (tx, rx) = run_events();
+        t.insert("r".into(), tx, None);
+        let mib = "x".repeat(1 << 20);
+        // An empty queue takes one event of any size.
+        let huge = "y".repeat(RUN_BUFFER_BYTES + 1);
+        assert_eq!(t.route("r", 0, ExecEvent::Delta(huge)), Routed::Done);
+        assert_eq!(rx.queued_bytes(), RUN_BUFFER_BYTES + 1);
+        assert!(rx.try_recv().is_some());
+        assert_eq!(rx.queued_bytes(), 0);
+        let mut seq = 1;
+        let outcome = loop {
+            match t.route("r", seq, ExecEvent::Delta(mib.clone())) {
+                Routed::Done => seq += 1,
+                other => break other,
+            }
+        };
+        assert_eq!(outcome, Routed::CancelOnNode("slow_consumer"));
+        assert_eq!(seq - 1, (RUN_BUFFER_BYTES >> 20) as u64, "exactly the bound was queued");
+        assert!(rx.queued_bytes() <= RUN_BUFFER_BYTES + 64);
+        let mut last = None;
+        while let Some(ev) = rx.try_recv() {
+            last = Some(ev);
+        }
+        assert!(matches!(last, Some(ExecEvent::Error(f)) if f.code == codes::SLOW_CONSUMER));
+        assert_eq!(rx.queued_bytes(), 0);
+    }
+
+    #[test]
     fn client_gone_asks_node_to_cancel() {
         let mut t = RunTable::default();
-        let (tx, rx) = mailbox::mailbox(8);
+        let (tx, rx) = run_events();
         t.insert("r".into(), tx, None);
         drop(rx);
         assert_eq!(t.route("r", 0, ExecEvent::Delta("x".into())), Routed::CancelOnNode("client_gone"));

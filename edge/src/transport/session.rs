@@ -6,6 +6,7 @@ use std::{cell::RefCell, net::SocketAddr, rc::Rc, time::Instant};
 use bytes::BytesMut;
 use iop_core::{
     exec::{codes, ExecEvent, FailureSource, RunFailure},
+    limits::{LogThrottle, SlotGuard},
     rt::{
         frames::{self, FrameReader, FrameWriter, ReadError},
         mailbox,
@@ -30,21 +31,32 @@ use crate::{
 const HIGH_WATER: usize = 1024 * 1024;
 /// A node that stopped reading this much is disconnected.
 const HARD_LIMIT: usize = 64 * 1024 * 1024;
-/// Time a new connection has to register and then to report ready.
-const HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// Largest frame accepted before the peer has registered: a
+/// RegisterRequest is a few hundred bytes, and an unauthenticated peer must
+/// not make the edge buffer `max_frame_bytes`.
+pub const PREAUTH_MAX_FRAME: usize = 64 * 1024;
+
+/// One warning per interval while an address is refused for its failures.
+static RATE_LIMITED_LOG: LogThrottle = LogThrottle::new(std::time::Duration::from_secs(10));
 
 fn envelope(correlation_id: u64, body: Body) -> Envelope {
     Envelope { correlation_id, body: Some(body) }
 }
 
-/// Serves one accepted node connection to its end.
-pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr) {
+/// Serves one accepted node connection to its end. `handshake` counts it
+/// against `node_listener.max_handshakes` until it is ready; register and
+/// ready must both happen within `node_listener.handshake_timeout_sec`.
+pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr, handshake: SlotGuard) {
     let _ = stream.set_nodelay(true);
-    let max_frame = worker.config.borrow().max_frame_bytes;
+    let (max_frame, handshake_timeout) = {
+        let cfg = worker.config.borrow();
+        (cfg.max_frame_bytes, cfg.node_handshake.timeout)
+    };
+    let deadline = Instant::now() + handshake_timeout;
     let (rd, wr) = stream.into_split();
     let writer = FrameWriter::new(max_frame, HIGH_WATER, HARD_LIMIT);
     monoio::spawn(writer.clone().run(wr));
-    let mut reader = FrameReader::new(rd, max_frame, BytesMut::new());
+    let mut reader = FrameReader::new(rd, PREAUTH_MAX_FRAME.min(max_frame), BytesMut::new());
     // A dead or stuck write side ends the session now, not at the next heartbeat.
     let stop_reason = Rc::new(RefCell::new(None));
     {
@@ -55,10 +67,11 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr) {
         });
     }
 
-    let Some((node_id, generation)) = register(&worker, &mut reader, &writer, peer).await else {
+    let Some((node_id, generation)) = register(&worker, &mut reader, &writer, peer, deadline).await else {
         writer.close();
         return;
     };
+    reader.set_max_frame(max_frame);
     let (cmd_tx, cmd_rx) = mailbox::mailbox(SESSION_CMD_CAPACITY);
     let session = Session {
         worker: worker.clone(),
@@ -70,7 +83,7 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr) {
         last_seen: Rc::new(std::cell::Cell::new(Instant::now())),
         stop_reason,
     };
-    let reason = session.run(&mut reader, cmd_tx, cmd_rx).await;
+    let reason = session.run(&mut reader, cmd_tx, cmd_rx, deadline, handshake).await;
     session.teardown(reason).await;
 }
 
@@ -80,12 +93,13 @@ async fn register<R>(
     reader: &mut FrameReader<R>,
     writer: &FrameWriter,
     peer: SocketAddr,
+    deadline: Instant,
 ) -> Option<(String, Generation)>
 where
     R: monoio::io::CancelableAsyncReadRent,
 {
     // A timeout here ends the connection, so losing a half-read frame is moot.
-    let first = match monoio::time::timeout(HANDSHAKE_TIMEOUT, reader.next()).await {
+    let first = match monoio::time::timeout_at(deadline.into(), reader.next()).await {
         Ok(Ok(Some(env))) => env,
         Ok(Ok(None)) => return None,
         Ok(Err(e)) => {
@@ -113,6 +127,25 @@ where
         let _ = writer.send(&envelope(first.correlation_id, Body::RegisterResponse(resp)));
         return None;
     };
+    // Past its failure budget an address is refused before the token is compared.
+    if let Err(wait) = worker.shared.auth_failures.check(peer.ip()) {
+        if let Some(more) = RATE_LIMITED_LOG.allow() {
+            tracing::warn!(%peer, refused_since_last_report = more + 1, "node registration refused: too many failed registrations from this address");
+            worker.shared.events.publish(EdgeEvent::RegistrationRefused {
+                refusal: "rate_limited",
+                node: String::new(),
+                peer: peer.to_string(),
+            });
+        }
+        let resp = pb::RegisterResponse {
+            accepted: false,
+            reason: format!("too many failed registrations from this address; retry in {} s", wait.as_secs().max(1)),
+            refusal: pb::RegisterRefusal::RateLimited as i32,
+            config: None,
+        };
+        let _ = writer.send(&envelope(first.correlation_id, Body::RegisterResponse(resp)));
+        return None;
+    }
     let config = worker.config.borrow().clone();
     let claimed = worker.shared.registry.lock().register(&config, &req.token, worker.index);
     let (resp, outcome) = match claimed {
@@ -152,7 +185,10 @@ where
         },
         Err(refusal) => {
             let (kind, label, node) = match &refusal {
-                RegisterRefusal::UnknownToken => (pb::RegisterRefusal::UnknownToken, "unknown_token", String::new()),
+                RegisterRefusal::UnknownToken => {
+                    worker.shared.auth_failures.record_failure(peer.ip());
+                    (pb::RegisterRefusal::UnknownToken, "unknown_token", String::new())
+                }
                 RegisterRefusal::Duplicate(n) => {
                     (pb::RegisterRefusal::DuplicateConnection, "duplicate_connection", n.clone())
                 }
@@ -200,6 +236,8 @@ impl Session {
         reader: &mut FrameReader<R>,
         cmd_tx: mailbox::Sender<SessionCmd>,
         cmd_rx: mailbox::Receiver<SessionCmd>,
+        handshake_deadline: Instant,
+        handshake: SlotGuard,
     ) -> String
     where
         R: monoio::io::CancelableAsyncReadRent,
@@ -223,15 +261,17 @@ impl Session {
         let mut cmd_tx = Some(cmd_tx);
         let mut ready = false;
         let mut since_yield = 0u32;
+        let mut yielded_at = reader.decoded_bytes();
         // A registered connection that never reports ready would hold the
         // node's registration (refusing every reconnect) forever.
         let became_ready = Rc::new(std::cell::Cell::new(false));
+        let mut handshake = Some(handshake);
         {
             let (flag, closed) = (became_ready.clone(), self.closed.clone());
             let stop = Stop { stopper: reader.stopper(), reason: self.stop_reason.clone() };
             monoio::spawn(async move {
                 monoio::select! {
-                    _ = monoio::time::sleep(HANDSHAKE_TIMEOUT) => {}
+                    _ = monoio::time::sleep_until(handshake_deadline.into()) => {}
                     _ = closed.cancelled() => return,
                 }
                 if !flag.get() {
@@ -250,10 +290,12 @@ impl Session {
             };
             self.last_seen.set(Instant::now());
             since_yield += 1;
-            if since_yield >= super::FRAMES_PER_YIELD {
-                // A buffer full of frames decodes without awaiting: let this
-                // core's clients drain their runs before routing more.
+            // Reads that find data ready do not await (on epoll at all): a
+            // busy link must still let this core's clients drain their runs,
+            // after a number of frames or of bytes, whichever comes first.
+            if since_yield >= super::FRAMES_PER_YIELD || reader.decoded_bytes() - yielded_at >= super::BYTES_PER_YIELD {
                 since_yield = 0;
+                yielded_at = reader.decoded_bytes();
                 iop_core::rt::yield_now().await;
             }
             let cid = env.correlation_id;
@@ -262,6 +304,10 @@ impl Session {
                     let ok = self.on_ready(&req, &mut cmd_tx).await;
                     ready |= ok;
                     became_ready.set(ready);
+                    if ready {
+                        // The handshake is over: this connection no longer counts against it.
+                        handshake.take();
+                    }
                     let resp = pb::NodeReadyResponse {
                         ready: ok,
                         reason: if ok { String::new() } else { "stale or unknown connection".into() },
@@ -470,7 +516,7 @@ fn rx_fail_remaining(rx: mailbox::Receiver<SessionCmd>) -> mailbox::Receiver<Ses
         RunFailure::new(codes::NODE_DISCONNECTED, 502, FailureSource::Node, "node connection closed").retryable();
     while let Some(cmd) = rx.try_recv() {
         if let SessionCmd::Run { events, .. } = cmd {
-            let _ = events.try_send(ExecEvent::Error(failure.clone()));
+            events.send_terminal(ExecEvent::Error(failure.clone()));
         }
     }
     rx

@@ -375,13 +375,20 @@ pub fn mock_model(name: &str, targets: &[&str], extra: &str) -> String {
 /// A whole edge config with the admin API on: `nodes` and `models` are
 /// concatenated entries, `tail` is appended (e.g. a `[testing]` table).
 pub fn pool_config(nodes: &[String], models: &[String], tail: &str) -> String {
+    pool_config_with("", "", nodes, models, tail)
+}
+
+/// [`pool_config`] with extra `[http]` and `[node_listener]` keys.
+pub fn pool_config_with(http: &str, node_listener: &str, nodes: &[String], models: &[String], tail: &str) -> String {
     format!(
         r#"admin_token = "{ADMIN_TOKEN}"
 workers = 2
 [http]
 listen = "127.0.0.1:0"
+{http}
 [node_listener]
 listen = "127.0.0.1:0"
+{node_listener}
 {}
 {}
 {tail}
@@ -399,6 +406,16 @@ pub fn signal_pid(pid: u32, sig: &str) {
 }
 
 impl Proc {
+    /// Resident set size from `/proc/<pid>/status`, in KiB.
+    pub fn rss_kib(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).expect("proc status");
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS")
+    }
+
     /// Sends `sig` (e.g. `TERM`) to the process.
     pub fn signal(&self, sig: &str) {
         signal_pid(self.child.id(), sig);

@@ -2,12 +2,15 @@
 //! binaries on port 0 over real sockets. One test binary, several modules.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic, clippy::print_stdout)]
 
+mod attack;
 mod harness;
 
 mod admin;
 mod chat;
 mod errors;
 mod faults;
+mod hostile_http;
+mod hostile_peers;
 mod lifecycle;
 mod pool;
 mod real_upstream;

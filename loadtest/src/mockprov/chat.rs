@@ -25,6 +25,10 @@ pub struct MockOverrides {
     pub abort_after: Option<u64>,
     /// Reasoning tokens before the content.
     pub reasoning: Option<u64>,
+    /// Pad every content token to at least this many bytes.
+    pub token_bytes: Option<u64>,
+    /// Read the request, then close the connection without answering.
+    pub hangup: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -90,9 +94,24 @@ pub struct Plan {
     pub abort_after: Option<u64>,
     /// Answer with this error status instead.
     pub error_status: Option<u16>,
+    /// Content tokens are padded to at least this many bytes.
+    pub token_bytes: usize,
+    /// Close the connection without answering.
+    pub hangup: bool,
 }
 
 impl Plan {
+    /// Text of content token `i`: `tok<i> `, padded with `x` before the
+    /// space up to `token_bytes`.
+    pub fn content_token(&self, i: u64) -> String {
+        let mut t = format!("tok{i}");
+        if self.token_bytes > t.len() + 1 {
+            t.extend(std::iter::repeat_n('x', self.token_bytes - t.len() - 1));
+        }
+        t.push(' ');
+        t
+    }
+
     /// Tokens in usage.completion_tokens.
     pub fn completion_tokens(&self) -> u64 {
         self.reasoning + self.content
@@ -149,6 +168,8 @@ pub fn plan(body: &[u8], config: &MockConfig, seq: u64, created: u64) -> Result<
         interval: Duration::from_millis(o.token_interval_ms.unwrap_or(config.token_interval_ms)),
         abort_after: o.abort_after.or(config.abort_after),
         error_status,
+        token_bytes: usize::try_from(o.token_bytes.unwrap_or(config.token_bytes).min(64 << 20)).unwrap_or(0),
+        hangup: o.hangup.unwrap_or(false),
     })
 }
 
@@ -249,7 +270,7 @@ fn usage_json(plan: &Plan) -> String {
 pub fn completion_body(plan: &Plan) -> String {
     let mut content = String::new();
     for i in 0..plan.content {
-        let _ = write!(content, "tok{i} ");
+        content.push_str(&plan.content_token(i));
     }
     let reasoning = if plan.reasoning > 0 {
         let mut text = String::new();
@@ -317,6 +338,18 @@ mod tests {
 
         let p = plan(br#"{"messages":[{"role":"user","content":"hi"}]}"#, &config(), 1, 0).unwrap();
         assert_eq!((p.model.as_str(), p.stream, p.prompt_tokens, p.content), ("mock", false, 1, 16));
+    }
+
+    #[test]
+    fn large_tokens_and_hangup() {
+        let body = br#"{"messages":[{"content":"x"}],"mock":{"tokens":2,"token_bytes":1000,"hangup":true}}"#;
+        let p = plan(body, &config(), 1, 0).unwrap();
+        assert!(p.hangup);
+        let t = p.content_token(7);
+        assert_eq!(t.len(), 1000);
+        assert!(t.starts_with("tok7x") && t.ends_with("x "));
+        let p = plan(br#"{"messages":[{"content":"x"}]}"#, &config(), 1, 0).unwrap();
+        assert_eq!((p.content_token(3), p.hangup), ("tok3 ".to_owned(), false));
     }
 
     #[test]

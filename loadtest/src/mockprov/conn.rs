@@ -233,6 +233,10 @@ impl Conn {
                 return self.respond(400, "application/json", body.as_bytes(), ka).await;
             }
         };
+        if plan.hangup {
+            // Read, counted, never answered: a provider that dies mid-request.
+            return Ok(Next::Close);
+        }
         if let Some(status) = plan.error_status {
             let body = chat::mock_error_body(status);
             return self.respond(status, "application/json", body.as_bytes(), ka).await;
@@ -297,7 +301,7 @@ impl Conn {
                 return Ok(Next::Close);
             }
             self.pace(sent, plan.interval).await?;
-            self.push_event(&chunks.content(&chat::content_token(i)));
+            self.push_event(&chunks.content(&plan.content_token(i)));
             self.flush().await.map_err(|_| Gone)?;
             sent += 1;
         }

@@ -47,6 +47,9 @@ pub struct MockConfig {
     /// Reasoning (`reasoning_content`) chunks before the content.
     #[arg(long, default_value_t = 0)]
     pub reasoning: u64,
+    /// Pad every content token to at least this many bytes (large deltas).
+    #[arg(long, default_value_t = 0)]
+    pub token_bytes: u64,
     /// Model name reported when a request names none, and in /v1/models.
     #[arg(long, default_value = "mock")]
     pub model: String,
@@ -63,6 +66,7 @@ impl MockConfig {
             error_status: None,
             abort_after: None,
             reasoning: 0,
+            token_bytes: 0,
             model: "mock".to_owned(),
         }
     }

@@ -121,7 +121,8 @@ impl OpenAiCompatAdapter {
         let mut resp = match self.client.send(&req).await {
             Ok(r) => r,
             Err(e) if e.is_connect() => {
-                let f = RunFailure::new(codes::UPSTREAM_CONNECT, 502, FailureSource::Provider, e.to_string());
+                tracing::warn!(provider = %self.id, run_id = %spec.run_id, error = %e, "provider unreachable");
+                let f = RunFailure::new(codes::UPSTREAM_CONNECT, 502, FailureSource::Provider, e.public_message());
                 return Err(Halt::Fail(f.retryable()));
             }
             Err(e) => return Err(Halt::Fail(protocol(e.to_string()))),
@@ -433,6 +434,8 @@ mod tests {
         assert_eq!(evs.len(), 1);
         let f = failure(&evs);
         assert_eq!((f.code, f.status, f.retryable), (codes::UPSTREAM_CONNECT, 502, true));
+        // The provider's address is internal: never in what the client sees.
+        assert!(!f.message.contains("127.0.0.1") && !f.message.contains(&port.to_string()), "{}", f.message);
     }
 
     #[test]

@@ -121,8 +121,9 @@ impl RunManager {
             max_tokens: req.max_tokens,
             params_json: req.params_json,
         };
+        let deadline = time_left(req.deadline_ms, &run_id);
         let emitter = Emitter::new(self.writer.clone(), run_id).with_slot(slot);
-        monoio::spawn(execute(adapter, spec, emitter, cancel));
+        monoio::spawn(execute(adapter, spec, emitter, cancel, deadline));
     }
 
     /// Frees `run_id`'s slot if it still holds one.
@@ -169,15 +170,51 @@ impl RunManager {
     }
 }
 
-async fn execute(adapter: Rc<Adapter>, spec: RunSpec, mut emitter: Emitter, cancel: LocalCancel) {
+/// Time until the edge's `deadline_ms` (Unix ms; 0 = none). A deadline
+/// already past on arrival means the clocks disagree (the edge sends it at
+/// dispatch): the edge still enforces it, so the node adds none.
+fn time_left(deadline_ms: u64, run_id: &str) -> Option<std::time::Duration> {
+    if deadline_ms == 0 {
+        return None;
+    }
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?;
+    let left = std::time::Duration::from_millis(deadline_ms).checked_sub(now);
+    if left.is_none() {
+        tracing::warn!(run = %run_id, "run deadline is already past on arrival: is this node's clock ahead of the edge's?");
+    }
+    left
+}
+
+async fn execute(
+    adapter: Rc<Adapter>,
+    spec: RunSpec,
+    mut emitter: Emitter,
+    cancel: LocalCancel,
+    deadline: Option<std::time::Duration>,
+) {
     let run_id = spec.run_id.clone();
+    let mut expired = false;
+    let expiry = async {
+        match deadline {
+            Some(d) => monoio::time::sleep(d).await,
+            None => std::future::pending().await,
+        }
+    };
     monoio::select! {
         _ = adapter.execute(spec, &mut emitter) => {}
         _ = cancel.cancelled() => {}
+        _ = expiry => expired = true,
     }
     if !emitter.terminal_sent() {
         let ev = if cancel.is_cancelled() {
             ExecEvent::Cancelled { reason: "cancelled by edge".into() }
+        } else if expired {
+            ExecEvent::Error(RunFailure::new(
+                codes::DEADLINE_EXCEEDED,
+                504,
+                FailureSource::Node,
+                format!("the run did not finish within its deadline ({} ms)", deadline.unwrap_or_default().as_millis()),
+            ))
         } else {
             tracing::warn!(run = %run_id, adapter = adapter.id(), "adapter ended without a terminal event");
             ExecEvent::Error(RunFailure::new(

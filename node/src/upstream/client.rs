@@ -7,7 +7,16 @@ use iop_core::{
     http::{parse_response_head, write_request_head, BodyDecoder, BodyKind, ResponseHead},
     rt::io::read_append,
 };
-use monoio::{io::AsyncWriteRentExt, net::TcpStream};
+use std::{
+    future::{poll_fn, Future},
+    pin::pin,
+    task::Poll,
+};
+
+use monoio::{
+    io::{AsyncWriteRent, AsyncWriteRentExt, CancelableAsyncReadRent, Canceller},
+    net::TcpStream,
+};
 
 use super::{
     authority,
@@ -77,16 +86,18 @@ impl Default for UpstreamClient {
 
 /// How one exchange on one connection failed.
 enum Attempt {
-    /// Nothing of a response arrived: a stale pooled connection may be retried.
-    NoResponse(UpstreamError),
-    /// Part of a response arrived: never retried.
+    /// Not one byte of the request was written: it may go out on another
+    /// connection.
+    NothingSent(UpstreamError),
+    /// Some of the request may have reached the provider: never resent (a
+    /// provider that read it may be running it).
     Failed(UpstreamError),
 }
 
 impl Attempt {
     fn into_error(self) -> UpstreamError {
         match self {
-            Attempt::NoResponse(e) | Attempt::Failed(e) => e,
+            Attempt::NothingSent(e) | Attempt::Failed(e) => e,
         }
     }
 }
@@ -109,17 +120,27 @@ impl UpstreamClient {
     }
 
     /// Sends `req` and waits for the response head. Reuses an idle
-    /// connection when one is parked; if that one turns out dead before any
-    /// response byte, retries once on a fresh connection.
+    /// connection when one is parked and still open. A request is sent at
+    /// most once: it goes out on a fresh connection only when not one byte
+    /// of it was written on the pooled one; once any byte was written, a
+    /// failure is returned, never a second copy (the provider may be
+    /// running the first).
     pub async fn send(&self, req: &Request<'_>) -> Result<Response, UpstreamError> {
         let key = PoolKey { host: req.host.to_owned(), port: req.port };
         let wire = encode_request(req);
         let head_request = req.method.eq_ignore_ascii_case("HEAD");
-        if let Some(stream) = self.inner.pool.take(&key) {
+        while let Some(mut stream) = self.inner.pool.take(&key) {
+            // A connection the provider closed while parked is found here,
+            // before the request is written to it.
+            if !still_open(&mut stream).await {
+                tracing::debug!(host = %req.host, port = req.port, "pooled connection closed by the upstream; dropped");
+                continue;
+            }
             match self.exchange(stream, wire.clone(), head_request, key.clone(), true).await {
                 Ok(resp) => return Ok(resp),
-                Err(Attempt::NoResponse(e)) => {
-                    tracing::debug!(host = %req.host, port = req.port, error = %e, "stale pooled connection, retrying");
+                Err(Attempt::NothingSent(e)) => {
+                    tracing::debug!(host = %req.host, port = req.port, error = %e, "pooled connection refused the request before any byte; using a fresh one");
+                    break;
                 }
                 Err(Attempt::Failed(e)) => return Err(e),
             }
@@ -136,8 +157,18 @@ impl UpstreamClient {
         key: PoolKey,
         reused: bool,
     ) -> Result<Response, Attempt> {
-        let (res, _) = stream.write_all(wire).await;
-        res.map_err(|e| Attempt::NoResponse(UpstreamError::Io(e)))?;
+        // The first write tells whether anything went out at all.
+        let len = wire.len();
+        let (res, wire) = stream.write(wire).await;
+        match res {
+            Ok(n) if n >= len => {}
+            Ok(0) => return Err(Attempt::NothingSent(UpstreamError::Closed("before the request was written"))),
+            Ok(n) => {
+                let (res, _) = stream.write_all(wire.slice(n..)).await;
+                res.map_err(|e| Attempt::Failed(UpstreamError::Io(e)))?;
+            }
+            Err(e) => return Err(Attempt::NothingSent(UpstreamError::Io(e))),
+        }
         let limits = self.inner.cfg.limits;
         let mut buf = BytesMut::with_capacity(READ_CHUNK);
         let mut received = false;
@@ -153,10 +184,9 @@ impl UpstreamClient {
                 Ok(0) if received => {
                     return Err(Attempt::Failed(UpstreamError::Closed("in the middle of the response head")))
                 }
-                Ok(0) => return Err(Attempt::NoResponse(UpstreamError::Closed("before responding"))),
+                Ok(0) => return Err(Attempt::Failed(UpstreamError::Closed("before responding"))),
                 Ok(_) => received = true,
-                Err(e) if received => return Err(Attempt::Failed(UpstreamError::Io(e))),
-                Err(e) => return Err(Attempt::NoResponse(UpstreamError::Io(e))),
+                Err(e) => return Err(Attempt::Failed(UpstreamError::Io(e))),
             }
         };
         let decoder = BodyDecoder::new(head.body, limits.max_body_bytes);
@@ -175,6 +205,25 @@ impl UpstreamClient {
         }
         Ok(resp)
     }
+}
+
+/// Whether a parked connection can carry a request: a read that would
+/// block means open; EOF, an error or unsolicited bytes mean it cannot. The
+/// probing read is polled once, then cancelled and awaited (never dropped
+/// in flight, which could lose a completion under io_uring).
+async fn still_open(stream: &mut TcpStream) -> bool {
+    let canceller = Canceller::new();
+    let mut read = pin!(stream.cancelable_read(Vec::with_capacity(1), canceller.handle()));
+    let first = poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
+    let (res, _) = match first {
+        Poll::Ready(done) => done,
+        Poll::Pending => {
+            let _ = canceller.cancel();
+            read.await
+        }
+    };
+    // ECANCELED: the read was still waiting for data, so the peer is there.
+    matches!(res, Err(e) if e.raw_os_error() == Some(125))
 }
 
 /// Head and body in one buffer, so the request goes out in one write.
@@ -380,6 +429,32 @@ mod tests {
             .filter(|e| matches!(e, Event::Accepted(_)))
             .count();
         assert!(accepted >= 2, "a fresh connection was opened");
+    }
+
+    #[test]
+    fn a_request_the_upstream_read_is_never_sent_again() {
+        // One reply, then the server reads the next request on the same
+        // (pooled, open) connection and closes without answering.
+        let server = TestServer::start(vec![Reply::keep(with_body(200, "text/plain", "one"))]);
+        let port = server.addr.port();
+        let client = UpstreamClient::default();
+        let post = Request { method: "POST", body: b"{\"n\":1}", ..get(port) };
+        let second = iop_core::rt::block_on_current(async {
+            let (status, _, _) = body_of(&client, &post).await;
+            assert_eq!(status, 200);
+            assert_eq!(client.idle_connections("127.0.0.1", port), 1);
+            client.send(&post).await.map(|r| r.status())
+        })
+        .unwrap();
+        let err = second.unwrap_err();
+        assert!(matches!(err, UpstreamError::Closed(_) | UpstreamError::Io(_)), "{err:?}");
+        // Give a wrongful resend time to arrive before counting.
+        std::thread::sleep(Duration::from_millis(100));
+        let events: Vec<_> =
+            std::iter::from_fn(|| server.events.recv_timeout(Duration::from_millis(50)).ok()).collect();
+        let requests = events.iter().filter(|e| matches!(e, Event::Request { .. })).count();
+        let accepted = events.iter().filter(|e| matches!(e, Event::Accepted(_))).count();
+        assert_eq!((requests, accepted), (2, 1), "the request was sent exactly once: {events:?}");
     }
 
     #[test]

@@ -102,6 +102,17 @@ impl UpstreamError {
     pub fn is_connect(&self) -> bool {
         matches!(self, Self::Resolve { .. } | Self::Connect { .. } | Self::ConnectTimeout { .. })
     }
+
+    /// A description for API clients: never the provider's address, which
+    /// is internal (the node logs the full error).
+    pub fn public_message(&self) -> String {
+        match self {
+            Self::Resolve { .. } => "the provider's host name could not be resolved".into(),
+            Self::Connect { .. } => "the provider refused or failed the connection".into(),
+            Self::ConnectTimeout { .. } => "connecting to the provider timed out".into(),
+            other => other.to_string(),
+        }
+    }
 }
 
 /// `host:port`, with brackets around IPv6 literals.

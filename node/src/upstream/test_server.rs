@@ -45,7 +45,7 @@ impl Reply {
 /// A running test server.
 pub(crate) struct TestServer {
     pub(crate) addr: SocketAddr,
-    events: mpsc::Receiver<Event>,
+    pub(crate) events: mpsc::Receiver<Event>,
 }
 
 impl TestServer {

@@ -80,6 +80,10 @@ pub async fn stream(worker: &Rc<Worker>, conn: &mut Conn) -> bool {
         Framing::Chunked,
         false,
     );
+    if conn.head_only {
+        let _ = conn.flush().await;
+        return false;
+    }
     http::write_chunk(&mut conn.out, CONNECTED);
     if conn.flush().await.is_err() {
         return false;

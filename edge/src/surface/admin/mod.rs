@@ -13,7 +13,6 @@ pub mod snapshot;
 
 use std::rc::Rc;
 
-use bytes::Bytes;
 use iop_core::http::RequestHead;
 
 use crate::{server::Conn, surface::openai::error, worker::Worker};
@@ -34,22 +33,35 @@ pub fn is_admin_path(path: &str) -> bool {
 }
 
 /// Handles one `/admin` request; returns whether the connection may be kept.
-pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, _body: Bytes) -> bool {
+/// Failed token checks are limited per client address
+/// ([`crate::auth_limit`]): past the limit every attempt gets 429 before
+/// the token is compared.
+pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead) -> bool {
     let keep = head.keep_alive;
     let config = worker.config.borrow().clone();
+    let limiter = &worker.shared.auth_failures;
+    if config.admin_token.is_some() {
+        if let Err(wait) = limiter.check(conn.peer.ip()) {
+            let retry = wait.as_secs().max(1).to_string();
+            let msg = "too many failed admin authentications from this address; retry later";
+            let extra = [("retry-after", retry.as_str())];
+            return respond_error(conn, 429, msg, Some("rate_limited"), &extra, keep).await;
+        }
+    }
     match auth::authorize(config.admin_token.as_ref(), head.header("authorization")) {
         Auth::Granted => {}
         Auth::Disabled => return respond_error(conn, 404, DISABLED_MESSAGE, Some("admin_disabled"), &[], keep).await,
         Auth::Denied => {
+            limiter.record_failure(conn.peer.ip());
             // Never log the presented credential.
-            tracing::debug!(path = head.path(), "admin request without a valid token");
+            tracing::debug!(path = %error::clip(head.path()), peer = %conn.peer, "admin request without a valid token");
             let challenge = [("www-authenticate", "Bearer")];
             let msg = "a valid admin token is required: send `Authorization: Bearer <admin_token>`";
             return respond_error(conn, 401, msg, Some("invalid_admin_token"), &challenge, keep).await;
         }
     }
     let path = head.path();
-    let method = head.method.as_str();
+    let method = if head.method == "HEAD" { "GET" } else { head.method.as_str() };
     match (method, path) {
         ("GET", NODES_PATH) => {
             let statuses = worker.shared.registry.lock().statuses(&config);
@@ -60,11 +72,10 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, _b
         }
         ("GET", EVENTS_PATH) => events::stream(worker, conn).await,
         (_, NODES_PATH | EVENTS_PATH) => {
-            let msg = format!("method {method} is not allowed on {path}");
-            respond_error(conn, 405, &msg, None, &[("allow", "GET")], keep).await
+            crate::surface::method_not_allowed(conn, head, crate::surface::ALLOW_GET, keep).await.is_ok() && keep
         }
         _ => {
-            let msg = format!("no admin route for {method} {path}");
+            let msg = format!("no admin route for {} {}", error::clip(&head.method), error::clip(path));
             respond_error(conn, 404, &msg, Some("not_found"), &[], keep).await
         }
     }

@@ -6,7 +6,7 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use iop_core::{
     exec::{ExecEvent, RunFailure, Usage},
     http::{self, Framing, RequestHead},
@@ -18,21 +18,31 @@ use super::{chunk::ChunkEncoder, error, request};
 use crate::{
     dispatch::{self, DispatchError, RunStream},
     pool::{self, AdmitError, LeaseClass},
-    server::{with_disconnect_watch, Conn},
+    server::{with_disconnect_watch, Body, Conn},
     worker::Worker,
 };
 
 /// Handles one chat completion; returns whether the connection may be kept.
-pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, body: Bytes) -> bool {
+pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, body: Body) -> bool {
     let keep = head.keep_alive;
-    let req = match request::parse(&body) {
+    // The body's share of the core's budget is held until the run is handed
+    // to its node (queueing included); the raw bytes go once parsed.
+    let (bytes, _permit) = body.into_parts();
+    let raw = match request::parse_raw(&bytes) {
         Ok(r) => r,
-        Err(msg) => return respond_error(conn, 400, &msg, None, keep).await,
+        Err(msg) => return respond_error(conn, 400, &msg, Some("invalid_request"), keep).await,
     };
-    let group = worker.config.borrow().model(&req.model).cloned();
+    drop(bytes);
+    // Looked up before the messages are converted: an unknown model costs little.
+    let group = worker.config.borrow().model(raw.model()).cloned();
     let Some(group) = group else {
-        let msg = format!("The model `{}` does not exist", req.model);
+        tracing::debug!(model_len = raw.model().len(), "unknown model requested");
+        let msg = format!("The model `{}` does not exist", error::clip(raw.model()));
         return respond_error(conn, 404, &msg, Some("model_not_found"), keep).await;
+    };
+    let req = match raw.into_request() {
+        Ok(r) => r,
+        Err(msg) => return respond_error(conn, 400, &msg, Some("invalid_request"), keep).await,
     };
     let class = match group.long_context_threshold {
         Some(t) if request::estimate_prompt_tokens(&req.messages, &req.params_json) > u64::from(t) => LeaseClass::Long,
@@ -61,7 +71,9 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
         params_json: req.params_json,
         ..Default::default()
     };
-    let run = match dispatch::submit(worker, &group.name, admitted, run_req) {
+    let submitted = dispatch::submit(worker, &group.name, admitted, run_req);
+    drop(_permit);
+    let run = match submitted {
         Ok(run) => run,
         Err(e @ DispatchError::NoReadyNode(_)) => {
             return respond_error(conn, 503, &e.to_string(), Some("no_ready_node"), keep).await
@@ -113,7 +125,7 @@ async fn stream(
     keep: bool,
     write_timeout: std::time::Duration,
 ) -> bool {
-    let Conn { rd, wr, buf, out } = conn;
+    let Conn { rd, wr, buf, out, .. } = conn;
     let Some(first) = with_disconnect_watch(rd, buf, run.next()).await else {
         return false; // client gone; dropping `run` cancels it on the node
     };
@@ -152,12 +164,10 @@ async fn stream_body<W: AsyncWriteRentExt>(
     let mut next = Some(first);
     while let Some(ev) = next.take() {
         let mut terminal = encode(enc, &mut sse, ev, include_usage);
-        // Batch what is already queued into one write.
-        while !terminal {
-            let Some(ev) = run.receiver().try_recv() else { break };
-            if ev.is_terminal() {
-                run.finish(&ev);
-            }
+        // Batch what is already queued into one write (bounded, so one
+        // write never holds a whole backlog twice).
+        while !terminal && sse.len() < MAX_WRITE_BATCH {
+            let Some(ev) = run.try_next() else { break };
             terminal = encode(enc, &mut sse, ev, include_usage);
         }
         http::write_chunk(out, &sse);
@@ -222,6 +232,9 @@ fn node_cancelled(reason: &str) -> RunFailure {
         format!("run cancelled by the node: {reason}"),
     )
 }
+
+/// Most SSE bytes gathered from queued events into one client write.
+const MAX_WRITE_BATCH: usize = 256 * 1024;
 
 /// Largest non-streamed completion the edge buffers (text and reasoning).
 const MAX_AGGREGATE_BYTES: usize = 64 * 1024 * 1024;

@@ -2,6 +2,12 @@
 
 use serde_json::json;
 
+/// Longest message an error body carries; longer ones are cut, so no
+/// client input of any size is echoed back whole.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+/// Longest piece of client input (a model name, a path) quoted in a message.
+pub const MAX_ECHO_BYTES: usize = 128;
+
 /// The OpenAI `error.type` for an HTTP status.
 pub fn error_type(status: u16) -> &'static str {
     match status {
@@ -13,11 +19,28 @@ pub fn error_type(status: u16) -> &'static str {
     }
 }
 
+/// `s` cut to at most `max` bytes at a character boundary, with `…` when cut.
+pub fn clip_to(s: &str, max: usize) -> std::borrow::Cow<'_, str> {
+    if s.len() <= max {
+        return s.into();
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &s[..end]).into()
+}
+
+/// Client input quoted in a message, cut to [`MAX_ECHO_BYTES`].
+pub fn clip(s: &str) -> std::borrow::Cow<'_, str> {
+    clip_to(s, MAX_ECHO_BYTES)
+}
+
 /// `{"error":{"message","type","param":null,"code"}}` for `status`.
 pub fn body(status: u16, message: &str, code: Option<&str>) -> Vec<u8> {
     let v = json!({
         "error": {
-            "message": message,
+            "message": clip_to(message, MAX_MESSAGE_BYTES),
             "type": error_type(status),
             "param": null,
             "code": code,
@@ -39,5 +62,16 @@ mod tests {
         assert_eq!(v["error"]["message"], "nope");
         assert_eq!(error_type(503), "server_error");
         assert_eq!(error_type(429), "rate_limit_error");
+    }
+
+    #[test]
+    fn messages_and_echoes_are_bounded() {
+        let huge = "é".repeat(100_000);
+        let v: serde_json::Value = serde_json::from_slice(&body(400, &huge, None)).unwrap();
+        let msg = v["error"]["message"].as_str().unwrap();
+        assert!(msg.len() <= MAX_MESSAGE_BYTES + 3 && msg.ends_with('…'), "{}", msg.len());
+        assert_eq!(clip("short"), "short");
+        let clipped = clip(&huge);
+        assert!(clipped.len() <= MAX_ECHO_BYTES + 3 && clipped.starts_with("éé"));
     }
 }

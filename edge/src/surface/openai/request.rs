@@ -22,8 +22,10 @@ pub struct ChatRequest {
     pub params_json: Bytes,
 }
 
+/// A request body in its JSON shape, before the messages are converted;
+/// enough to look the model up before doing more work.
 #[derive(Deserialize)]
-struct Raw {
+pub struct Raw {
     model: String,
     messages: Vec<Map<String, Value>>,
     #[serde(default)]
@@ -41,13 +43,19 @@ struct Raw {
 }
 
 #[derive(Deserialize)]
-struct StreamOptions {
+pub(crate) struct StreamOptions {
     #[serde(default)]
     include_usage: Option<bool>,
 }
 
 /// Parses `body`; the error is a client-facing message.
+#[cfg(test)]
 pub fn parse(body: &[u8]) -> Result<ChatRequest, String> {
+    parse_raw(body)?.into_request()
+}
+
+/// Parses `body` into its JSON shape and checks the top-level fields.
+pub fn parse_raw(body: &[u8]) -> Result<Raw, String> {
     if body.is_empty() {
         return Err("request body is empty; expected a JSON object".into());
     }
@@ -61,16 +69,30 @@ pub fn parse(body: &[u8]) -> Result<ChatRequest, String> {
     if raw.n.is_some_and(|n| n != 1) {
         return Err("only `n` = 1 is supported".into());
     }
-    let messages = raw.messages.into_iter().enumerate().map(|(i, m)| message(i, m)).collect::<Result<Vec<_>, _>>()?;
-    let params_json = Bytes::from(serde_json::to_vec(&raw.rest).map_err(|e| format!("invalid parameters: {e}"))?);
-    Ok(ChatRequest {
-        model: raw.model,
-        stream: raw.stream.unwrap_or(false),
-        include_usage: raw.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
-        messages,
-        max_tokens: raw.max_completion_tokens.or(raw.max_tokens),
-        params_json,
-    })
+    Ok(raw)
+}
+
+impl Raw {
+    /// The requested public model name.
+    pub fn model(&self) -> &str {
+        &self.model
+    }
+
+    /// Converts the messages and parameters for the wire.
+    pub fn into_request(self) -> Result<ChatRequest, String> {
+        let raw = self;
+        let messages =
+            raw.messages.into_iter().enumerate().map(|(i, m)| message(i, m)).collect::<Result<Vec<_>, _>>()?;
+        let params_json = Bytes::from(serde_json::to_vec(&raw.rest).map_err(|e| format!("invalid parameters: {e}"))?);
+        Ok(ChatRequest {
+            model: raw.model,
+            stream: raw.stream.unwrap_or(false),
+            include_usage: raw.stream_options.and_then(|o| o.include_usage).unwrap_or(false),
+            messages,
+            max_tokens: raw.max_completion_tokens.or(raw.max_tokens),
+            params_json,
+        })
+    }
 }
 
 /// Rough prompt size in tokens (4 bytes per token), used to classify a
