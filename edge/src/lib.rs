@@ -7,6 +7,7 @@
 //! - [`dispatch`]: model → node, run submission and the run event stream.
 //! - [`server`] + [`surface`]: HTTP/1.1 connections and the OpenAI surface.
 
+pub mod accept;
 pub mod auth_limit;
 pub mod dispatch;
 pub mod events;

@@ -12,47 +12,25 @@ pub use conn::Conn;
 use iop_core::limits::LogThrottle;
 pub use watch::with_disconnect_watch;
 
-use crate::worker::Worker;
+use crate::{accept::Gate, worker::Worker};
 
 /// One warning per interval for floods of refused or failed accepts.
-static CONNECTION_LIMIT_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
-static ACCEPT_FAILED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
+static REFUSED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
+static FAILED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
 
-/// Accepts client connections on this core.
+/// Accepts client connections on this core, at most `http.max_connections`
+/// open on the edge; on shutdown the listener is dropped, so new clients
+/// are refused at once.
 pub async fn accept_loop(worker: Rc<Worker>, listener: monoio::net::TcpListener) {
-    loop {
-        // On shutdown the listener is dropped: new clients are refused at once.
-        let accepted = monoio::select! {
-            r = listener.accept() => r,
-            _ = worker.stop.cancelled() => return,
-        };
-        match accepted {
-            Ok((stream, peer)) => {
-                let limit = worker.max_connections();
-                match worker.shared.connections.try_acquire(limit) {
-                    Some(slot) => {
-                        monoio::spawn(conn::serve(worker.clone(), stream, peer, slot));
-                    }
-                    None => {
-                        // Closed at once, before descriptors run out.
-                        drop(stream);
-                        if let Some(more) = CONNECTION_LIMIT_LOG.allow() {
-                            tracing::warn!(
-                                limit,
-                                refused_since_last_report = more + 1,
-                                "client connection limit (http.max_connections) reached; refusing new connections"
-                            );
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                if let Some(more) = ACCEPT_FAILED_LOG.allow() {
-                    tracing::warn!(error = %e, failed_since_last_report = more + 1, "client accept failed");
-                }
-                // EMFILE and friends: back off instead of spinning.
-                monoio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    let gate = Gate {
+        what: "client connection",
+        key: "http.max_connections",
+        slots: worker.shared.connections.clone(),
+        refused_log: &REFUSED_LOG,
+        failed_log: &FAILED_LOG,
+    };
+    let serve = |stream, peer, slot| {
+        monoio::spawn(conn::serve(worker.clone(), stream, peer, slot));
+    };
+    crate::accept::accept_loop(listener, Some(&worker.stop), &gate, || worker.max_connections(), serve).await;
 }

@@ -149,35 +149,24 @@ pub enum SessionCmd {
 }
 
 /// One warning per interval for floods of refused or failed node accepts.
-static HANDSHAKE_LIMIT_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
-static ACCEPT_FAILED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
+static REFUSED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
+static FAILED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
 
 /// Accepts node connections on this core. At most
 /// `node_listener.max_handshakes` connections may be in the handshake at
-/// once on the edge; more are closed at accept.
+/// once on the edge; more are closed at accept. Sessions outlive a
+/// shutdown (runs in flight finish), so this loop does too.
 pub async fn accept_loop(worker: Rc<Worker>, listener: monoio::net::TcpListener) {
-    loop {
-        match listener.accept().await {
-            Ok((stream, peer)) => {
-                let limit = worker.config.borrow().node_handshake.max_pending;
-                match worker.shared.node_handshakes.try_acquire(limit) {
-                    Some(slot) => {
-                        monoio::spawn(session::serve(worker.clone(), stream, peer, slot));
-                    }
-                    None => {
-                        drop(stream);
-                        if let Some(more) = HANDSHAKE_LIMIT_LOG.allow() {
-                            tracing::warn!(limit, refused_since_last_report = more + 1, "too many node connections in the handshake (node_listener.max_handshakes); refusing new ones");
-                        }
-                    }
-                }
-            }
-            Err(e) => {
-                if let Some(more) = ACCEPT_FAILED_LOG.allow() {
-                    tracing::warn!(error = %e, failed_since_last_report = more + 1, "node accept failed");
-                }
-                monoio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
+    let gate = crate::accept::Gate {
+        what: "node handshake",
+        key: "node_listener.max_handshakes",
+        slots: worker.shared.node_handshakes.clone(),
+        refused_log: &REFUSED_LOG,
+        failed_log: &FAILED_LOG,
+    };
+    let limit = || worker.config.borrow().node_handshake.max_pending;
+    let serve = |stream, peer, slot| {
+        monoio::spawn(session::serve(worker.clone(), stream, peer, slot));
+    };
+    crate::accept::accept_loop(listener, None, &gate, limit, serve).await;
 }

@@ -118,12 +118,7 @@ where
             node: String::new(),
             peer: peer.to_string(),
         });
-        let resp = pb::RegisterResponse {
-            accepted: false,
-            reason: "expected RegisterRequest".into(),
-            refusal: pb::RegisterRefusal::Protocol as i32,
-            config: None,
-        };
+        let resp = refusal(pb::RegisterRefusal::Protocol, "expected RegisterRequest".into());
         let _ = writer.send(&envelope(first.correlation_id, Body::RegisterResponse(resp)));
         return None;
     };
@@ -137,12 +132,8 @@ where
                 peer: peer.to_string(),
             });
         }
-        let resp = pb::RegisterResponse {
-            accepted: false,
-            reason: format!("too many failed registrations from this address; retry in {} s", wait.as_secs().max(1)),
-            refusal: pb::RegisterRefusal::RateLimited as i32,
-            config: None,
-        };
+        let reason = format!("too many failed registrations from this address; retry in {} s", wait.as_secs().max(1));
+        let resp = refusal(pb::RegisterRefusal::RateLimited, reason);
         let _ = writer.send(&envelope(first.correlation_id, Body::RegisterResponse(resp)));
         return None;
     }
@@ -174,17 +165,13 @@ where
                     node: node_id.clone(),
                     peer: peer.to_string(),
                 });
-                let resp = pb::RegisterResponse {
-                    accepted: false,
-                    reason: "node configuration could not be built".into(),
-                    refusal: pb::RegisterRefusal::ConfigBuildFailed as i32,
-                    config: None,
-                };
+                let resp =
+                    refusal(pb::RegisterRefusal::ConfigBuildFailed, "node configuration could not be built".into());
                 (resp, None)
             }
         },
-        Err(refusal) => {
-            let (kind, label, node) = match &refusal {
+        Err(refused) => {
+            let (kind, label, node) = match &refused {
                 RegisterRefusal::UnknownToken => {
                     worker.shared.auth_failures.record_failure(peer.ip());
                     (pb::RegisterRefusal::UnknownToken, "unknown_token", String::new())
@@ -193,19 +180,13 @@ where
                     (pb::RegisterRefusal::DuplicateConnection, "duplicate_connection", n.clone())
                 }
             };
-            tracing::warn!(%peer, reason = %refusal, "node registration refused");
+            tracing::warn!(%peer, reason = %refused, "node registration refused");
             worker.shared.events.publish(EdgeEvent::RegistrationRefused {
                 refusal: label,
                 node,
                 peer: peer.to_string(),
             });
-            let resp = pb::RegisterResponse {
-                accepted: false,
-                reason: refusal.to_string(),
-                refusal: kind as i32,
-                config: None,
-            };
-            (resp, None)
+            (refusal(kind, refused.to_string()), None)
         }
     };
     if writer.send(&envelope(first.correlation_id, Body::RegisterResponse(resp))).is_err() {
@@ -215,6 +196,11 @@ where
         return None;
     }
     outcome
+}
+
+/// A refused registration's answer.
+fn refusal(kind: pb::RegisterRefusal, reason: String) -> pb::RegisterResponse {
+    pb::RegisterResponse { accepted: false, reason, refusal: kind as i32, config: None }
 }
 
 struct Session {

@@ -97,4 +97,8 @@ fn unreachable_upstream_is_502() {
         &json!({"model": "gpt-test", "messages": [{"role": "user", "content": "x"}]}),
     );
     assert_openai_error(&r, 502);
+    assert_eq!(r.json()["error"]["code"], "upstream_connect");
+    // The provider's address is internal: never shown to the client.
+    let body = String::from_utf8_lossy(&r.body);
+    assert!(!body.contains("127.0.0.1") && !body.contains(&port.to_string()), "{body}");
 }

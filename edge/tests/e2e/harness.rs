@@ -42,9 +42,14 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(name: &str, args: &[&str], envs: &[(&str, &str)]) -> Proc {
+        Self::spawn_in(name, Command::new(bin(name)), args, envs)
+    }
+
+    /// Like [`Proc::spawn`], through `cmd` (e.g. `prlimit … <binary>`),
+    /// which must end up exec-ing the binary.
+    pub fn spawn_in(name: &str, mut cmd: Command, args: &[&str], envs: &[(&str, &str)]) -> Proc {
         let log = scratch(&format!("{name}.log"));
         let stderr = std::fs::File::create(&log).expect("log file");
-        let mut cmd = Command::new(bin(name));
         cmd.args(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(stderr);
         cmd.env("IOP_LOG", "info,iop_edge=debug,iop_node=debug");
         for (k, v) in envs {
@@ -175,9 +180,20 @@ impl Edge {
     }
 
     pub fn start_with_env(config: &str, envs: &[(&str, &str)]) -> Edge {
+        Self::start_in(config, Command::new(bin("iop-edge")), envs)
+    }
+
+    /// An edge whose open-file limit (soft and hard) is `nofile`.
+    pub fn start_with_nofile(config: &str, nofile: u32) -> Edge {
+        let mut cmd = Command::new("prlimit");
+        cmd.arg(format!("--nofile={nofile}:{nofile}")).arg("--").arg(bin("iop-edge"));
+        Self::start_in(config, cmd, &[])
+    }
+
+    fn start_in(config: &str, cmd: Command, envs: &[(&str, &str)]) -> Edge {
         let path = scratch("edge.toml");
         std::fs::write(&path, config).expect("write config");
-        let proc = Proc::spawn("iop-edge", &["--config", path.to_str().expect("utf8")], envs);
+        let proc = Proc::spawn_in("iop-edge", cmd, &["--config", path.to_str().expect("utf8")], envs);
         let line = proc.line("iop-edge ready ");
         let field = |k: &str| -> SocketAddr {
             line.split_whitespace()
