@@ -8,6 +8,7 @@
 //! - [`http`], [`sse`]: sans-IO HTTP/1.1 and server-sent-events codecs.
 //! - [`exec`]: run events, usage and failure classification.
 //! - [`limits`]: counted slots, a log throttle, the open-file limit.
+//! - [`tunnel`]: the provider tunnel's items and header rules.
 
 pub mod config;
 pub mod exec;
@@ -15,4 +16,5 @@ pub mod http;
 pub mod limits;
 pub mod rt;
 pub mod sse;
+pub mod tunnel;
 pub mod wire;

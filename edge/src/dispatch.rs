@@ -1,4 +1,5 @@
-//! Submits an admitted run to its node's session and streams its events.
+//! Submits an admitted run or tunnel to its node's session and streams its
+//! items back to the client's task.
 
 use std::{
     pin::Pin,
@@ -6,24 +7,25 @@ use std::{
 };
 
 use iop_core::{
-    exec::{codes, ExecEvent, FailureSource, RunFailure},
+    exec::{codes, ExecEvent, FailureSource, RunFailure, Usage},
     rt::mailbox::{self, SendError},
+    tunnel::TunnelItem,
     wire::pb,
 };
 
 use crate::{
     pool::Admitted,
-    transport::{run_events, RunReceiver, SessionCmd},
+    transport::{channel, Failing, SessionCmd, StreamRx},
     worker::Worker,
 };
 
-/// How long after a run's deadline the edge gives up on it itself: the node
-/// enforces the same deadline and its typed error should arrive first.
+/// How long after a stream's deadline the edge gives up on it itself: the
+/// node enforces the same deadline and its typed error should arrive first.
 pub const DEADLINE_GRACE: Duration = Duration::from_secs(1);
-/// A run's deadline when its provider is no longer in the config.
+/// A stream's deadline when its provider is no longer in the config.
 const DEFAULT_RUN_TIMEOUT: Duration = Duration::from_secs(600);
 
-/// Why a run could not be submitted.
+/// Why a run or tunnel could not be submitted.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum DispatchError {
     /// The admitted node is not (or no longer) ready.
@@ -34,66 +36,102 @@ pub enum DispatchError {
     NodeBusy(String),
 }
 
-/// The events of a submitted run. Dropping it before the terminal event
-/// cancels the run on the node. (The run's lease lives in the node session,
-/// which releases it when the run ends.)
-pub struct RunStream {
+/// What a terminal item says about how the stream ended.
+pub trait Outcome: Failing {
+    /// `(outcome, failure code, usage)` for the `run_terminal` event.
+    fn outcome(&self) -> (&'static str, Option<&'static str>, Option<Usage>);
+
+    /// `normalized` or `tunnel`.
+    const PATH: &'static str;
+}
+
+impl Outcome for ExecEvent {
+    fn outcome(&self) -> (&'static str, Option<&'static str>, Option<Usage>) {
+        match self {
+            ExecEvent::Complete { usage, .. } => ("complete", None, *usage),
+            ExecEvent::Error(f) => ("error", Some(f.code), None),
+            _ => ("cancelled", None, None),
+        }
+    }
+    const PATH: &'static str = "normalized";
+}
+
+impl Outcome for TunnelItem {
+    fn outcome(&self) -> (&'static str, Option<&'static str>, Option<Usage>) {
+        match self {
+            TunnelItem::End { usage } => ("complete", None, *usage),
+            TunnelItem::Error(f) => ("error", Some(f.code), None),
+            _ => ("cancelled", None, None),
+        }
+    }
+    const PATH: &'static str = "tunnel";
+}
+
+/// The items of a submitted run or tunnel. Dropping it before the terminal
+/// cancels it on the node. (The lease lives in the node session, which
+/// releases it when the stream ends there.)
+pub struct Stream<T: Outcome> {
     shared: std::sync::Arc<crate::shared::Shared>,
     model: String,
-    rx: RunReceiver,
+    rx: StreamRx<T>,
     session: mailbox::Sender<SessionCmd>,
-    run_id: String,
+    id: String,
     node_id: String,
     done: bool,
-    /// The run's deadline (its provider's `request_timeout_sec` from
+    /// The stream's deadline (its provider's `request_timeout_sec` from
     /// dispatch) plus [`DEADLINE_GRACE`].
     deadline: Pin<Box<monoio::time::Sleep>>,
     timeout: Duration,
 }
 
-impl RunStream {
-    /// Next event; after a terminal event (or if the session vanished,
-    /// which yields a synthesised error terminal) returns `None`. Past the
-    /// deadline the run is cancelled on the node and ends with
+/// The events of a normalized run.
+pub type RunStream = Stream<ExecEvent>;
+/// The items of a provider tunnel.
+pub type TunnelStream = Stream<TunnelItem>;
+
+impl<T: Outcome> Stream<T> {
+    /// Next item; after a terminal (or if the session vanished, which
+    /// yields a synthesised error terminal) returns `None`. Past the
+    /// deadline the stream is cancelled on the node and ends with
     /// `deadline_exceeded` (504).
-    pub async fn next(&mut self) -> Option<ExecEvent> {
+    pub async fn next(&mut self) -> Option<T> {
         if self.done {
             return None;
         }
         let Self { rx, deadline, .. } = self;
-        let ev = monoio::select! {
-            ev = rx.recv() => ev.unwrap_or_else(|| {
-                ExecEvent::Error(
+        let item = monoio::select! {
+            item = rx.recv() => item.unwrap_or_else(|| {
+                T::failed(
                     RunFailure::new(codes::NODE_DISCONNECTED, 502, FailureSource::Edge, "node session ended")
                         .retryable(),
                 )
             }),
             _ = deadline.as_mut() => self.expire(),
         };
-        if ev.is_terminal() {
-            self.finish(&ev);
+        if item.is_terminal() {
+            self.finish(&item);
         }
-        Some(ev)
+        Some(item)
     }
 
-    /// The next event already queued, without waiting.
-    pub fn try_next(&mut self) -> Option<ExecEvent> {
+    /// The next item already queued, without waiting.
+    pub fn try_next(&mut self) -> Option<T> {
         if self.done {
             return None;
         }
-        let ev = self.rx.try_recv()?;
-        if ev.is_terminal() {
-            self.finish(&ev);
+        let item = self.rx.try_recv()?;
+        if item.is_terminal() {
+            self.finish(&item);
         }
-        Some(ev)
+        Some(item)
     }
 
     /// The deadline passed: cancel on the node (which drops the lease
     /// there, once) and end with a typed error.
-    fn expire(&mut self) -> ExecEvent {
-        tracing::warn!(run = %self.run_id, node = %self.node_id, timeout_ms = self.timeout.as_millis() as u64, "run deadline passed; cancelling it");
+    fn expire(&mut self) -> T {
+        tracing::warn!(run = %self.id, node = %self.node_id, timeout_ms = self.timeout.as_millis() as u64, "run deadline passed; cancelling it");
         self.cancel_on_node("deadline_exceeded");
-        ExecEvent::Error(RunFailure::new(
+        T::failed(RunFailure::new(
             codes::DEADLINE_EXCEEDED,
             504,
             FailureSource::Node,
@@ -102,7 +140,7 @@ impl RunStream {
     }
 
     fn cancel_on_node(&self, reason: &'static str) {
-        let cmd = SessionCmd::Cancel { run_id: self.run_id.clone(), reason };
+        let cmd = SessionCmd::Cancel { run_id: self.id.clone(), reason };
         match self.session.try_send(cmd) {
             Ok(()) | Err(SendError::Closed(_)) => {}
             Err(SendError::Full(cmd)) => {
@@ -115,86 +153,145 @@ impl RunStream {
         }
     }
 
-    /// Records the terminal `ev`: publishes the run's outcome.
-    fn finish(&mut self, ev: &ExecEvent) {
+    /// Records the terminal `item`: publishes the stream's outcome.
+    fn finish(&mut self, item: &T) {
+        let (outcome, code, usage) = item.outcome();
+        self.publish(outcome, code, usage);
+    }
+
+    fn publish(&mut self, outcome: &'static str, code: Option<&'static str>, usage: Option<Usage>) {
         if self.done {
             return;
         }
         self.done = true;
-        let (outcome, code) = match ev {
-            ExecEvent::Complete { .. } => ("complete", None),
-            ExecEvent::Error(f) => ("error", Some(f.code)),
-            _ => ("cancelled", None),
-        };
         self.shared.events.publish(crate::events::EdgeEvent::RunTerminal {
-            run_id: self.run_id.clone(),
+            run_id: self.id.clone(),
             node: self.node_id.clone(),
             model: self.model.clone(),
             outcome,
             code,
+            path: T::PATH,
+            usage,
         });
     }
+}
 
-    /// Run id.
+impl<T: Outcome> Stream<T> {
+    /// Run or tunnel id.
     pub fn run_id(&self) -> &str {
-        &self.run_id
+        &self.id
     }
 
-    /// Node the run was dispatched to.
+    /// Node the stream was dispatched to.
     pub fn node_id(&self) -> &str {
         &self.node_id
     }
 }
 
-impl Drop for RunStream {
+impl<T: Outcome> Drop for Stream<T> {
     fn drop(&mut self) {
         if self.done {
             return;
         }
-        self.finish(&ExecEvent::Cancelled { reason: "client_disconnected".into() });
+        self.publish("cancelled", None, None);
         self.cancel_on_node("client_disconnected");
     }
 }
 
-/// Submits `req` (run_id, adapter and target are filled in here) to the
-/// node the lease in `admitted` is for.
-pub fn submit(
-    worker: &Worker,
-    model: &str,
-    admitted: Admitted,
-    mut req: pb::RunRequest,
-) -> Result<RunStream, DispatchError> {
-    let Admitted { lease, target } = admitted;
-    let node_id = target.node.clone();
-    let session = match lease.route() {
+/// Where an admitted stream goes: its node's session, id and deadline.
+struct Route {
+    session: mailbox::Sender<SessionCmd>,
+    id: String,
+    node_id: String,
+    timeout: Duration,
+}
+
+fn route(worker: &Worker, admitted: &Admitted) -> Result<Route, DispatchError> {
+    let node_id = admitted.target.node.clone();
+    let session = match admitted.lease.route() {
         Some(route) => route.session.clone(),
         None => match worker.routes.borrow().get(&node_id) {
             Some(route) => route.session.clone(),
             None => return Err(DispatchError::NoReadyNode(node_id)),
         },
     };
-    let run_id = worker.next_run_id();
-    let timeout =
-        worker.config.borrow().provider(&node_id, &target.provider).map_or(DEFAULT_RUN_TIMEOUT, |p| p.request_timeout);
-    req.run_id = run_id.clone();
-    req.adapter = target.provider;
-    req.target = target.upstream_model;
-    req.deadline_ms = unix_ms(SystemTime::now() + timeout);
-    let (tx, rx) = run_events();
-    match session.try_send(SessionCmd::Run { req: Box::new(req), events: tx, lease }) {
-        Ok(()) => Ok(RunStream {
+    let timeout = worker
+        .config
+        .borrow()
+        .provider(&node_id, &admitted.target.provider)
+        .map_or(DEFAULT_RUN_TIMEOUT, |p| p.request_timeout);
+    Ok(Route { session, id: worker.next_run_id(), node_id, timeout })
+}
+
+impl Route {
+    fn stream<T: Outcome>(self, worker: &Worker, model: &str, rx: StreamRx<T>) -> Stream<T> {
+        Stream {
             shared: worker.shared.clone(),
             model: model.to_owned(),
             rx,
-            session,
-            run_id,
-            node_id,
+            session: self.session,
+            id: self.id,
+            node_id: self.node_id,
             done: false,
-            deadline: Box::pin(monoio::time::sleep(timeout + DEADLINE_GRACE)),
-            timeout,
-        }),
-        Err(SendError::Full(_)) => Err(DispatchError::NodeBusy(node_id)),
-        Err(SendError::Closed(_)) => Err(DispatchError::NoReadyNode(node_id)),
+            deadline: Box::pin(monoio::time::sleep(self.timeout + DEADLINE_GRACE)),
+            timeout: self.timeout,
+        }
+    }
+
+    fn deadline_ms(&self) -> u64 {
+        unix_ms(SystemTime::now() + self.timeout)
+    }
+}
+
+fn send_error<T>(e: SendError<T>, node_id: String) -> DispatchError {
+    match e {
+        SendError::Full(_) => DispatchError::NodeBusy(node_id),
+        SendError::Closed(_) => DispatchError::NoReadyNode(node_id),
+    }
+}
+
+/// Submits `req` (run_id, adapter, target and deadline are filled in here)
+/// to the node the lease in `admitted` is for.
+pub fn submit(
+    worker: &Worker,
+    model: &str,
+    admitted: Admitted,
+    mut req: pb::RunRequest,
+) -> Result<RunStream, DispatchError> {
+    let route = route(worker, &admitted)?;
+    let Admitted { lease, target } = admitted;
+    req.run_id = route.id.clone();
+    req.adapter = target.provider;
+    req.target = target.upstream_model;
+    req.deadline_ms = route.deadline_ms();
+    let (tx, rx) = channel();
+    match route.session.try_send(SessionCmd::Run { req: Box::new(req), events: tx, lease }) {
+        Ok(()) => Ok(route.stream(worker, model, rx)),
+        Err(e) => Err(send_error(e, route.node_id)),
+    }
+}
+
+/// Submits a provider tunnel request (tunnel_id, adapter, target, deadline
+/// and the `headers` made for the tunnel id are filled in here) to the node
+/// the lease in `admitted` is for.
+pub fn submit_tunnel(
+    worker: &Worker,
+    model: &str,
+    admitted: Admitted,
+    mut req: pb::ProviderTunnelRequest,
+    headers: impl FnOnce(&str) -> Vec<pb::Header>,
+) -> Result<TunnelStream, DispatchError> {
+    let route = route(worker, &admitted)?;
+    let Admitted { lease, target } = admitted;
+    req.headers = headers(&route.id);
+    req.tunnel_id = route.id.clone();
+    req.adapter = target.provider;
+    req.target = target.upstream_model;
+    req.deadline_ms = route.deadline_ms();
+    let (tx, rx) = channel();
+    match route.session.try_send(SessionCmd::Tunnel { req: Box::new(req), events: tx, lease }) {
+        Ok(()) => Ok(route.stream(worker, model, rx)),
+        Err(e) => Err(send_error(e, route.node_id)),
     }
 }
 

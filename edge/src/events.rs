@@ -76,6 +76,10 @@ pub enum EdgeEvent {
         outcome: &'static str,
         /// Failure code when `error`.
         code: Option<&'static str>,
+        /// `normalized` or `tunnel`.
+        path: &'static str,
+        /// Token usage the provider reported; absent when it reported none.
+        usage: Option<iop_core::exec::Usage>,
     },
     /// A new config was applied.
     ConfigReloaded {
@@ -119,8 +123,17 @@ impl EdgeEvent {
             EdgeEvent::NodeDisconnected { node, generation, reason, current } => {
                 json!({"node": node, "generation": generation, "reason": reason, "current": current})
             }
-            EdgeEvent::RunTerminal { run_id, node, model, outcome, code } => {
-                json!({"run_id": run_id, "node": node, "model": model, "outcome": outcome, "code": code})
+            EdgeEvent::RunTerminal { run_id, node, model, outcome, code, path, usage } => {
+                let usage = usage.map(|u| {
+                    json!({
+                        "input_tokens": u.input_tokens,
+                        "output_tokens": u.output_tokens,
+                        "reasoning_tokens": u.reasoning_tokens,
+                        "cached_input_tokens": u.cached_input_tokens,
+                    })
+                });
+                json!({"run_id": run_id, "node": node, "model": model, "outcome": outcome, "code": code,
+                       "path": path, "usage": usage})
             }
             EdgeEvent::ConfigReloaded { revision } => json!({"revision": revision}),
             EdgeEvent::ConfigRejected { error } => json!({"error": error}),

@@ -10,6 +10,7 @@ pub mod adapter;
 pub mod run;
 pub mod session;
 pub mod supervisor;
+pub mod tunnel;
 pub mod upstream;
 
 use iop_core::{

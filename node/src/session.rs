@@ -243,22 +243,7 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
                 let resp = command(&cmd, manager);
                 let _ = writer.send(&envelope(cid, Body::NodeCommandResponse(resp)));
             }
-            Some(Body::ProviderTunnelRequest(t)) => {
-                let err = pb::RunError {
-                    code: iop_core::exec::codes::INVALID_REQUEST.into(),
-                    message: "provider tunnel is not supported by this node".into(),
-                    status: 501,
-                    retryable: false,
-                    source: pb::ErrorSource::Node as i32,
-                };
-                let frame = pb::ProviderTunnelFrame {
-                    tunnel_id: t.tunnel_id,
-                    seq: 0,
-                    kind: Some(pb::provider_tunnel_frame::Kind::Error(err)),
-                    usage: None,
-                };
-                let _ = writer.send(&envelope(cid, Body::ProviderTunnelFrame(frame)));
-            }
+            Some(Body::ProviderTunnelRequest(t)) => manager.start_tunnel(t),
             Some(Body::NodeReadyResponse(_)) | Some(Body::RegisterResponse(_)) => {
                 tracing::debug!("ignoring a late handshake response");
             }

@@ -3,12 +3,12 @@
 use std::{
     collections::HashMap,
     net::{Ipv6Addr, SocketAddr},
-    num::NonZeroU32,
     time::Duration,
 };
 
 use super::{
-    raw::{self, check, RawEdge, RawModel, RawNode, RawProvider, RawProviderKind, RawTarget},
+    provider::{provider_entry, ProviderEntry},
+    raw::{self, check, RawEdge, RawModel, RawNode, RawTarget},
     ConfigError, Secret, TestingSettings,
 };
 use crate::wire::DEFAULT_MAX_FRAME_BYTES;
@@ -123,111 +123,10 @@ pub struct NodeEntry {
     pub providers: Vec<ProviderEntry>,
 }
 
-/// One provider on a node.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProviderEntry {
-    /// Provider id, unique within its node.
-    pub id: String,
-    /// What kind of provider and its kind-specific settings.
-    pub kind: ProviderKind,
-    /// Bearer credential sent upstream.
-    pub api_key: Option<Secret>,
-    /// Normal-context leases the edge grants concurrently on this provider.
-    pub capacity: NonZeroU32,
-    /// Long-context leases, a separate pool (0 = no long-context requests).
-    pub long_capacity: u32,
-    /// Upper bound for one upstream request.
-    pub request_timeout: Duration,
-}
-
-impl ProviderEntry {
-    /// Concurrent runs the node admits locally: `capacity + long_capacity`
-    /// (saturating).
-    pub fn max_concurrency(&self) -> u32 {
-        self.capacity.get().saturating_add(self.long_capacity)
-    }
-}
-
 impl NodeEntry {
     /// The provider with this id.
     pub fn provider(&self, id: &str) -> Option<&ProviderEntry> {
         self.providers.iter().find(|p| p.id == id)
-    }
-}
-
-/// Provider kinds.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ProviderKind {
-    /// In-process deterministic mock.
-    Mock(MockSettings),
-    /// Any OpenAI-compatible HTTP server.
-    OpenAiCompat {
-        /// Parsed `base_url`.
-        base_url: UpstreamUrl,
-    },
-}
-
-/// Mock provider behaviour.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MockSettings {
-    /// Tokens per completion (capped by the request's max_tokens).
-    pub tokens: u32,
-    /// Delay between tokens.
-    pub token_interval: Duration,
-    /// Delay before the first token.
-    pub first_token_delay: Duration,
-    /// Emit reasoning deltas before the content.
-    pub reasoning: bool,
-}
-
-/// An `http://host:port/prefix` URL (https is not supported yet).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct UpstreamUrl {
-    /// Host name or IP literal (without brackets).
-    pub host: String,
-    /// Port (default 80).
-    pub port: u16,
-    /// Path prefix without trailing slash, e.g. "/v1" or "".
-    pub path_prefix: String,
-}
-
-impl UpstreamUrl {
-    /// Parses `http://host[:port][/prefix]`.
-    pub fn parse(s: &str) -> Result<Self, String> {
-        let scheme_end = s.find("://").ok_or("expected an http:// URL, e.g. http://127.0.0.1:9000/v1")?;
-        let scheme = &s[..scheme_end];
-        if scheme.eq_ignore_ascii_case("https") {
-            return Err("https upstreams are not supported yet".into());
-        }
-        if !scheme.eq_ignore_ascii_case("http") {
-            return Err(format!("unsupported scheme `{scheme}`, expected http://"));
-        }
-        let rest = &s[scheme_end + 3..];
-        if rest.contains(['?', '#']) {
-            return Err("must not contain a query or fragment".into());
-        }
-        let (authority, path) = rest.find('/').map_or((rest, ""), |i| rest.split_at(i));
-        if authority.contains('@') {
-            return Err("must not contain credentials (use api_key)".into());
-        }
-        let (host, port) = split_host_port(authority)?;
-        let port = match port {
-            None => 80,
-            Some(p) => match p.parse::<u16>() {
-                Ok(p) if p > 0 => p,
-                _ => return Err(format!("invalid port `{p}`")),
-            },
-        };
-        Ok(Self { host: host.to_owned(), port, path_prefix: path.trim_end_matches('/').to_owned() })
-    }
-
-    /// `host:port` for the Host header and for connecting.
-    pub fn authority(&self) -> String {
-        if self.host.contains(':') {
-            format!("[{}]:{}", self.host, self.port)
-        } else {
-            format!("{}:{}", self.host, self.port)
-        }
     }
 }
 
@@ -320,7 +219,7 @@ pub(crate) fn split_host_port(authority: &str) -> Result<(&str, Option<&str>), S
 }
 
 /// Empty secrets mean "not set" (so `${VAR:-}` can switch them off).
-fn optional_secret(value: Option<String>) -> Option<Secret> {
+pub(crate) fn optional_secret(value: Option<String>) -> Option<Secret> {
     value.filter(|v| !v.is_empty()).map(Secret::new)
 }
 
@@ -473,78 +372,6 @@ fn node_entry(i: usize, raw: RawNode) -> Result<NodeEntry, ConfigError> {
     Ok(NodeEntry { id, token, providers })
 }
 
-fn provider_entry(key: &str, raw: RawProvider) -> Result<ProviderEntry, ConfigError> {
-    let id = check::id(&format!("{key}.id"), raw.id)?;
-    let kind = match check::required(&format!("{key}.kind"), raw.kind)? {
-        RawProviderKind::Mock => {
-            if let Some(url) = raw.base_url {
-                return Err(ConfigError::invalid(format!("{key}.base_url"), url, "not allowed when kind = \"mock\""));
-            }
-            ProviderKind::Mock(mock_settings(key, raw.mock)?)
-        }
-        RawProviderKind::OpenaiCompat => {
-            if raw.mock.is_some() {
-                return Err(ConfigError::key(format!("{key}.mock"), "only allowed when kind = \"mock\""));
-            }
-            let url_key = format!("{key}.base_url");
-            let url = check::required(&url_key, raw.base_url)
-                .map_err(|_| ConfigError::key(&url_key, "is required when kind = \"openai_compat\""))?;
-            let base_url = UpstreamUrl::parse(&url).map_err(|why| ConfigError::invalid(&url_key, &url, why))?;
-            ProviderKind::OpenAiCompat { base_url }
-        }
-    };
-    let capacity = check::range_u32(&format!("{key}.capacity"), raw.capacity, 64, 1, u32::MAX)?;
-    let long_capacity = check::range_u32(&format!("{key}.long_capacity"), raw.long_capacity, 0, 0, u32::MAX)?;
-    // At most a day: the node receives it in milliseconds as a u32.
-    let request_timeout = check::secs(&format!("{key}.request_timeout_sec"), raw.request_timeout_sec, 600, 1)?;
-    if request_timeout > MAX_REQUEST_TIMEOUT {
-        return Err(ConfigError::invalid(
-            format!("{key}.request_timeout_sec"),
-            request_timeout.as_secs(),
-            format!("must be at most {}", MAX_REQUEST_TIMEOUT.as_secs()),
-        ));
-    }
-    Ok(ProviderEntry {
-        id,
-        kind,
-        api_key: optional_secret(raw.api_key),
-        // Checked to be at least 1 just above.
-        capacity: NonZeroU32::new(capacity).unwrap_or(NonZeroU32::MIN),
-        long_capacity,
-        request_timeout,
-    })
-}
-
-fn mock_settings(key: &str, raw: Option<raw::RawMock>) -> Result<MockSettings, ConfigError> {
-    let Some(raw) = raw else { return Ok(MockSettings::default()) };
-    let defaults = MockSettings::default();
-    Ok(MockSettings {
-        tokens: check::range_u32(&format!("{key}.mock.tokens"), raw.tokens, defaults.tokens, 1, 1_000_000)?,
-        token_interval: Duration::from_millis(u64::from(check::range_u32(
-            &format!("{key}.mock.token_interval_ms"),
-            raw.token_interval_ms,
-            0,
-            0,
-            u32::MAX,
-        )?)),
-        first_token_delay: Duration::from_millis(u64::from(check::range_u32(
-            &format!("{key}.mock.first_token_delay_ms"),
-            raw.first_token_delay_ms,
-            0,
-            0,
-            u32::MAX,
-        )?)),
-        reasoning: raw.reasoning.unwrap_or(defaults.reasoning),
-    })
-}
-
-impl Default for MockSettings {
-    /// 16 tokens, no delays, no reasoning.
-    fn default() -> Self {
-        Self { tokens: 16, token_interval: Duration::ZERO, first_token_delay: Duration::ZERO, reasoning: false }
-    }
-}
-
 fn model_group(i: usize, raw: RawModel, nodes: &[NodeEntry]) -> Result<ModelGroup, ConfigError> {
     let key = format!("models[{i}]");
     let name = check::non_empty(&format!("{key}.name"), raw.name)?;
@@ -695,6 +522,7 @@ fn upstream_model(key: &str, value: Option<String>, name: &str) -> Result<String
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+    use crate::config::provider::{MockSettings, ProviderKind, UpstreamUrl};
 
     fn no_env(_: &str) -> Option<String> {
         None
@@ -1195,7 +1023,16 @@ heartbeat_wait_ms = 25
         rejects(&[("id = \"local\"", "")], &format!("{p}.id"), "is required");
         rejects(&[("id = \"local\"", "id = \"a/b\"")], &format!("{p}.id"), "may only contain");
         rejects(&[(PROVIDER_KIND, "")], &format!("{p}.kind"), "is required");
-        rejects(&[(PROVIDER_KIND, "kind = \"vllm\"")], &format!("{p}.kind"), "unknown variant `vllm`");
+        rejects(&[(PROVIDER_KIND, "kind = \"sglang\"")], &format!("{p}.kind"), "unknown variant `sglang`");
+        let vllm = ok(&BASE.replacen(PROVIDER_KIND, "kind = \"vllm\"", 1));
+        let kind = &vllm.nodes[0].providers[0].kind;
+        assert!(matches!(kind, ProviderKind::Vllm { .. }) && kind.is_openai_compatible());
+        assert_eq!(vllm.nodes[0].providers[0].to_wire().kind, crate::wire::pb::ProviderKind::Vllm as i32);
+        rejects(
+            &[(PROVIDER_KIND, "kind = \"vllm\""), (PROVIDER_URL, "")],
+            &format!("{p}.base_url"),
+            "is required when kind = \"vllm\"",
+        );
         rejects(&[(PROVIDER_URL, "")], &format!("{p}.base_url"), "is required when kind = \"openai_compat\"");
         rejects(&[(PROVIDER_KIND, "kind = \"mock\"")], &format!("{p}.base_url"), "not allowed when kind = \"mock\"");
         rejects(

@@ -7,15 +7,14 @@ pub mod edge;
 pub mod env;
 pub mod error;
 pub mod node;
+pub mod provider;
 mod raw;
 mod secret;
 pub mod testing;
 
-pub use edge::{
-    EdgeConfig, EmbeddedNode, HandshakeSettings, HttpSettings, MockSettings, ModelGroup, ModelTarget, NodeEntry,
-    ProviderEntry, ProviderKind, UpstreamUrl,
-};
+pub use edge::{EdgeConfig, EmbeddedNode, HandshakeSettings, HttpSettings, ModelGroup, ModelTarget, NodeEntry};
 pub use error::ConfigError;
 pub use node::{NodeConfig, ReconnectPolicy};
+pub use provider::{MockSettings, ProviderEntry, ProviderKind, UpstreamUrl};
 pub use secret::Secret;
 pub use testing::TestingSettings;

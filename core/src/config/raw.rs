@@ -119,6 +119,8 @@ pub(crate) struct RawProvider {
 pub(crate) enum RawProviderKind {
     Mock,
     OpenaiCompat,
+    Vllm,
+    Ollama,
 }
 
 /// `[nodes.providers.mock]`.

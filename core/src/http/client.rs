@@ -32,15 +32,16 @@ impl ResponseHead {
 /// Appends a request line, `Host`, `headers` and `Content-Length` (when
 /// `content_length` is Some) plus a blank line to `out`. CR and LF are
 /// stripped from every field so that none can inject a header.
-pub fn write_request_head(
+pub fn write_request_head<V: AsRef<[u8]>>(
     out: &mut BytesMut,
     method: &str,
     target: &str,
     host: &str,
-    headers: &[(&str, &str)],
+    headers: &[(&str, V)],
     content_length: Option<usize>,
 ) {
-    out.reserve(64 + target.len() + host.len() + headers.iter().map(|(n, v)| n.len() + v.len() + 4).sum::<usize>());
+    let header_bytes: usize = headers.iter().map(|(n, v)| n.len() + v.as_ref().len() + 4).sum();
+    out.reserve(64 + target.len() + host.len() + header_bytes);
     put_sanitized(out, method);
     out.extend_from_slice(b" ");
     put_sanitized(out, target);

@@ -213,8 +213,8 @@ pub(crate) fn keep_alive(headers: &[(String, Bytes)], version: u8) -> bool {
 }
 
 /// Appends `s` minus CR/LF so a caller-supplied value can never inject a header line.
-pub(crate) fn put_sanitized(out: &mut BytesMut, s: &str) {
-    let bytes = s.as_bytes();
+pub(crate) fn put_sanitized(out: &mut BytesMut, s: impl AsRef<[u8]>) {
+    let bytes = s.as_ref();
     if memchr::memchr2(b'\r', b'\n', bytes).is_none() {
         out.extend_from_slice(bytes);
     } else {
@@ -222,8 +222,9 @@ pub(crate) fn put_sanitized(out: &mut BytesMut, s: &str) {
     }
 }
 
-/// Appends `name: value\r\n` for each header, sanitized.
-pub(crate) fn put_headers(out: &mut BytesMut, headers: &[(&str, &str)]) {
+/// Appends `name: value\r\n` for each header, sanitized. Values are bytes:
+/// a relayed header may carry non-UTF-8 (obs-text) octets.
+pub(crate) fn put_headers<V: AsRef<[u8]>>(out: &mut BytesMut, headers: &[(&str, V)]) {
     for (name, value) in headers {
         put_sanitized(out, name);
         out.extend_from_slice(b": ");

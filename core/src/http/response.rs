@@ -19,14 +19,14 @@ pub enum Framing {
 /// CR and LF are stripped from names and values so that no header can be
 /// injected. No framing header is written for 1xx and 204 responses, which
 /// must not carry one (RFC 9110 §8.6).
-pub fn write_response_head(
+pub fn write_response_head<V: AsRef<[u8]>>(
     out: &mut BytesMut,
     status: u16,
-    headers: &[(&str, &str)],
+    headers: &[(&str, V)],
     framing: Framing,
     keep_alive: bool,
 ) {
-    out.reserve(64 + headers.iter().map(|(n, v)| n.len() + v.len() + 4).sum::<usize>());
+    out.reserve(64 + headers.iter().map(|(n, v)| n.len() + v.as_ref().len() + 4).sum::<usize>());
     out.extend_from_slice(b"HTTP/1.1 ");
     put_decimal(out, u64::from(status));
     out.extend_from_slice(b" ");
@@ -170,7 +170,7 @@ mod tests {
             &b"HTTP/1.1 404 Not Found\r\nx-evil: aset-cookie: b\r\ncontent-length: 5\r\nconnection: close\r\n\r\n"[..]
         );
         let mut out = BytesMut::new();
-        write_response_head(&mut out, 204, &[], Framing::Length(0), true);
+        write_response_head::<&str>(&mut out, 204, &[], Framing::Length(0), true);
         assert_eq!(&out[..], &b"HTTP/1.1 204 No Content\r\nconnection: keep-alive\r\n\r\n"[..]);
         assert_eq!(reason_phrase(599), "");
     }

@@ -195,6 +195,7 @@ mod tests {
                 params_json: Bytes::from_static(br#"{"temperature":0.5}"#),
                 session_id: "s".into(),
                 deadline_ms: 1_700_000_000_000,
+                window_bytes: 1 << 20,
             }),
             run_event(Rk::Start(pb::RunStart { model: "m".into() })),
             run_event(Rk::Delta(pb::TextDelta { text: "hi".into() })),
@@ -229,6 +230,9 @@ mod tests {
                 path: "/chat/completions".into(),
                 headers: vec![header.clone()],
                 body: Bytes::from_static(b"{\"stream\":true}"),
+                deadline_ms: 1_700_000_000_000,
+                window_bytes: 1 << 20,
+                hide_usage_chunk: true,
             }),
             tunnel_frame(Tk::Status(pb::TunnelResponseStart { status: 200, headers: vec![header] })),
             tunnel_frame(Tk::Body(Bytes::from_static(b"data: {}\n\n"))),
@@ -238,6 +242,7 @@ mod tests {
             Body::ConfigRefresh(pb::ConfigRefresh { config: Some(node_config()) }),
             Body::ConfigRefreshAck(pb::ConfigRefreshAck { revision: 7, applied: false, error: "bad".into() }),
             Body::Heartbeat(pb::Heartbeat { ping: true, sent_at_ms: 1 }),
+            Body::StreamCredit(pb::StreamCredit { id: "t-1".into(), bytes: 65536 }),
             Body::Heartbeat(pb::Heartbeat { ping: false, sent_at_ms: 0 }),
         ];
         bodies.into_iter().enumerate().map(|(i, b)| env(i as u64, b)).collect()
@@ -474,6 +479,7 @@ mod tests {
                     params_json,
                     session_id: String::new(),
                     deadline_ms,
+                    window_bytes: 0,
                 })
             })
     }

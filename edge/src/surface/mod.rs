@@ -21,8 +21,12 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
     let keep = head.keep_alive;
     let path = head.path();
     let method = if head.method == "HEAD" { "GET" } else { head.method.as_str() };
+    let route = openai::Route::from_path(path);
     let result = match (method, path) {
-        ("POST", "/v1/chat/completions") => return openai::chat::handle(worker, conn, head, body).await,
+        ("POST", _) if route.is_some() => {
+            let Some(route) = route else { return false };
+            return openai::handle(worker, conn, head, body, route).await;
+        }
         (_, p) if admin::is_admin_path(p) => {
             drop(body);
             return admin::handle(worker, conn, head).await;
@@ -40,7 +44,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
             let body = format!("{{\"status\":\"{label}\",\"nodes_ready\":{ready},\"worker\":{}}}", worker.index);
             conn.respond(status, "application/json", &[], body.as_bytes(), keep).await
         }
-        (_, "/v1/chat/completions") => method_not_allowed(conn, head, ("allow", "POST"), keep).await,
+        (_, _) if route.is_some() => method_not_allowed(conn, head, ("allow", "POST"), keep).await,
         (_, "/v1/models" | "/healthz") => method_not_allowed(conn, head, ALLOW_GET, keep).await,
         _ => {
             let msg = format!("no route for {} {}", openai::error::clip(&head.method), openai::error::clip(path));

@@ -1,109 +1,27 @@
 //! Node transport: the listener nodes dial, the registration/ready
 //! handshake, and one session task per node connection.
 
+mod events;
 mod runs;
 mod session;
 
-use std::{
-    rc::Rc,
-    sync::{
-        atomic::{AtomicUsize, Ordering},
-        Arc,
-    },
-    time::Duration,
-};
+use std::{rc::Rc, time::Duration};
 
-use iop_core::{exec::ExecEvent, limits::LogThrottle, rt::mailbox, wire::pb};
+use iop_core::{exec::ExecEvent, limits::LogThrottle, tunnel::TunnelItem, wire::pb};
 
 use crate::worker::Worker;
 
-/// Capacity of one run's event mailbox; beyond it the client is too slow
-/// and the run is failed instead of stalling the node connection. Large
-/// enough to absorb a burst from a fast provider (memory is allocated only
-/// as the queue fills).
-pub const RUN_EVENT_CAPACITY: usize = 4096;
+pub use events::{channel, Queued, StreamRx, StreamTx, Undelivered, RUN_BUFFER_BYTES, RUN_EVENT_CAPACITY};
+pub use runs::Failing;
 
-/// Bytes of event text one run may hold queued for its client; a client
-/// further behind fails alone (`slow_consumer`). One event is always taken
-/// into an empty queue, however large (it is within `max_frame_bytes`).
-pub const RUN_BUFFER_BYTES: usize = 4 * 1024 * 1024;
-
-/// Events of one run, delivered to the core serving its client, with the
-/// bytes queued so far (counted here, subtracted by [`RunReceiver`]).
-pub struct RunEvents {
-    tx: mailbox::Sender<ExecEvent>,
-    queued: Arc<AtomicUsize>,
-}
-
+/// Events of one run, delivered to the core serving its client.
+pub type RunEvents = StreamTx<ExecEvent>;
 /// The client side of [`RunEvents`].
-pub struct RunReceiver {
-    rx: mailbox::Receiver<ExecEvent>,
-    queued: Arc<AtomicUsize>,
-}
-
-/// A run's event channel.
-pub fn run_events() -> (RunEvents, RunReceiver) {
-    let (tx, rx) = mailbox::mailbox(RUN_EVENT_CAPACITY);
-    let queued = Arc::new(AtomicUsize::new(0));
-    (RunEvents { tx, queued: queued.clone() }, RunReceiver { rx, queued })
-}
-
-/// Why an event was not queued.
-#[derive(Debug, PartialEq, Eq)]
-pub enum Undelivered {
-    /// The client is too far behind (events or bytes).
-    Full,
-    /// The client is gone.
-    Closed,
-}
-
-impl RunEvents {
-    /// Queues `ev` unless the run is over its event or byte bound; `reserve`
-    /// keeps that many event slots free (for the error telling a slow
-    /// consumer why it failed).
-    pub fn try_send(&self, ev: ExecEvent, reserve: usize) -> Result<(), Undelivered> {
-        let size = ev.payload_bytes();
-        let queued = self.queued.load(Ordering::Acquire);
-        let over_bytes = queued > 0 && queued + size > RUN_BUFFER_BYTES;
-        if reserve > 0 && (over_bytes || self.tx.len() + reserve >= RUN_EVENT_CAPACITY) {
-            return Err(Undelivered::Full);
-        }
-        self.queued.fetch_add(size, Ordering::AcqRel);
-        self.tx.try_send(ev).map_err(|e| {
-            self.queued.fetch_sub(size, Ordering::AcqRel);
-            match e {
-                mailbox::SendError::Full(_) => Undelivered::Full,
-                mailbox::SendError::Closed(_) => Undelivered::Closed,
-            }
-        })
-    }
-
-    /// Queues a terminal event past the bounds (its reserved slot).
-    pub fn send_terminal(&self, ev: ExecEvent) {
-        let _ = self.try_send(ev, 0);
-    }
-}
-
-impl RunReceiver {
-    /// Next event without waiting.
-    pub fn try_recv(&self) -> Option<ExecEvent> {
-        let ev = self.rx.try_recv()?;
-        self.queued.fetch_sub(ev.payload_bytes(), Ordering::AcqRel);
-        Some(ev)
-    }
-
-    /// Next event; `None` once the sender is gone and the queue is empty.
-    pub async fn recv(&self) -> Option<ExecEvent> {
-        let ev = self.rx.recv().await?;
-        self.queued.fetch_sub(ev.payload_bytes(), Ordering::AcqRel);
-        Some(ev)
-    }
-
-    /// Bytes of event text queued now.
-    pub fn queued_bytes(&self) -> usize {
-        self.queued.load(Ordering::Acquire)
-    }
-}
+pub type RunReceiver = StreamRx<ExecEvent>;
+/// Items of one tunnel, delivered to the core serving its client.
+pub type TunnelEvents = StreamTx<TunnelItem>;
+/// The client side of [`TunnelEvents`].
+pub type TunnelReceiver = StreamRx<TunnelItem>;
 
 /// Frames a session routes before letting other tasks on its core (e.g. the
 /// clients consuming those events) run.
@@ -118,6 +36,15 @@ pub const SESSION_CMD_CAPACITY: usize = 4096;
 
 /// Commands other cores send to a node session.
 pub enum SessionCmd {
+    /// Open a provider tunnel; its items go to `events`.
+    Tunnel {
+        /// The request as sent to the node (boxed: see `Run`).
+        req: Box<pb::ProviderTunnelRequest>,
+        /// Where the tunnel's items go.
+        events: TunnelEvents,
+        /// The tunnel's capacity, owned by the session like a run's.
+        lease: crate::pool::Lease,
+    },
     /// Start a run; its events go to `events`.
     Run {
         /// The request as sent to the node (boxed: mailbox slots are
@@ -129,9 +56,9 @@ pub enum SessionCmd {
         /// and drops it when the run ends, however it ends.
         lease: crate::pool::Lease,
     },
-    /// Cancel a run (client gone).
+    /// Cancel a run or tunnel (client gone, deadline).
     Cancel {
-        /// Run id.
+        /// Run or tunnel id.
         run_id: String,
         /// Why, for the node's logs.
         reason: &'static str,

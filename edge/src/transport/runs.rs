@@ -1,104 +1,179 @@
-//! The runs in flight on one node session, and delivery of their events.
+//! The streams in flight on one node session (normalized runs and provider
+//! tunnels), and delivery of their items.
 
 use std::collections::HashMap;
 
-use iop_core::exec::{codes, ExecEvent, FailureSource, RunFailure};
+use iop_core::{
+    exec::{codes, ExecEvent, FailureSource, RunFailure},
+    tunnel::TunnelItem,
+};
 
-use super::{RunEvents, Undelivered};
+use super::{Queued, RunEvents, StreamTx, TunnelEvents, Undelivered};
 use crate::pool::Lease;
 
-/// A run in flight. Dropping the entry (terminal, cancel, slow consumer,
-/// disconnect) drops the run's lease: capacity is released exactly once,
-/// here, and never waits on a client that is slow to read.
+/// An item that can also carry a failure (the terminal a stream gets when
+/// the edge ends it).
+pub trait Failing: Queued {
+    /// The error terminal for `f`.
+    fn failed(f: RunFailure) -> Self;
+}
+
+impl Failing for ExecEvent {
+    fn failed(f: RunFailure) -> Self {
+        ExecEvent::Error(f)
+    }
+}
+
+impl Failing for TunnelItem {
+    fn failed(f: RunFailure) -> Self {
+        TunnelItem::Error(f)
+    }
+}
+
+/// Where a stream's items go.
+enum Sink {
+    Run(RunEvents),
+    Tunnel(TunnelEvents),
+}
+
+/// A stream in flight. Dropping the entry (terminal, cancel, slow consumer,
+/// disconnect) drops its lease: capacity is released exactly once, here,
+/// and never waits on a client that is slow to read.
 struct Entry {
-    events: RunEvents,
+    sink: Sink,
     next_seq: u64,
     _lease: Option<Lease>,
 }
 
-/// What the session must do after routing an event.
+/// What the session must do after routing an item.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Routed {
-    /// Delivered (or the run is unknown: stale/finished, ignored).
+    /// Delivered (or the stream is unknown: stale/finished, ignored).
     Done,
-    /// The run was dropped here; tell the node to cancel it.
+    /// The stream was dropped here; tell the node to cancel it.
     CancelOnNode(&'static str),
 }
 
-/// Runs of one session by id.
+/// Streams of one session by id (run and tunnel ids share one space).
 #[derive(Default)]
 pub struct RunTable {
     runs: HashMap<String, Entry>,
-    /// Events for runs this table does not know (finished or cancelled).
+    /// Items for streams this table does not know (finished or cancelled).
     pub ignored_events: u64,
 }
 
 impl RunTable {
     /// Tracks a new run.
     pub fn insert(&mut self, run_id: String, events: RunEvents, lease: Option<Lease>) {
-        self.runs.insert(run_id, Entry { events, next_seq: 0, _lease: lease });
+        self.runs.insert(run_id, Entry { sink: Sink::Run(events), next_seq: 0, _lease: lease });
     }
 
-    /// Forgets a run; true if it was tracked.
+    /// Tracks a new tunnel.
+    pub fn insert_tunnel(&mut self, tunnel_id: String, events: TunnelEvents, lease: Option<Lease>) {
+        self.runs.insert(tunnel_id, Entry { sink: Sink::Tunnel(events), next_seq: 0, _lease: lease });
+    }
+
+    /// Forgets a stream; true if it was tracked.
     pub fn remove(&mut self, run_id: &str) -> bool {
         self.runs.remove(run_id).is_some()
     }
 
-    /// Runs in flight.
+    /// Streams in flight.
     pub fn len(&self) -> usize {
         self.runs.len()
     }
 
-    /// Delivers one event of `run_id` with sequence `seq`. Keeps per-run
-    /// order and exactly one terminal; a client too far behind (in events
-    /// or bytes) fails the run rather than blocking the connection.
+    /// Delivers one event of run `run_id` with sequence `seq`.
     pub fn route(&mut self, run_id: &str, seq: u64, ev: ExecEvent) -> Routed {
-        let Some(entry) = self.runs.get_mut(run_id) else {
-            // Expected after a cancel or a slow-consumer failure races the node's events.
+        self.route_item(run_id, seq, ev, |s| match s {
+            Sink::Run(tx) => Some(tx),
+            Sink::Tunnel(_) => None,
+        })
+    }
+
+    /// Delivers one item of tunnel `tunnel_id` with sequence `seq`.
+    pub fn route_tunnel(&mut self, tunnel_id: &str, seq: u64, item: TunnelItem) -> Routed {
+        self.route_item(tunnel_id, seq, item, |s| match s {
+            Sink::Tunnel(tx) => Some(tx),
+            Sink::Run(_) => None,
+        })
+    }
+
+    /// Keeps per-stream order and exactly one terminal; a client too far
+    /// behind (in items or bytes) fails the stream rather than blocking the
+    /// connection. An item of the wrong kind for its id is a protocol
+    /// violation that ends the stream.
+    fn route_item<T: Failing>(
+        &mut self,
+        id: &str,
+        seq: u64,
+        item: T,
+        tx_of: impl Fn(&Sink) -> Option<&StreamTx<T>>,
+    ) -> Routed {
+        let Some(entry) = self.runs.get_mut(id) else {
+            // Expected after a cancel or a slow-consumer failure races the node's items.
             self.ignored_events += 1;
-            tracing::debug!(run = %run_id, seq, ignored = self.ignored_events, "event for a run no longer tracked dropped");
+            tracing::debug!(run = %id, seq, ignored = self.ignored_events, "item for a stream no longer tracked dropped");
             return Routed::Done;
+        };
+        let Some(tx) = tx_of(&entry.sink) else {
+            let f = RunFailure::new(
+                codes::INTERNAL,
+                502,
+                FailureSource::Node,
+                "node answered with the wrong kind of frame",
+            );
+            fail(&entry.sink, f);
+            self.runs.remove(id);
+            return Routed::CancelOnNode("protocol_violation");
         };
         if seq != entry.next_seq {
             let f = RunFailure::new(
                 codes::INTERNAL,
                 502,
                 FailureSource::Node,
-                format!("node sent event {seq} of run out of order (expected {})", entry.next_seq),
+                format!("node sent item {seq} of a stream out of order (expected {})", entry.next_seq),
             );
-            entry.events.send_terminal(ExecEvent::Error(f));
-            self.runs.remove(run_id);
+            tx.send_terminal(T::failed(f));
+            self.runs.remove(id);
             return Routed::CancelOnNode("protocol_violation");
         }
         entry.next_seq += 1;
-        if ev.is_terminal() {
+        if item.is_terminal() {
             // Its slot is always free (see below); a gone client just misses it.
-            entry.events.send_terminal(ev);
-            self.runs.remove(run_id);
+            tx.send_terminal(item);
+            self.runs.remove(id);
             return Routed::Done;
         }
         // Keep one slot free so a slow consumer can still be told why it failed.
-        match entry.events.try_send(ev, 1) {
+        match tx.try_send(item, 1) {
             Ok(()) => Routed::Done,
             Err(Undelivered::Full) => {
                 let f =
                     RunFailure::new(codes::SLOW_CONSUMER, 503, FailureSource::Client, "client is reading too slowly");
-                entry.events.send_terminal(ExecEvent::Error(f));
-                self.runs.remove(run_id);
+                tx.send_terminal(T::failed(f));
+                self.runs.remove(id);
                 Routed::CancelOnNode("slow_consumer")
             }
             Err(Undelivered::Closed) => {
-                self.runs.remove(run_id);
+                self.runs.remove(id);
                 Routed::CancelOnNode("client_gone")
             }
         }
     }
 
-    /// Ends every run with `failure` (connection lost).
+    /// Ends every stream with `failure` (connection lost).
     pub fn fail_all(&mut self, failure: &RunFailure) {
         for (_, e) in self.runs.drain() {
-            e.events.send_terminal(ExecEvent::Error(failure.clone()));
+            fail(&e.sink, failure.clone());
         }
+    }
+}
+
+fn fail(sink: &Sink, f: RunFailure) {
+    match sink {
+        Sink::Run(tx) => tx.send_terminal(ExecEvent::Error(f)),
+        Sink::Tunnel(tx) => tx.send_terminal(TunnelItem::Error(f)),
     }
 }
 
@@ -106,12 +181,12 @@ impl RunTable {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::transport::{run_events, RUN_BUFFER_BYTES};
+    use crate::transport::{channel, RUN_BUFFER_BYTES};
 
     #[test]
     fn delivers_in_order_and_forgets_after_terminal() {
         let mut t = RunTable::default();
-        let (tx, rx) = run_events();
+        let (tx, rx) = channel();
         t.insert("r".into(), tx, None);
         assert_eq!(t.route("r", 0, ExecEvent::Delta("a".into())), Routed::Done);
         let done = ExecEvent::Complete { finish_reason: "stop".into(), usage: None };
@@ -127,7 +202,7 @@ mod tests {
     #[test]
     fn out_of_order_fails_the_run() {
         let mut t = RunTable::default();
-        let (tx, rx) = run_events();
+        let (tx, rx) = channel();
         t.insert("r".into(), tx, None);
         assert_eq!(t.route("r", 1, ExecEvent::Delta("x".into())), Routed::CancelOnNode("protocol_violation"));
         assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(_))));
@@ -136,7 +211,7 @@ mod tests {
     #[test]
     fn slow_consumer_fails_without_blocking() {
         let mut t = RunTable::default();
-        let (tx, rx) = run_events();
+        let (tx, rx) = channel();
         t.insert("r".into(), tx, None);
         let mut seq = 0;
         let outcome = loop {
@@ -156,7 +231,7 @@ mod tests {
     #[test]
     fn buffered_bytes_are_bounded() {
         let mut t = RunTable::default();
-        let (tx, rx) = run_events();
+        let (tx, rx) = channel();
         t.insert("r".into(), tx, None);
         let mib = "x".repeat(1 << 20);
         // An empty queue takes one event of any size.
@@ -184,9 +259,26 @@ mod tests {
     }
 
     #[test]
+    fn tunnels_share_the_table_and_wrong_kinds_are_violations() {
+        let mut t = RunTable::default();
+        let (tx, rx) = channel();
+        t.insert_tunnel("t".into(), tx, None);
+        let start = TunnelItem::Start { status: 200, headers: vec![] };
+        assert_eq!(t.route_tunnel("t", 0, start.clone()), Routed::Done);
+        assert_eq!(t.route_tunnel("t", 1, TunnelItem::Body(bytes::Bytes::from_static(b"x"))), Routed::Done);
+        assert_eq!(t.route_tunnel("t", 2, TunnelItem::End { usage: None }), Routed::Done);
+        assert_eq!(t.len(), 0);
+        assert_eq!(rx.try_recv(), Some(start));
+        let (tx, rx) = channel::<TunnelItem>();
+        t.insert_tunnel("u".into(), tx, None);
+        assert_eq!(t.route("u", 0, ExecEvent::Delta("x".into())), Routed::CancelOnNode("protocol_violation"));
+        assert!(matches!(rx.try_recv(), Some(TunnelItem::Error(_))));
+    }
+
+    #[test]
     fn client_gone_asks_node_to_cancel() {
         let mut t = RunTable::default();
-        let (tx, rx) = run_events();
+        let (tx, rx) = channel();
         t.insert("r".into(), tx, None);
         drop(rx);
         assert_eq!(t.route("r", 0, ExecEvent::Delta("x".into())), Routed::CancelOnNode("client_gone"));

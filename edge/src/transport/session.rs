@@ -304,6 +304,7 @@ impl Session {
                     }
                 }
                 Some(Body::RunEvent(ev)) if ready => self.on_run_event(ev),
+                Some(Body::ProviderTunnelFrame(frame)) if ready => self.on_tunnel_frame(frame),
                 Some(Body::NodeDraining(d)) if ready => {
                     // Fence new work now; runs in flight finish on this connection.
                     tracing::info!(node = %self.node_id, generation = self.generation, reason = %d.reason, "node draining");
@@ -320,7 +321,7 @@ impl Session {
                 Some(Body::ConfigRefreshAck(ack)) => {
                     tracing::info!(node = %self.node_id, revision = ack.revision, applied = ack.applied, error = %ack.error, "node config refresh acknowledged");
                 }
-                Some(Body::NodeCommandResponse(_)) | Some(Body::ProviderTunnelFrame(_)) => {
+                Some(Body::NodeCommandResponse(_)) => {
                     tracing::debug!(node = %self.node_id, "ignoring response to a request this edge did not send");
                 }
                 other => {
@@ -394,6 +395,22 @@ impl Session {
         let routed = self.runs.borrow_mut().route(&run_id, seq, event);
         if let Routed::CancelOnNode(reason) = routed {
             send_cancel(&self.writer, run_id, reason);
+        }
+    }
+
+    fn on_tunnel_frame(&self, frame: pb::ProviderTunnelFrame) {
+        let (id, seq) = (frame.tunnel_id.clone(), frame.seq);
+        let item = iop_core::tunnel::TunnelItem::from_wire(frame).unwrap_or_else(|| {
+            iop_core::tunnel::TunnelItem::Error(RunFailure::new(
+                codes::INTERNAL,
+                502,
+                FailureSource::Node,
+                "node sent a malformed tunnel frame",
+            ))
+        });
+        let routed = self.runs.borrow_mut().route_tunnel(&id, seq, item);
+        if let Routed::CancelOnNode(reason) = routed {
+            send_cancel(&self.writer, id, reason);
         }
     }
 
@@ -475,6 +492,13 @@ async fn pump_commands(
                     break;
                 }
             }
+            SessionCmd::Tunnel { req, events, lease } => {
+                let tunnel_id = req.tunnel_id.clone();
+                runs.borrow_mut().insert_tunnel(tunnel_id, events, Some(lease));
+                if writer.send(&envelope(0, Body::ProviderTunnelRequest(*req))).is_err() {
+                    break;
+                }
+            }
             SessionCmd::Cancel { run_id, reason } => {
                 if runs.borrow_mut().remove(&run_id) {
                     send_cancel(&writer, run_id, reason);
@@ -501,8 +525,12 @@ fn rx_fail_remaining(rx: mailbox::Receiver<SessionCmd>) -> mailbox::Receiver<Ses
     let failure =
         RunFailure::new(codes::NODE_DISCONNECTED, 502, FailureSource::Node, "node connection closed").retryable();
     while let Some(cmd) = rx.try_recv() {
-        if let SessionCmd::Run { events, .. } = cmd {
-            events.send_terminal(ExecEvent::Error(failure.clone()));
+        match cmd {
+            SessionCmd::Run { events, .. } => events.send_terminal(ExecEvent::Error(failure.clone())),
+            SessionCmd::Tunnel { events, .. } => {
+                events.send_terminal(iop_core::tunnel::TunnelItem::Error(failure.clone()))
+            }
+            _ => {}
         }
     }
     rx
@@ -553,5 +581,6 @@ fn body_name(b: &Body) -> &'static str {
         Body::ConfigRefresh(_) => "ConfigRefresh",
         Body::ConfigRefreshAck(_) => "ConfigRefreshAck",
         Body::Heartbeat(_) => "Heartbeat",
+        Body::StreamCredit(_) => "StreamCredit",
     }
 }

@@ -1,4 +1,6 @@
-//! Completions through edge → node → openai_compat → iop-mockprov.
+//! Completions through edge → node → openai_compat → iop-mockprov: the
+//! provider tunnel, so what the client reads is what the provider wrote
+//! (its `model` is the upstream model name, as from the provider directly).
 
 use serde_json::json;
 
@@ -26,7 +28,7 @@ fn check_stream(edge: &Edge) {
     let chunks: Vec<serde_json::Value> =
         data[..data.len() - 1].iter().map(|d| serde_json::from_str(d).unwrap()).collect();
     assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
-    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["model"] == "gpt-test"));
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk" && c["model"] == "mock-upstream"));
     let text: String =
         chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect::<Vec<_>>().concat();
     assert_eq!(text, "tok0 tok1 tok2 tok3 tok4 ");
@@ -63,7 +65,7 @@ fn non_streamed_completion_with_usage_and_reasoning() {
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let v = r.json();
     assert_eq!(v["object"], "chat.completion");
-    assert_eq!(v["model"], "gpt-test");
+    assert_eq!(v["model"], "mock-upstream");
     assert_eq!(v["choices"][0]["message"]["role"], "assistant");
     assert_eq!(v["choices"][0]["message"]["content"], "tok0 tok1 tok2 ");
     assert_eq!(v["choices"][0]["message"]["reasoning_content"], "think0 think1 ");

@@ -17,6 +17,7 @@
 pub mod mock;
 pub mod openai_compat;
 mod openai_stream;
+mod openai_tunnel;
 
 use std::time::Duration;
 
@@ -100,7 +101,7 @@ impl Adapter {
                 let settings = cfg.mock.unwrap_or_default();
                 Ok(Adapter::Mock(MockAdapter::new(id, cfg.max_concurrency, settings.into())))
             }
-            Ok(pb::ProviderKind::OpenaiCompat) => {
+            Ok(pb::ProviderKind::OpenaiCompat | pb::ProviderKind::Vllm) => {
                 let url = UpstreamUrl::parse(&cfg.base_url)
                     .map_err(|reason| AdapterConfigError::BaseUrl { id: id.clone(), reason })?;
                 let api_key = (!cfg.api_key.is_empty()).then_some(cfg.api_key.as_str());
@@ -113,7 +114,9 @@ impl Adapter {
                     client.clone(),
                 )))
             }
-            Ok(pb::ProviderKind::Unspecified) | Err(_) => Err(AdapterConfigError::Kind { id, value: cfg.kind }),
+            Ok(pb::ProviderKind::Unspecified | pb::ProviderKind::Ollama) | Err(_) => {
+                Err(AdapterConfigError::Kind { id, value: cfg.kind })
+            }
         }
     }
 
@@ -130,6 +133,28 @@ impl Adapter {
         match self {
             Adapter::Mock(a) => a.max_concurrency(),
             Adapter::OpenAiCompat(a) => a.max_concurrency(),
+        }
+    }
+
+    /// Whether the provider takes tunnels (it speaks the OpenAI HTTP API).
+    pub fn tunnels(&self) -> bool {
+        matches!(self, Adapter::OpenAiCompat(_))
+    }
+
+    /// Relays `spec` to the provider (see [`crate::tunnel`]); a provider that
+    /// takes no tunnels answers with an error.
+    pub async fn tunnel<S: crate::tunnel::TunnelSink>(&self, spec: crate::tunnel::TunnelSpec, sink: &mut S) {
+        match self {
+            Adapter::OpenAiCompat(a) => a.tunnel(spec, sink).await,
+            Adapter::Mock(_) => {
+                let f = iop_core::exec::RunFailure::new(
+                    iop_core::exec::codes::INVALID_REQUEST,
+                    501,
+                    iop_core::exec::FailureSource::Node,
+                    format!("provider `{}` does not speak the OpenAI HTTP API", self.id()),
+                );
+                let _ = sink.send(iop_core::tunnel::TunnelItem::Error(f)).await;
+            }
         }
     }
 

@@ -29,15 +29,15 @@ const DRAIN_AFTER_DONE: Duration = Duration::from_millis(100);
 /// An OpenAI-compatible provider.
 #[derive(Debug)]
 pub struct OpenAiCompatAdapter {
-    id: String,
-    url: UpstreamUrl,
+    pub(super) id: String,
+    pub(super) url: UpstreamUrl,
     /// `{prefix}/chat/completions`.
     path: String,
     /// `Bearer <key>`, never logged (Secret's Debug prints ***).
-    authorization: Option<Secret>,
+    pub(super) authorization: Option<Secret>,
     max_concurrency: u32,
-    request_timeout: Duration,
-    client: UpstreamClient,
+    pub(super) request_timeout: Duration,
+    pub(super) client: UpstreamClient,
 }
 
 /// Why the attempt stopped without its own terminal.
@@ -106,9 +106,10 @@ impl OpenAiCompatAdapter {
     /// for the failures it returns.
     async fn attempt<S: EventSink>(&self, spec: &RunSpec, sink: &mut S) -> Result<(), Halt> {
         let body = request_body(spec).map_err(Halt::Fail)?;
-        let mut headers = vec![("content-type", "application/json"), ("accept", "text/event-stream")];
+        let mut headers: Vec<(&str, &[u8])> =
+            vec![("content-type", b"application/json"), ("accept", b"text/event-stream")];
         if let Some(auth) = &self.authorization {
-            headers.push(("authorization", auth.expose()));
+            headers.push(("authorization", auth.expose().as_bytes()));
         }
         let req = Request {
             method: "POST",

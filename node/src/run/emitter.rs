@@ -1,58 +1,95 @@
-//! The event sink of one run: numbers events, writes them to the edge
+//! The sink of one run or tunnel: numbers its items, writes them to the edge
 //! connection with backpressure, and enforces "exactly one terminal,
 //! nothing after it".
+
+use std::marker::PhantomData;
 
 use iop_core::{
     exec::ExecEvent,
     rt::frames::FrameWriter,
+    tunnel::TunnelItem,
     wire::pb::{envelope::Body, Envelope},
 };
 
 use super::spec::{EventSink, SinkClosed};
 
-/// Sends one run's events to the edge.
-pub struct Emitter {
+/// An item of a stream the node sends to the edge.
+pub trait Outgoing {
+    /// Whether it ends the stream.
+    fn is_terminal(&self) -> bool;
+    /// Its frame body, numbered `seq` in stream `id`.
+    fn into_body(self, id: &str, seq: u64) -> Body;
+}
+
+impl Outgoing for ExecEvent {
+    fn is_terminal(&self) -> bool {
+        ExecEvent::is_terminal(self)
+    }
+
+    fn into_body(self, id: &str, seq: u64) -> Body {
+        Body::RunEvent(self.into_wire(id, seq))
+    }
+}
+
+impl Outgoing for TunnelItem {
+    fn is_terminal(&self) -> bool {
+        TunnelItem::is_terminal(self)
+    }
+
+    fn into_body(self, id: &str, seq: u64) -> Body {
+        Body::ProviderTunnelFrame(self.into_wire(id, seq))
+    }
+}
+
+/// Sends one stream's items (run events or tunnel frames) to the edge.
+pub struct Emitter<T = ExecEvent> {
     writer: FrameWriter,
-    run_id: String,
+    id: String,
     seq: u64,
     terminal: bool,
     slot: Option<super::manager::Slot>,
+    _items: PhantomData<T>,
 }
 
-impl Emitter {
-    /// An emitter for `run_id` on `writer`.
-    pub fn new(writer: FrameWriter, run_id: String) -> Self {
-        Self { writer, run_id, seq: 0, terminal: false, slot: None }
+impl<T: Outgoing> Emitter<T> {
+    /// An emitter for stream `id` on `writer`.
+    pub fn new(writer: FrameWriter, id: String) -> Self {
+        Self { writer, id, seq: 0, terminal: false, slot: None, _items: PhantomData }
     }
 
-    /// Frees `slot` when the terminal event is sent.
+    /// Frees `slot` when the terminal item is sent.
     pub(crate) fn with_slot(mut self, slot: super::manager::Slot) -> Self {
         self.slot = Some(slot);
         self
     }
 
-    /// Whether a terminal event was sent.
+    /// Whether a terminal item was sent.
     pub fn terminal_sent(&self) -> bool {
         self.terminal
     }
-}
 
-impl EventSink for Emitter {
-    async fn emit(&mut self, ev: ExecEvent) -> Result<(), SinkClosed> {
+    /// Sends one item, waiting while the connection's buffer is full.
+    pub async fn send(&mut self, item: T) -> Result<(), SinkClosed> {
         if self.terminal {
             return Err(SinkClosed);
         }
         self.writer.wait_writable().await.map_err(|_| SinkClosed)?;
-        let terminal = ev.is_terminal();
-        let env = Envelope { correlation_id: 0, body: Some(Body::RunEvent(ev.into_wire(&self.run_id, self.seq))) };
+        let terminal = item.is_terminal();
+        let env = Envelope { correlation_id: 0, body: Some(item.into_body(&self.id, self.seq)) };
         self.writer.send(&env).map_err(|_| SinkClosed)?;
         self.seq += 1;
         if terminal {
             self.terminal = true;
-            // The edge frees its lease on this event: free ours before it can
-            // send the next run (an adapter may still be draining its socket).
+            // The edge frees its lease on this item: free ours before it can
+            // send the next one (an adapter may still be draining its socket).
             self.slot = None;
         }
         Ok(())
+    }
+}
+
+impl EventSink for Emitter<ExecEvent> {
+    async fn emit(&mut self, ev: ExecEvent) -> Result<(), SinkClosed> {
+        self.send(ev).await
     }
 }

@@ -16,11 +16,13 @@ use iop_core::{
     wire::pb,
 };
 
+use iop_core::tunnel::TunnelItem;
+
 use super::{
     emitter::Emitter,
     spec::{EventSink, RunSpec},
 };
-use crate::adapter::Adapter;
+use crate::{adapter::Adapter, tunnel::TunnelSpec};
 
 /// Runs in flight on one edge session.
 pub struct RunManager {
@@ -81,39 +83,19 @@ impl RunManager {
     /// Starts `req`, or answers it at once with an error terminal.
     pub fn start(self: &Rc<Self>, req: pb::RunRequest) {
         let run_id = req.run_id.clone();
-        if run_id.is_empty() || self.runs.borrow().contains_key(&run_id) {
-            tracing::warn!(run = %run_id, "run request with an empty or duplicate run id ignored");
-            return;
-        }
-        let adapter = self.adapters.borrow().get(&req.adapter).cloned();
-        let refuse = |f: RunFailure| {
-            let mut e = Emitter::new(self.writer.clone(), run_id.clone());
-            monoio::spawn(async move {
-                let _ = e.emit(ExecEvent::Error(f)).await;
-            });
-        };
-        let Some(adapter) = adapter else {
-            let msg = format!("node has no provider `{}`", req.adapter);
-            return refuse(RunFailure::new(codes::UNKNOWN_ADAPTER, 404, FailureSource::Node, msg));
-        };
-        if self.draining.get() {
-            return refuse(
-                RunFailure::new(codes::CAPACITY, 503, FailureSource::Node, "node is shutting down").retryable(),
-            );
-        }
-        {
-            let mut inflight = self.inflight.borrow_mut();
-            let n = inflight.entry(req.adapter.clone()).or_insert(0);
-            if *n >= adapter.max_concurrency() {
-                drop(inflight);
-                let msg = format!("provider `{}` is at its concurrency limit", req.adapter);
-                return refuse(RunFailure::new(codes::CAPACITY, 429, FailureSource::Node, msg).retryable());
+        let deadline = time_left(req.deadline_ms, &run_id);
+        let admitted = self.admit(&run_id, &req.adapter);
+        let (adapter, slot, cancel) = match admitted {
+            Ok(a) => a,
+            Err(None) => return,
+            Err(Some(f)) => {
+                let mut e = Emitter::<ExecEvent>::new(self.writer.clone(), run_id);
+                monoio::spawn(async move {
+                    let _ = e.send(ExecEvent::Error(f)).await;
+                });
+                return;
             }
-            *n += 1;
-        }
-        let cancel = LocalCancel::new();
-        self.runs.borrow_mut().insert(run_id.clone(), (req.adapter.clone(), cancel.clone()));
-        let slot = Slot { manager: self.clone(), adapter: req.adapter.clone(), run_id: run_id.clone() };
+        };
         let spec = RunSpec {
             run_id: run_id.clone(),
             target: req.target,
@@ -121,9 +103,67 @@ impl RunManager {
             max_tokens: req.max_tokens,
             params_json: req.params_json,
         };
-        let deadline = time_left(req.deadline_ms, &run_id);
         let emitter = Emitter::new(self.writer.clone(), run_id).with_slot(slot);
         monoio::spawn(execute(adapter, spec, emitter, cancel, deadline));
+    }
+
+    /// Starts a provider tunnel, or answers it at once with an error. It
+    /// takes its slot from the same per-provider gate as runs, so tunnels
+    /// and runs together never exceed the provider's concurrency.
+    pub fn start_tunnel(self: &Rc<Self>, req: pb::ProviderTunnelRequest) {
+        let id = req.tunnel_id.clone();
+        let refuse = |f: RunFailure| {
+            let mut e = Emitter::<TunnelItem>::new(self.writer.clone(), id.clone());
+            monoio::spawn(async move {
+                let _ = e.send(TunnelItem::Error(f)).await;
+            });
+        };
+        let deadline = time_left(req.deadline_ms, &id);
+        let (adapter, slot, cancel) = match self.admit(&id, &req.adapter) {
+            Ok(a) => a,
+            Err(None) => return,
+            Err(Some(f)) => return refuse(f),
+        };
+        let spec = match TunnelSpec::from_wire(req, deadline) {
+            Ok(spec) => spec,
+            Err(f) => return refuse(f),
+        };
+        let emitter = Emitter::new(self.writer.clone(), id).with_slot(slot);
+        monoio::spawn(relay(adapter, spec, emitter, cancel));
+    }
+
+    /// Takes a slot on `adapter` for stream `id`. `Err(None)`: ignore the
+    /// request (empty or duplicate id); `Err(Some(f))`: answer with `f`.
+    fn admit(
+        self: &Rc<Self>,
+        id: &str,
+        adapter_id: &str,
+    ) -> Result<(Rc<Adapter>, Slot, LocalCancel), Option<RunFailure>> {
+        if id.is_empty() || self.runs.borrow().contains_key(id) {
+            tracing::warn!(run = %id, "run request with an empty or duplicate id ignored");
+            return Err(None);
+        }
+        let Some(adapter) = self.adapters.borrow().get(adapter_id).cloned() else {
+            let msg = format!("node has no provider `{adapter_id}`");
+            return Err(Some(RunFailure::new(codes::UNKNOWN_ADAPTER, 404, FailureSource::Node, msg)));
+        };
+        if self.draining.get() {
+            let f = RunFailure::new(codes::CAPACITY, 503, FailureSource::Node, "node is shutting down").retryable();
+            return Err(Some(f));
+        }
+        {
+            let mut inflight = self.inflight.borrow_mut();
+            let n = inflight.entry(adapter_id.to_owned()).or_insert(0);
+            if *n >= adapter.max_concurrency() {
+                let msg = format!("provider `{adapter_id}` is at its concurrency limit");
+                return Err(Some(RunFailure::new(codes::CAPACITY, 429, FailureSource::Node, msg).retryable()));
+            }
+            *n += 1;
+        }
+        let cancel = LocalCancel::new();
+        self.runs.borrow_mut().insert(id.to_owned(), (adapter_id.to_owned(), cancel.clone()));
+        let slot = Slot { manager: self.clone(), adapter: adapter_id.to_owned(), run_id: id.to_owned() };
+        Ok((adapter, slot, cancel))
     }
 
     /// Frees `run_id`'s slot if it still holds one.
@@ -183,6 +223,20 @@ fn time_left(deadline_ms: u64, run_id: &str) -> Option<std::time::Duration> {
         tracing::warn!(run = %run_id, "run deadline is already past on arrival: is this node's clock ahead of the edge's?");
     }
     left
+}
+
+/// Runs one tunnel until its terminal, a cancel or the task's end.
+async fn relay(adapter: Rc<Adapter>, spec: TunnelSpec, mut emitter: Emitter<TunnelItem>, cancel: LocalCancel) {
+    monoio::select! {
+        _ = adapter.tunnel(spec, &mut emitter) => {}
+        _ = cancel.cancelled() => {}
+    }
+    if !emitter.terminal_sent() && !cancel.is_cancelled() {
+        let f = RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, "provider tunnel ended without a terminal");
+        let _ = emitter.send(TunnelItem::Error(f)).await;
+    }
+    // Dropping the emitter frees the slot if no terminal did; a cancelled
+    // tunnel needs no terminal (the edge already forgot it).
 }
 
 async fn execute(

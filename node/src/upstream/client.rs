@@ -39,8 +39,9 @@ pub struct Request<'a> {
     pub port: u16,
     /// Request target: path and query.
     pub target: &'a str,
-    /// Extra headers (`Host` and `Content-Length` are added).
-    pub headers: &'a [(&'a str, &'a str)],
+    /// Extra headers (`Host` and `Content-Length` are added). Values are
+    /// bytes: relayed client headers may hold non-UTF-8 octets.
+    pub headers: &'a [(&'a str, &'a [u8])],
     /// Request body.
     pub body: &'a [u8],
 }
@@ -368,7 +369,7 @@ mod tests {
     use crate::upstream::test_server::{with_body, Event, Reply, TestServer};
 
     fn get(port: u16) -> Request<'static> {
-        Request { method: "GET", host: "127.0.0.1", port, target: "/x", headers: &[("x-test", "1")], body: b"" }
+        Request { method: "GET", host: "127.0.0.1", port, target: "/x", headers: &[("x-test", b"1")], body: b"" }
     }
 
     async fn body_of(client: &UpstreamClient, req: &Request<'_>) -> (u16, Bytes, bool) {
@@ -535,7 +536,7 @@ mod tests {
 
     #[test]
     fn request_debug_hides_header_values() {
-        let req = Request { headers: &[("authorization", "Bearer sk-secret")], ..get(1) };
+        let req = Request { headers: &[("authorization", b"Bearer sk-secret")], ..get(1) };
         let dbg = format!("{req:?}");
         assert!(dbg.contains("authorization") && !dbg.contains("sk-secret"), "{dbg}");
     }

@@ -6,8 +6,9 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use iop_core::{
+    config::ModelGroup,
     exec::{ExecEvent, RunFailure, Usage},
     http::{self, Framing, RequestHead},
 };
@@ -17,54 +18,30 @@ use serde_json::json;
 use super::{chunk::ChunkEncoder, error, request};
 use crate::{
     dispatch::{self, DispatchError, RunStream},
-    pool::{self, AdmitError, LeaseClass},
-    server::{with_disconnect_watch, Body, Conn},
+    pool::Admitted,
+    server::{with_disconnect_watch, BodyPermit, Conn},
     worker::Worker,
 };
 
-/// Handles one chat completion; returns whether the connection may be kept.
-pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, body: Body) -> bool {
+/// Runs an admitted chat completion on the normalized path (a provider
+/// that does not speak the OpenAI HTTP API); returns whether the
+/// connection may be kept. `permit` is the body's share of the core's
+/// budget, held until the run is handed to its node.
+pub async fn normalized(
+    worker: &Rc<Worker>,
+    conn: &mut Conn,
+    head: &RequestHead,
+    bytes: Bytes,
+    permit: Option<BodyPermit>,
+    group: &ModelGroup,
+    admitted: Admitted,
+) -> bool {
     let keep = head.keep_alive;
-    // The body's share of the core's budget is held until the run is handed
-    // to its node (queueing included); the raw bytes go once parsed.
-    let (bytes, _permit) = body.into_parts();
-    let raw = match request::parse_raw(&bytes) {
+    let req = match request::parse_raw(&bytes).and_then(request::Raw::into_request) {
         Ok(r) => r,
         Err(msg) => return respond_error(conn, 400, &msg, Some("invalid_request"), keep).await,
     };
     drop(bytes);
-    // Looked up before the messages are converted: an unknown model costs little.
-    let group = worker.config.borrow().model(raw.model()).cloned();
-    let Some(group) = group else {
-        tracing::debug!(model_len = raw.model().len(), "unknown model requested");
-        let msg = format!("The model `{}` does not exist", error::clip(raw.model()));
-        return respond_error(conn, 404, &msg, Some("model_not_found"), keep).await;
-    };
-    let req = match raw.into_request() {
-        Ok(r) => r,
-        Err(msg) => return respond_error(conn, 400, &msg, Some("invalid_request"), keep).await,
-    };
-    let class = match group.long_context_threshold {
-        Some(t) if request::estimate_prompt_tokens(&req.messages, &req.params_json) > u64::from(t) => LeaseClass::Long,
-        _ => LeaseClass::Normal,
-    };
-    let admitted = {
-        let Conn { rd, buf, .. } = &mut *conn;
-        with_disconnect_watch(rd, buf, pool::admit(worker, &group, class)).await
-    };
-    let admitted = match admitted {
-        None => return false, // client left while queued; the wait guard left the queue
-        Some(Ok(a)) => a,
-        Some(Err(e @ AdmitError::QueueFull(_))) => {
-            return respond_error(conn, 429, &e.to_string(), Some("queue_full"), keep).await
-        }
-        Some(Err(e @ AdmitError::Timeout(_))) => {
-            return respond_error(conn, 503, &e.to_string(), Some("queue_timeout"), keep).await
-        }
-        Some(Err(e @ AdmitError::Unavailable(_))) => {
-            return respond_error(conn, 503, &e.to_string(), Some("no_ready_node"), keep).await
-        }
-    };
     let run_req = iop_core::wire::pb::RunRequest {
         messages: req.messages,
         max_tokens: req.max_tokens,
@@ -72,15 +49,10 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
         ..Default::default()
     };
     let submitted = dispatch::submit(worker, &group.name, admitted, run_req);
-    drop(_permit);
+    drop(permit);
     let run = match submitted {
         Ok(run) => run,
-        Err(e @ DispatchError::NoReadyNode(_)) => {
-            return respond_error(conn, 503, &e.to_string(), Some("no_ready_node"), keep).await
-        }
-        Err(e @ DispatchError::NodeBusy(_)) => {
-            return respond_error(conn, 503, &e.to_string(), Some("node_busy"), keep).await
-        }
+        Err(e) => return respond_dispatch_error(conn, &e, keep).await,
     };
     let meta = Meta { model: req.model, id: format!("chatcmpl-{}", run.run_id()), created: unix_now() };
     if req.stream {
@@ -103,14 +75,23 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-async fn respond_error(conn: &mut Conn, status: u16, msg: &str, code: Option<&str>, keep: bool) -> bool {
+pub(super) async fn respond_error(conn: &mut Conn, status: u16, msg: &str, code: Option<&str>, keep: bool) -> bool {
     let body = error::body(status, msg, code);
     let retry = [("retry-after", "1")];
     let extra: &[(&str, &str)] = if status == 503 || status == 429 { &retry } else { &[] };
     conn.respond(status, "application/json", extra, &body, keep).await.is_ok() && keep
 }
 
-async fn respond_failure(conn: &mut Conn, f: &RunFailure, keep: bool) -> bool {
+/// A dispatch that found no way to its node.
+pub(super) async fn respond_dispatch_error(conn: &mut Conn, e: &DispatchError, keep: bool) -> bool {
+    let code = match e {
+        DispatchError::NoReadyNode(_) => "no_ready_node",
+        DispatchError::NodeBusy(_) => "node_busy",
+    };
+    respond_error(conn, 503, &e.to_string(), Some(code), keep).await
+}
+
+pub(super) async fn respond_failure(conn: &mut Conn, f: &RunFailure, keep: bool) -> bool {
     let code = Some(f.code);
     respond_error(conn, f.status, &f.message, code, keep).await
 }

@@ -1,8 +1,143 @@
-//! The OpenAI-compatible surface: chat completions (streamed and not), the
-//! model list, and OpenAI-shaped errors.
+//! The OpenAI-compatible surface: `/v1/chat/completions`,
+//! `/v1/completions`, `/v1/embeddings`, `/v1/responses`, the model list,
+//! and OpenAI-shaped errors.
+//!
+//! Every model route goes the same way up to admission: the top-level
+//! fields are read ([`top`]), the model group looked up, capacity taken (or
+//! queued for). Then the selected provider's kind decides, never the
+//! client: OpenAI-compatible providers get the request through the
+//! provider tunnel ([`tunnel`], byte for byte); the others run it on the
+//! normalized path ([`chat`]), which serves chat completions.
 
 pub mod chat;
 mod chunk;
 pub mod error;
 pub mod models;
 mod request;
+mod top;
+mod tunnel;
+
+use std::rc::Rc;
+
+use iop_core::{config::ModelGroup, http::RequestHead};
+
+use crate::{
+    pool::{self, AdmitError, LeaseClass},
+    server::{with_disconnect_watch, Body, Conn},
+    worker::Worker,
+};
+
+/// A model route of the surface.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `POST /v1/chat/completions`.
+    Chat,
+    /// `POST /v1/completions`.
+    Completions,
+    /// `POST /v1/embeddings`.
+    Embeddings,
+    /// `POST /v1/responses`.
+    Responses,
+}
+
+impl Route {
+    /// The route serving `path`.
+    pub fn from_path(path: &str) -> Option<Route> {
+        Some(match path {
+            "/v1/chat/completions" => Route::Chat,
+            "/v1/completions" => Route::Completions,
+            "/v1/embeddings" => Route::Embeddings,
+            "/v1/responses" => Route::Responses,
+            _ => return None,
+        })
+    }
+
+    /// The path under an OpenAI-compatible provider's base URL.
+    pub fn provider_path(self) -> &'static str {
+        match self {
+            Route::Chat => "/chat/completions",
+            Route::Completions => "/completions",
+            Route::Embeddings => "/embeddings",
+            Route::Responses => "/responses",
+        }
+    }
+
+    /// Whether the normalized path serves this route.
+    fn normalized(self) -> bool {
+        self == Route::Chat
+    }
+}
+
+/// Handles one request on a model route; returns whether the connection
+/// may be kept.
+pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, body: Body, route: Route) -> bool {
+    let keep = head.keep_alive;
+    // The body's share of the core's budget is held until the request is
+    // handed to its node (queueing included).
+    let (bytes, permit) = body.into_parts();
+    let top = match top::Top::parse(&bytes) {
+        Ok(t) => t,
+        Err(msg) => return chat::respond_error(conn, 400, &msg, Some("invalid_request"), keep).await,
+    };
+    let group = worker.config.borrow().model(&top.model).cloned();
+    let Some(group) = group else {
+        tracing::debug!(model_len = top.model.len(), "unknown model requested");
+        let msg = format!("The model `{}` does not exist", error::clip(&top.model));
+        return chat::respond_error(conn, 404, &msg, Some("model_not_found"), keep).await;
+    };
+    let Some(group) = serving(worker, &group, route) else {
+        let msg = format!(
+            "the model `{}` is not served by an OpenAI-compatible provider, which {} needs",
+            error::clip(&top.model),
+            head.path()
+        );
+        return chat::respond_error(conn, 400, &msg, Some("unsupported_endpoint"), keep).await;
+    };
+    // Estimated prompt size: the body's bytes / 4 (before any tokenizer).
+    let class = match group.long_context_threshold {
+        Some(t) if (bytes.len() as u64).div_ceil(4) > u64::from(t) => LeaseClass::Long,
+        _ => LeaseClass::Normal,
+    };
+    let admitted = {
+        let Conn { rd, buf, .. } = &mut *conn;
+        with_disconnect_watch(rd, buf, pool::admit(worker, &group, class)).await
+    };
+    let admitted = match admitted {
+        None => return false, // client left while queued; the wait guard left the queue
+        Some(Ok(a)) => a,
+        Some(Err(e)) => {
+            let (status, code) = match e {
+                AdmitError::QueueFull(_) => (429, "queue_full"),
+                AdmitError::Timeout(_) => (503, "queue_timeout"),
+                AdmitError::Unavailable(_) => (503, "no_ready_node"),
+            };
+            return chat::respond_error(conn, status, &e.to_string(), Some(code), keep).await;
+        }
+    };
+    let tunnels = worker
+        .config
+        .borrow()
+        .provider(&admitted.target.node, &admitted.target.provider)
+        .is_some_and(|p| p.kind.is_openai_compatible());
+    if tunnels {
+        tunnel::run(worker, conn, head, route, &top, bytes, permit, &group.name, admitted).await
+    } else {
+        chat::normalized(worker, conn, head, bytes, permit, &group, admitted).await
+    }
+}
+
+/// The group with only the targets that can serve `route` (all of them for
+/// chat); `None` when none can.
+fn serving(worker: &Worker, group: &ModelGroup, route: Route) -> Option<ModelGroup> {
+    if route.normalized() {
+        return Some(group.clone());
+    }
+    let config = worker.config.borrow();
+    let targets: Vec<_> = group
+        .targets
+        .iter()
+        .filter(|t| config.provider(&t.node, &t.provider).is_some_and(|p| p.kind.is_openai_compatible()))
+        .cloned()
+        .collect();
+    (!targets.is_empty()).then(|| ModelGroup { targets, ..group.clone() })
+}

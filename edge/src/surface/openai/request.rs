@@ -73,11 +73,6 @@ pub fn parse_raw(body: &[u8]) -> Result<Raw, String> {
 }
 
 impl Raw {
-    /// The requested public model name.
-    pub fn model(&self) -> &str {
-        &self.model
-    }
-
     /// Converts the messages and parameters for the wire.
     pub fn into_request(self) -> Result<ChatRequest, String> {
         let raw = self;
@@ -93,28 +88,6 @@ impl Raw {
             params_json,
         })
     }
-}
-
-/// Rough prompt size in tokens (4 bytes per token), used to classify a
-/// request as long-context before any tokenizer is involved. Counts the
-/// messages (structured content once, as sent) and the parameters that the
-/// provider also feeds to the model (tools, response format, ...).
-pub fn estimate_prompt_tokens(messages: &[pb::ChatMessage], params_json: &[u8]) -> u64 {
-    let messages: usize = messages
-        .iter()
-        .map(|m| {
-            // Structured content travels whole in extra_json; `content` is its flattened copy.
-            let content =
-                if m.extra_json.is_empty() || !has_key(&m.extra_json, "content") { m.content.len() } else { 0 };
-            m.role.len() + content + m.extra_json.len()
-        })
-        .sum();
-    let params = if params_json.len() > 2 { params_json.len() } else { 0 };
-    ((messages + params) as u64).div_ceil(4)
-}
-
-fn has_key(json: &[u8], key: &str) -> bool {
-    serde_json::from_slice::<Map<String, Value>>(json).is_ok_and(|m| m.contains_key(key))
 }
 
 /// One message: role and text go in their fields; a message with
@@ -175,20 +148,6 @@ mod tests {
         assert_eq!(r.messages[0].content, "ab");
         let extra: Value = serde_json::from_slice(&r.messages[0].extra_json).unwrap();
         assert!(extra["content"].is_array());
-    }
-
-    #[test]
-    fn prompt_estimate_counts_structured_content_once() {
-        let plain = parse(br#"{"model":"m","messages":[{"role":"user","content":"abcdefgh"}]}"#).unwrap();
-        assert_eq!(estimate_prompt_tokens(&plain.messages, &plain.params_json), 3); // "user" + 8 bytes
-        let parts =
-            parse(br#"{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"abcdefgh"}]}]}"#)
-                .unwrap();
-        let once = parts.messages[0].role.len() + parts.messages[0].extra_json.len();
-        assert_eq!(estimate_prompt_tokens(&parts.messages, &parts.params_json), (once as u64).div_ceil(4));
-        let tools = parse(br#"{"model":"m","tools":[{"type":"function"}],"messages":[{"role":"user","content":"x"}]}"#)
-            .unwrap();
-        assert!(estimate_prompt_tokens(&tools.messages, &tools.params_json) > 2);
     }
 
     #[test]

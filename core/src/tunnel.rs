@@ -1,0 +1,185 @@
+//! The provider tunnel, shared by both ends: the validated form of a
+//! `ProviderTunnelFrame`, which headers cross it in each direction, and the
+//! provider paths it may reach.
+
+use bytes::Bytes;
+
+use crate::{
+    exec::{RunFailure, Usage},
+    wire::pb,
+};
+
+/// Paths under an OpenAI-compatible provider's base URL that the tunnel
+/// serves (each is `/v1<path>` on the edge).
+pub const PATHS: &[&str] = &["/chat/completions", "/completions", "/embeddings", "/responses"];
+
+/// One item of a tunnel's answer, in order: `Start`, `Body`*, then exactly
+/// one of `End` or `Error` (`Error` may also come first).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TunnelItem {
+    /// The provider's status and headers (already filtered).
+    Start {
+        /// HTTP status.
+        status: u16,
+        /// Header (lower-cased name, value) pairs in order.
+        headers: Vec<(String, Bytes)>,
+    },
+    /// Body bytes exactly as the provider sent them (de-chunked).
+    Body(Bytes),
+    /// The body ended; the usage the provider reported, if any.
+    End {
+        /// Absent when the provider reported none.
+        usage: Option<Usage>,
+    },
+    /// The tunnel failed (before or after `Start`).
+    Error(RunFailure),
+}
+
+impl TunnelItem {
+    /// Whether this item ends the tunnel.
+    pub fn is_terminal(&self) -> bool {
+        matches!(self, TunnelItem::End { .. } | TunnelItem::Error(_))
+    }
+
+    /// Bytes this item holds while queued.
+    pub fn payload_bytes(&self) -> usize {
+        match self {
+            TunnelItem::Start { headers, .. } => headers.iter().map(|(n, v)| n.len() + v.len()).sum(),
+            TunnelItem::Body(b) => b.len(),
+            TunnelItem::End { .. } => 0,
+            TunnelItem::Error(f) => f.message.len(),
+        }
+    }
+
+    /// The frame carrying this item.
+    pub fn into_wire(self, tunnel_id: &str, seq: u64) -> pb::ProviderTunnelFrame {
+        use pb::provider_tunnel_frame::Kind;
+        let mut usage = None;
+        let kind = match self {
+            TunnelItem::Start { status, headers } => Kind::Status(pb::TunnelResponseStart {
+                status: u32::from(status),
+                headers: headers.into_iter().map(|(name, value)| pb::Header { name, value }).collect(),
+            }),
+            TunnelItem::Body(b) => Kind::Body(b),
+            TunnelItem::End { usage: u } => {
+                usage = u.map(pb::Usage::from);
+                Kind::End(pb::TunnelEnd {})
+            }
+            TunnelItem::Error(f) => Kind::Error(f.into()),
+        };
+        pb::ProviderTunnelFrame { tunnel_id: tunnel_id.to_owned(), seq, kind: Some(kind), usage }
+    }
+
+    /// The item of a frame; `None` for a frame without a kind or a status
+    /// outside 100..=599 (the session treats both as protocol violations).
+    pub fn from_wire(frame: pb::ProviderTunnelFrame) -> Option<Self> {
+        use pb::provider_tunnel_frame::Kind;
+        Some(match frame.kind? {
+            Kind::Status(s) => {
+                let status = u16::try_from(s.status).ok().filter(|s| (100..=599).contains(s))?;
+                let headers = s.headers.into_iter().map(|h| (h.name.to_ascii_lowercase(), h.value)).collect();
+                TunnelItem::Start { status, headers }
+            }
+            Kind::Body(b) => TunnelItem::Body(b),
+            Kind::End(_) => TunnelItem::End { usage: frame.usage.map(Usage::from) },
+            Kind::Error(e) => TunnelItem::Error(e.into()),
+        })
+    }
+}
+
+/// Headers that describe one connection hop, never forwarded (RFC 9110
+/// §7.6.1), plus the framing headers each hop sets for itself.
+pub fn is_hop_by_hop(name: &str) -> bool {
+    const HOP: &[&str] = &[
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "proxy-authenticate",
+        "proxy-authorization",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    ];
+    HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// Whether a client request header is forwarded to the provider: not
+/// hop-by-hop, and not one the node sets itself (`Host`, `Authorization`,
+/// `Content-Length`). `Accept-Encoding` is dropped too: the node reads the
+/// body for usage, so it asks for it uncompressed; `Expect` belongs to the
+/// client's hop.
+pub fn forwards_request_header(name: &str) -> bool {
+    const OWN: &[&str] = &["host", "authorization", "content-length", "accept-encoding", "expect"];
+    !is_hop_by_hop(name) && !OWN.iter().any(|h| name.eq_ignore_ascii_case(h))
+}
+
+/// Whether a provider response header reaches the client: everything but
+/// hop-by-hop ones (`Content-Length` is framing and set by each hop).
+pub fn forwards_response_header(name: &str) -> bool {
+    !is_hop_by_hop(name) && !name.eq_ignore_ascii_case("content-length")
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use crate::exec::{codes, FailureSource};
+
+    #[test]
+    fn items_roundtrip_through_frames() {
+        let items = vec![
+            TunnelItem::Start {
+                status: 429,
+                headers: vec![
+                    ("retry-after".into(), Bytes::from_static(b"7")),
+                    ("x-y".into(), Bytes::from_static(b"\xff")),
+                ],
+            },
+            TunnelItem::Body(Bytes::from_static(b"data: {}\n\n")),
+            TunnelItem::End { usage: Some(Usage { input_tokens: 3, output_tokens: 4, ..Default::default() }) },
+            TunnelItem::End { usage: None },
+            TunnelItem::Error(RunFailure::new(codes::UPSTREAM_CONNECT, 502, FailureSource::Provider, "x")),
+        ];
+        for (i, item) in items.into_iter().enumerate() {
+            let frame = item.clone().into_wire("t1", i as u64);
+            assert_eq!((frame.tunnel_id.as_str(), frame.seq), ("t1", i as u64));
+            assert_eq!(TunnelItem::from_wire(frame), Some(item));
+        }
+    }
+
+    #[test]
+    fn bad_frames_are_refused() {
+        let empty = pb::ProviderTunnelFrame { tunnel_id: "t".into(), seq: 0, kind: None, usage: None };
+        assert_eq!(TunnelItem::from_wire(empty), None);
+        let start = pb::TunnelResponseStart { status: 99, headers: vec![] };
+        let frame = pb::ProviderTunnelFrame {
+            tunnel_id: "t".into(),
+            seq: 0,
+            kind: Some(pb::provider_tunnel_frame::Kind::Status(start)),
+            usage: None,
+        };
+        assert_eq!(TunnelItem::from_wire(frame), None);
+    }
+
+    #[test]
+    fn header_rules() {
+        for h in ["Connection", "transfer-encoding", "Upgrade", "keep-alive", "TE", "trailer", "proxy-authorization"] {
+            assert!(is_hop_by_hop(h) && !forwards_request_header(h) && !forwards_response_header(h), "{h}");
+        }
+        for h in ["host", "Authorization", "content-length", "accept-encoding", "expect"] {
+            assert!(!forwards_request_header(h), "{h}");
+        }
+        for h in
+            ["content-type", "x-request-id", "openai-organization", "user-agent", "x-stainless-lang", "idempotency-key"]
+        {
+            assert!(forwards_request_header(h), "{h}");
+        }
+        for h in
+            ["retry-after", "retry-after-ms", "x-ratelimit-remaining-requests", "openai-processing-ms", "content-type"]
+        {
+            assert!(forwards_response_header(h), "{h}");
+        }
+        assert!(!forwards_response_header("Content-Length"));
+    }
+}

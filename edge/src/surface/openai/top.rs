@@ -1,0 +1,241 @@
+//! The few top-level fields of a request body the edge needs (`model`,
+//! `stream`, `stream_options.include_usage`), read in one pass without
+//! building a JSON tree, and the byte-level edits the tunnel makes to the
+//! body: the `model` value, and `include_usage` for streams. Everything
+//! else stays exactly as the client sent it (key order, spacing, numbers
+//! of any size, unknown fields).
+
+use std::ops::Range;
+
+use bytes::{Bytes, BytesMut};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+/// The top-level fields, with where their values sit in the body.
+#[derive(Debug)]
+pub struct Top {
+    /// The requested public model name.
+    pub model: String,
+    model_span: Range<usize>,
+    /// `"stream": true`.
+    pub stream: bool,
+    /// `stream_options`: its span and what `include_usage` says in it.
+    stream_options: Option<StreamOptions>,
+    /// Offset of the closing `}` of the top-level object.
+    end: usize,
+}
+
+#[derive(Debug)]
+struct StreamOptions {
+    span: Range<usize>,
+    /// `include_usage`'s value and span, when the key is there.
+    include_usage: Option<(Option<bool>, Range<usize>)>,
+}
+
+/// A top-level value kept raw, `null` included (an `Option` would turn a
+/// `null` into "absent").
+#[derive(Default)]
+struct Field<'a>(Option<&'a RawValue>);
+
+impl<'de: 'a, 'a> Deserialize<'de> for Field<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        <&'a RawValue>::deserialize(d).map(|v| Field(Some(v)))
+    }
+}
+
+#[derive(Deserialize)]
+struct RawTop<'a> {
+    #[serde(borrow, default)]
+    model: Field<'a>,
+    #[serde(default)]
+    stream: Option<bool>,
+    #[serde(borrow, default)]
+    stream_options: Field<'a>,
+}
+
+#[derive(Deserialize)]
+struct RawStreamOptions<'a> {
+    #[serde(borrow, default)]
+    include_usage: Option<&'a RawValue>,
+}
+
+/// Where `inner` (a sub-slice of `outer`) lies in `outer`.
+fn span_in(outer: &[u8], inner: &str) -> Range<usize> {
+    let start = (inner.as_ptr() as usize).saturating_sub(outer.as_ptr() as usize);
+    start..start + inner.len()
+}
+
+impl Top {
+    /// Parses the top level of `body`; the error is a client-facing message.
+    /// Duplicate top-level keys are refused (the provider might read the
+    /// other one).
+    pub fn parse(body: &[u8]) -> Result<Self, String> {
+        if body.is_empty() {
+            return Err("request body is empty; expected a JSON object".into());
+        }
+        // serde would also read a struct from an array, by position.
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err("invalid request body: expected a JSON object".into());
+        }
+        let raw: RawTop = serde_json::from_slice(body).map_err(|e| format!("invalid request body: {e}"))?;
+        let model_raw = raw.model.0.ok_or("`model` is required")?;
+        let model: String = serde_json::from_str(model_raw.get()).map_err(|_| "`model` must be a string")?;
+        if model.is_empty() {
+            return Err("`model` must not be empty".into());
+        }
+        let model_span = span_in(body, model_raw.get());
+        let stream_options = match raw.stream_options.0 {
+            None => None,
+            Some(so) => {
+                let span = span_in(body, so.get());
+                let include_usage = if so.get() == "null" {
+                    None
+                } else if !so.get().starts_with('{') {
+                    return Err("`stream_options` must be an object".into());
+                } else {
+                    let opts: RawStreamOptions =
+                        serde_json::from_str(so.get()).map_err(|_| "`stream_options` must be an object".to_owned())?;
+                    opts.include_usage.map(|v| (serde_json::from_str::<bool>(v.get()).ok(), span_in(body, v.get())))
+                };
+                Some(StreamOptions { span, include_usage })
+            }
+        };
+        // The body parsed as an object, so its last non-space byte is `}`.
+        let end = body.iter().rposition(|b| !b.is_ascii_whitespace()).unwrap_or(0);
+        Ok(Self { model, model_span, stream: raw.stream.unwrap_or(false), stream_options, end })
+    }
+
+    /// The client asked for the usage chunk of a stream.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.include_usage.as_ref()).is_some_and(|(v, _)| *v == Some(true))
+    }
+
+    /// `body` with `model` set to `target` and, for a stream whose client
+    /// did not ask for usage, `stream_options.include_usage` set to true
+    /// (so usage can be accounted). Returns the new body and whether the
+    /// usage chunk must be kept from the client.
+    pub fn rewrite(&self, body: &Bytes, target: &str) -> (Bytes, bool) {
+        let mut edits: Vec<(Range<usize>, String)> = Vec::with_capacity(2);
+        let target_json = serde_json::to_string(target).unwrap_or_else(|_| "\"\"".into());
+        edits.push((self.model_span.clone(), target_json));
+        let mut hide = false;
+        if self.stream && !self.include_usage() {
+            hide = true;
+            match &self.stream_options {
+                None => edits.push((self.end..self.end, ",\"stream_options\":{\"include_usage\":true}".into())),
+                Some(StreamOptions { span, include_usage: None }) if &body[span.clone()] == b"null" => {
+                    edits.push((span.clone(), "{\"include_usage\":true}".into()));
+                }
+                Some(StreamOptions { span, include_usage: None }) => {
+                    // After the object's `{`; a comma when it has members.
+                    let open = span.start + 1;
+                    let inner_empty = body[open..span.end - 1].iter().all(u8::is_ascii_whitespace);
+                    let text = if inner_empty { "\"include_usage\":true" } else { "\"include_usage\":true," };
+                    edits.push((open..open, text.into()));
+                }
+                Some(StreamOptions { include_usage: Some((Some(false), value)), .. }) => {
+                    edits.push((value.clone(), "true".into()));
+                }
+                // A non-boolean include_usage goes to the provider as sent.
+                Some(_) => hide = false,
+            }
+        }
+        edits.sort_by_key(|(r, _)| r.start);
+        let mut out = BytesMut::with_capacity(body.len() + 48);
+        let mut at = 0;
+        for (range, text) in edits {
+            out.extend_from_slice(&body[at..range.start]);
+            out.extend_from_slice(text.as_bytes());
+            at = range.end;
+        }
+        out.extend_from_slice(&body[at..]);
+        (out.freeze(), hide)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn rewrite(body: &str, target: &str) -> (String, bool) {
+        let top = Top::parse(body.as_bytes()).unwrap();
+        let (out, hide) = top.rewrite(&Bytes::copy_from_slice(body.as_bytes()), target);
+        let out = String::from_utf8(out.to_vec()).unwrap();
+        // Whatever the edit, the result is valid JSON.
+        serde_json::from_str::<serde_json::Value>(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+        (out, hide)
+    }
+
+    #[test]
+    fn only_the_model_changes_and_everything_else_is_kept() {
+        let body = r#"{ "z": 1, "model" : "public",  "messages":[{"role":"user","content":"hé \"q\""}],
+            "n": 123456789012345678901234567890, "temperature": 1.0000000000000001, "a": {"y":2,"x":1} }"#;
+        let (out, hide) = rewrite(body, "upstream/\"m\"");
+        assert_eq!(out, body.replace(r#""public""#, r#""upstream/\"m\"""#));
+        assert!(!hide);
+    }
+
+    #[test]
+    fn streams_get_include_usage_and_hide_it_when_the_client_did_not_ask() {
+        let cases = [
+            (
+                r#"{"model":"m","stream":true}"#,
+                r#"{"model":"t","stream":true,"stream_options":{"include_usage":true}}"#,
+                true,
+            ),
+            (
+                r#"{"model":"m","stream":true,"stream_options":{}}"#,
+                r#"{"model":"t","stream":true,"stream_options":{"include_usage":true}}"#,
+                true,
+            ),
+            (
+                r#"{"model":"m","stream":true,"stream_options":{"continuous_usage_stats":true}}"#,
+                r#"{"model":"t","stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}"#,
+                true,
+            ),
+            (
+                r#"{"model":"m","stream":true,"stream_options":{"include_usage":false}}"#,
+                r#"{"model":"t","stream":true,"stream_options":{"include_usage":true}}"#,
+                true,
+            ),
+            (
+                r#"{"model":"m","stream":true,"stream_options":null}"#,
+                r#"{"model":"t","stream":true,"stream_options":{"include_usage":true}}"#,
+                true,
+            ),
+            (
+                r#"{"model":"m","stream":true,"stream_options":{"include_usage":true}}"#,
+                r#"{"model":"t","stream":true,"stream_options":{"include_usage":true}}"#,
+                false,
+            ),
+            (r#"{"model":"m","stream":false}"#, r#"{"model":"t","stream":false}"#, false),
+            (
+                "{\"stream\":true,\"model\":\"m\"}\n  ",
+                "{\"stream\":true,\"model\":\"t\",\"stream_options\":{\"include_usage\":true}}\n  ",
+                true,
+            ),
+        ];
+        for (body, want, want_hide) in cases {
+            assert_eq!(rewrite(body, "t"), (want.to_owned(), want_hide), "{body}");
+        }
+    }
+
+    #[test]
+    fn refusals() {
+        for (body, needle) in [
+            ("", "empty"),
+            ("[1]", "invalid request body"),
+            ("{\"messages\":[]}", "`model` is required"),
+            ("{\"model\":5}", "`model` must be a string"),
+            ("{\"model\":\"\"}", "must not be empty"),
+            ("{\"model\":\"a\",\"model\":\"b\"}", "duplicate field"),
+            ("{\"model\":\"a\",\"stream\":\"yes\"}", "invalid request body"),
+            ("{\"model\":\"a\",\"stream_options\":[1]}", "must be an object"),
+            ("{\"model\":\"a\"", "invalid request body"),
+        ] {
+            let e = Top::parse(body.as_bytes()).unwrap_err();
+            assert!(e.contains(needle), "{body}: {e}");
+        }
+    }
+}

@@ -1,0 +1,228 @@
+//! The provider tunnel of an OpenAI-compatible provider: the edge's request
+//! goes out as is (plus this provider's credential) and the answer comes
+//! back byte for byte, with the usage read on the way.
+
+use bytes::Bytes;
+use iop_core::{
+    exec::{codes, FailureSource, RunFailure},
+    tunnel::{self, TunnelItem},
+};
+
+use super::{openai_compat::OpenAiCompatAdapter, openai_stream::protocol};
+use crate::{
+    run::SinkClosed,
+    tunnel::{watch::BodyWatch, TunnelSink, TunnelSpec},
+    upstream::Request,
+};
+
+/// Why a tunnel stopped before its own terminal.
+enum Halt {
+    /// The edge no longer wants the answer: stop without a terminal.
+    Sink,
+    /// End with this failure.
+    Fail(RunFailure),
+}
+
+impl From<SinkClosed> for Halt {
+    fn from(_: SinkClosed) -> Self {
+        Halt::Sink
+    }
+}
+
+impl OpenAiCompatAdapter {
+    /// Sends `spec` to the provider and relays its answer to `sink`:
+    /// `Start`, body chunks, then `End` (with usage) or `Error`.
+    pub async fn tunnel<S: TunnelSink>(&self, spec: TunnelSpec, sink: &mut S) {
+        let limit = spec.deadline.map_or(self.request_timeout, |d| d.min(self.request_timeout));
+        let failure = match monoio::time::timeout(limit, self.relay(&spec, sink)).await {
+            Ok(Ok(())) | Ok(Err(Halt::Sink)) => return,
+            Ok(Err(Halt::Fail(f))) => f,
+            // The attempt (and its connection) was dropped.
+            Err(_) => RunFailure::new(
+                codes::UPSTREAM_TIMEOUT,
+                504,
+                FailureSource::Provider,
+                format!("upstream did not finish within {} ms", limit.as_millis()),
+            ),
+        };
+        tracing::debug!(tunnel = %spec.id, provider = %self.id, code = failure.code, status = failure.status, "tunnel failed");
+        let _ = sink.send(TunnelItem::Error(failure)).await;
+    }
+
+    async fn relay<S: TunnelSink>(&self, spec: &TunnelSpec, sink: &mut S) -> Result<(), Halt> {
+        let target = format!("{}{}", self.url.path_prefix, spec.path);
+        let mut headers: Vec<(&str, &[u8])> = spec.headers.iter().map(|(n, v)| (n.as_str(), &v[..])).collect();
+        if let Some(auth) = &self.authorization {
+            headers.push(("authorization", auth.expose().as_bytes()));
+        }
+        let req = Request {
+            method: &spec.method,
+            host: &self.url.host,
+            port: self.url.port,
+            target: &target,
+            headers: &headers,
+            body: &spec.body,
+        };
+        let mut resp = match self.client.send(&req).await {
+            Ok(r) => r,
+            Err(e) if e.is_connect() => {
+                tracing::warn!(provider = %self.id, tunnel = %spec.id, error = %e, "provider unreachable");
+                let f = RunFailure::new(codes::UPSTREAM_CONNECT, 502, FailureSource::Provider, e.public_message());
+                return Err(Halt::Fail(f.retryable()));
+            }
+            Err(e) => return Err(Halt::Fail(protocol(e.to_string()))),
+        };
+        let mut watch = BodyWatch::new(resp.header("content-type"), spec.hide_usage_chunk);
+        // Content-Length stays (the edge frames the body with it) unless
+        // the body is about to change.
+        let headers = resp
+            .head()
+            .headers
+            .iter()
+            .filter(|(n, _)| {
+                let changed_length = spec.hide_usage_chunk && n == "content-length";
+                !(tunnel::is_hop_by_hop(n) || changed_length)
+            })
+            .cloned()
+            .collect();
+        sink.send(TunnelItem::Start { status: resp.status(), headers }).await?;
+        let mut out: Vec<Bytes> = Vec::new();
+        loop {
+            match resp.chunk().await {
+                Ok(Some(chunk)) => watch.push(chunk, &mut out),
+                Ok(None) => break,
+                Err(e) => return Err(Halt::Fail(protocol(format!("upstream stream broke: {e}")))),
+            }
+            for piece in out.drain(..) {
+                sink.send(TunnelItem::Body(piece)).await?;
+            }
+        }
+        let usage = watch.finish(&mut out);
+        for piece in out.drain(..) {
+            sink.send(TunnelItem::Body(piece)).await?;
+        }
+        sink.send(TunnelItem::End { usage }).await?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use std::time::Duration;
+
+    use iop_core::{config::UpstreamUrl, exec::Usage};
+
+    use super::*;
+    use crate::upstream::{
+        test_server::{sse_chunked_open, with_body, Event, Reply, TestServer},
+        UpstreamClient,
+    };
+
+    #[derive(Default)]
+    struct Items(Vec<TunnelItem>);
+
+    impl TunnelSink for Items {
+        async fn send(&mut self, item: TunnelItem) -> Result<(), SinkClosed> {
+            self.0.push(item);
+            Ok(())
+        }
+    }
+
+    fn adapter(server: &TestServer, timeout: Duration) -> OpenAiCompatAdapter {
+        let url = UpstreamUrl { host: "127.0.0.1".into(), port: server.addr.port(), path_prefix: "/v1".into() };
+        OpenAiCompatAdapter::new("up".into(), url, Some("sk-test"), 4, timeout, UpstreamClient::default())
+    }
+
+    fn spec(body: &'static [u8], hide: bool) -> TunnelSpec {
+        TunnelSpec {
+            id: "t1".into(),
+            method: "POST".into(),
+            path: "/chat/completions",
+            headers: vec![
+                ("content-type".into(), Bytes::from_static(b"application/json")),
+                ("x-client".into(), Bytes::from_static(b"\xfe-raw")),
+            ],
+            body: Bytes::from_static(body),
+            hide_usage_chunk: hide,
+            deadline: None,
+        }
+    }
+
+    fn run(a: &OpenAiCompatAdapter, spec: TunnelSpec) -> Vec<TunnelItem> {
+        iop_core::rt::block_on_current(async {
+            let mut items = Items::default();
+            a.tunnel(spec, &mut items).await;
+            items.0
+        })
+        .unwrap()
+    }
+
+    fn body_of(items: &[TunnelItem]) -> Vec<u8> {
+        items
+            .iter()
+            .filter_map(|i| if let TunnelItem::Body(b) = i { Some(&b[..]) } else { None })
+            .flatten()
+            .copied()
+            .collect()
+    }
+
+    #[test]
+    fn relays_the_request_and_answer_as_they_are() {
+        let answer = br#"{"id":"x","choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3},"big":123456789012345678901234567890}"#;
+        let reply = with_body(200, "application/json", std::str::from_utf8(answer).unwrap());
+        let server = TestServer::start(vec![Reply::keep(reply)]);
+        let a = adapter(&server, Duration::from_secs(5));
+        let sent: &[u8] = br#"{"model":"m","messages":[],"n":99999999999999999999999}"#;
+        let items = run(&a, spec(sent, false));
+        let TunnelItem::Start { status, headers } = &items[0] else { panic!("{items:?}") };
+        assert_eq!(*status, 200);
+        assert!(headers.iter().any(|(n, v)| n == "content-length" && &v[..] == answer.len().to_string().as_bytes()));
+        assert_eq!(body_of(&items), answer);
+        assert_eq!(
+            items.last(),
+            Some(&TunnelItem::End { usage: Some(Usage { input_tokens: 2, output_tokens: 3, ..Default::default() }) })
+        );
+        assert_eq!(server.next_event(), Event::Accepted(0));
+        let Event::Request { head, body, .. } = server.next_event() else { panic!() };
+        assert_eq!(body, sent, "the body went out unchanged");
+        let lower = head.to_ascii_lowercase();
+        assert!(head.starts_with("POST /v1/chat/completions HTTP/1.1\r\n"), "{head}");
+        assert!(lower.contains("authorization: bearer sk-test") && lower.contains("x-client: "), "{head}");
+    }
+
+    #[test]
+    fn errors_pass_through_with_their_headers() {
+        let reply = b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 7\r\nx-ratelimit-remaining-requests: 0\r\ncontent-length: 26\r\n\r\n{\"error\":{\"code\":\"slow\"}}\n".to_vec();
+        let server = TestServer::start(vec![Reply::keep(reply)]);
+        let items = run(&adapter(&server, Duration::from_secs(5)), spec(b"{}", false));
+        let TunnelItem::Start { status, headers } = &items[0] else { panic!("{items:?}") };
+        assert_eq!(*status, 429);
+        assert!(headers.iter().any(|(n, v)| n == "retry-after" && &v[..] == b"7"));
+        assert!(headers.iter().any(|(n, _)| n == "x-ratelimit-remaining-requests"));
+        assert_eq!(body_of(&items), b"{\"error\":{\"code\":\"slow\"}}\n");
+        assert_eq!(items.last(), Some(&TunnelItem::End { usage: None }));
+    }
+
+    #[test]
+    fn a_broken_stream_ends_with_an_error_after_the_bytes_it_sent() {
+        let server =
+            TestServer::start(vec![Reply::close(sse_chunked_open(&[r#"{"choices":[{"delta":{"content":"a"}}]}"#]))]);
+        let items = run(&adapter(&server, Duration::from_secs(5)), spec(b"{}", true));
+        assert!(matches!(items[0], TunnelItem::Start { status: 200, .. }));
+        assert!(body_of(&items).starts_with(b"data: "));
+        let Some(TunnelItem::Error(f)) = items.last() else { panic!("{items:?}") };
+        assert_eq!((f.code, f.status), (codes::UPSTREAM_PROTOCOL, 502));
+    }
+
+    #[test]
+    fn an_unreachable_provider_is_an_error_before_start() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let url = UpstreamUrl { host: "127.0.0.1".into(), port, path_prefix: String::new() };
+        let a = OpenAiCompatAdapter::new("up".into(), url, None, 1, Duration::from_secs(5), UpstreamClient::default());
+        let items = run(&a, spec(b"{}", false));
+        let [TunnelItem::Error(f)] = &items[..] else { panic!("{items:?}") };
+        assert_eq!((f.code, f.retryable), (codes::UPSTREAM_CONNECT, true));
+        assert!(!f.message.contains(&port.to_string()));
+    }
+}

@@ -1,0 +1,393 @@
+//! Watches a provider's answer while the tunnel relays it: finds the usage
+//! the provider reported (in an SSE stream or a JSON body) and, when the
+//! edge asked, leaves the usage-only SSE event out of the relayed bytes.
+//! Sans-IO. Relayed bytes are slices of the chunks read from the provider;
+//! only an event split across two reads is copied (once, to look at it).
+
+use bytes::{Bytes, BytesMut};
+use iop_core::exec::Usage;
+use serde::Deserialize;
+
+/// Largest SSE event looked at for usage (usage events are small); a larger
+/// one is relayed but not inspected.
+const MAX_WATCHED_EVENT: usize = 1 << 20;
+/// Largest JSON body whose usage is read (embeddings can be big).
+const MAX_WATCHED_JSON: usize = 32 << 20;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Sse,
+    Json,
+    Other,
+}
+
+/// See the module docs.
+#[derive(Debug)]
+pub struct BodyWatch {
+    mode: Mode,
+    hide_usage_chunk: bool,
+    /// Bytes of the current line so far, without its terminator.
+    line_len: usize,
+    /// The last byte seen was a CR: a LF next is the same line end.
+    after_cr: bool,
+    /// The start of the current event, from earlier chunks (SSE).
+    carry: BytesMut,
+    /// The current event outgrew `MAX_WATCHED_EVENT`: not inspected.
+    carry_overflow: bool,
+    /// JSON body chunks (shared, not copied) until the end.
+    json: Vec<Bytes>,
+    json_len: usize,
+    usage: Option<Usage>,
+}
+
+impl BodyWatch {
+    /// A watch for a body of `content_type`. `hide_usage_chunk`: the edge
+    /// asked the provider for usage the client did not ask for.
+    pub fn new(content_type: Option<&[u8]>, hide_usage_chunk: bool) -> Self {
+        let ct = content_type.map(|c| String::from_utf8_lossy(c).to_ascii_lowercase()).unwrap_or_default();
+        let ct = ct.split(';').next().unwrap_or("").trim().to_owned();
+        let mode = match ct.as_str() {
+            "text/event-stream" => Mode::Sse,
+            c if c == "application/json" || c.ends_with("+json") => Mode::Json,
+            _ => Mode::Other,
+        };
+        Self {
+            mode,
+            hide_usage_chunk: hide_usage_chunk && mode == Mode::Sse,
+            line_len: 0,
+            after_cr: false,
+            carry: BytesMut::new(),
+            carry_overflow: false,
+            json: Vec::new(),
+            json_len: 0,
+            usage: None,
+        }
+    }
+
+    /// Takes one chunk of the body; appends to `out` what to relay now.
+    pub fn push(&mut self, chunk: Bytes, out: &mut Vec<Bytes>) {
+        match self.mode {
+            Mode::Other => out.push(chunk),
+            Mode::Json => {
+                if self.json_len + chunk.len() <= MAX_WATCHED_JSON {
+                    self.json_len += chunk.len();
+                    self.json.push(chunk.clone());
+                } else {
+                    self.json.clear();
+                    self.json_len = usize::MAX / 2;
+                }
+                out.push(chunk);
+            }
+            Mode::Sse => self.push_sse(chunk, out),
+        }
+    }
+
+    /// The body ended: appends what is still held; returns the usage seen.
+    pub fn finish(&mut self, out: &mut Vec<Bytes>) -> Option<Usage> {
+        match self.mode {
+            Mode::Other => {}
+            Mode::Json => {
+                if self.json_len <= MAX_WATCHED_JSON {
+                    let body: Vec<u8> = self.json.iter().flat_map(|b| b.iter().copied()).collect();
+                    self.usage = usage_of_json(&body).map(|(u, _)| u);
+                }
+                self.json.clear();
+            }
+            Mode::Sse => {
+                // An unterminated last event is relayed as it came.
+                if self.hide_usage_chunk && !self.carry.is_empty() {
+                    out.push(std::mem::take(&mut self.carry).freeze());
+                }
+            }
+        }
+        self.usage.take()
+    }
+
+    fn push_sse(&mut self, chunk: Bytes, out: &mut Vec<Bytes>) {
+        let ends = self.event_ends(&chunk);
+        if !self.hide_usage_chunk {
+            // Relayed at once; events are only looked at for usage.
+            out.push(chunk.clone());
+        }
+        // `start`: where the current event begins in `chunk`; `run_start`:
+        // the first kept byte not yet relayed (hiding only).
+        let (mut start, mut run_start) = (0, 0);
+        for end in ends {
+            if std::mem::take(&mut self.carry_overflow) {
+                // The end of an event too big to be the usage chunk: kept.
+                start = end;
+                continue;
+            }
+            if !self.carry.is_empty() {
+                // The event began in an earlier chunk: looked at whole (the
+                // only copy), relayed whole when kept.
+                let mut event = std::mem::take(&mut self.carry);
+                event.extend_from_slice(&chunk[start..end]);
+                let keep = self.inspect(&event);
+                if self.hide_usage_chunk && keep {
+                    out.push(event.freeze());
+                }
+                (start, run_start) = (end, end);
+                continue;
+            }
+            let keep = self.inspect(&chunk[start..end]);
+            if self.hide_usage_chunk && !keep {
+                if run_start < start {
+                    out.push(chunk.slice(run_start..start));
+                }
+                run_start = end;
+            }
+            start = end;
+        }
+        if self.hide_usage_chunk && run_start < start {
+            out.push(chunk.slice(run_start..start));
+        }
+        // The unfinished event waits for its end, unless it is too big to be
+        // the usage chunk: then it is relayed as it comes.
+        if start == chunk.len() {
+            return;
+        }
+        if self.carry_overflow || self.carry.len() + (chunk.len() - start) > MAX_WATCHED_EVENT {
+            if self.hide_usage_chunk {
+                if !self.carry.is_empty() {
+                    out.push(std::mem::take(&mut self.carry).freeze());
+                }
+                out.push(chunk.slice(start..));
+            }
+            self.carry.clear();
+            self.carry_overflow = true;
+        } else {
+            self.carry.extend_from_slice(&chunk[start..]);
+        }
+    }
+
+    /// Offsets in `chunk` just past each event-ending blank line, carrying
+    /// the line state across chunks. Lines end with LF, CRLF or CR.
+    fn event_ends(&mut self, chunk: &[u8]) -> Vec<usize> {
+        let mut ends = Vec::new();
+        let mut i = 0;
+        while i < chunk.len() {
+            let Some(off) = memchr::memchr2(b'\r', b'\n', &chunk[i..]) else {
+                self.line_len += chunk.len() - i;
+                self.after_cr = false;
+                break;
+            };
+            let at = i + off;
+            if off > 0 {
+                self.line_len += off;
+                self.after_cr = false;
+            }
+            i = at + 1;
+            if chunk[at] == b'\n' && self.after_cr && off == 0 {
+                // The LF of a CRLF whose CR ended the line already.
+                self.after_cr = false;
+                if let Some(last) = ends.last_mut() {
+                    if *last == at {
+                        *last = at + 1;
+                    }
+                }
+                continue;
+            }
+            let empty = self.line_len == 0;
+            self.line_len = 0;
+            self.after_cr = chunk[at] == b'\r';
+            if empty {
+                ends.push(at + 1);
+            }
+        }
+        ends
+    }
+
+    /// Looks at one complete event; false when it is the usage-only event
+    /// to leave out.
+    fn inspect(&mut self, event: &[u8]) -> bool {
+        if memchr::memmem::find(event, b"\"usage\"").is_none() {
+            return true;
+        }
+        let data = event_data(event);
+        match usage_of_json(&data) {
+            Some((usage, usage_only)) => {
+                self.usage = Some(usage);
+                !(self.hide_usage_chunk && usage_only)
+            }
+            None => true,
+        }
+    }
+}
+
+/// The `data:` lines of one event, joined with LF.
+fn event_data(event: &[u8]) -> Vec<u8> {
+    let mut data = Vec::new();
+    for line in event.split(|&b| b == b'\n' || b == b'\r') {
+        let Some(value) = line.strip_prefix(b"data:") else { continue };
+        if !data.is_empty() {
+            data.push(b'\n');
+        }
+        data.extend_from_slice(value.strip_prefix(b" ").unwrap_or(value));
+    }
+    data
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct UsageJson {
+    prompt_tokens: Option<u64>,
+    completion_tokens: Option<u64>,
+    input_tokens: Option<u64>,
+    output_tokens: Option<u64>,
+    prompt_tokens_details: Option<Details>,
+    input_tokens_details: Option<Details>,
+    completion_tokens_details: Option<Details>,
+    output_tokens_details: Option<Details>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct Details {
+    cached_tokens: Option<u64>,
+    reasoning_tokens: Option<u64>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct ResponseJson {
+    usage: Option<UsageJson>,
+}
+
+/// The top level of a chat/completions/embeddings body or chunk, or of a
+/// Responses API event (whose usage sits in `response`).
+#[derive(Deserialize, Default)]
+#[serde(default)]
+struct TopJson {
+    usage: Option<UsageJson>,
+    choices: Option<Vec<serde::de::IgnoredAny>>,
+    response: Option<ResponseJson>,
+}
+
+/// The usage in a JSON document, and whether the document is a usage-only
+/// chunk (`"choices": []`).
+fn usage_of_json(json: &[u8]) -> Option<(Usage, bool)> {
+    let top: TopJson = serde_json::from_slice(json).ok()?;
+    let usage_only = top.choices.as_ref().is_some_and(Vec::is_empty) && top.usage.is_some();
+    let u = top.usage.or_else(|| top.response.and_then(|r| r.usage))?;
+    let input = u.prompt_tokens.or(u.input_tokens)?;
+    let cached = u.prompt_tokens_details.or(u.input_tokens_details).and_then(|d| d.cached_tokens);
+    let reasoning = u.completion_tokens_details.or(u.output_tokens_details).and_then(|d| d.reasoning_tokens);
+    let usage = Usage {
+        input_tokens: input,
+        output_tokens: u.completion_tokens.or(u.output_tokens).unwrap_or(0),
+        reasoning_tokens: reasoning,
+        cached_input_tokens: cached,
+    };
+    Some((usage, usage_only))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    const STREAM: &str = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n\
+        data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
+        data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\
+        \"prompt_tokens_details\":{\"cached_tokens\":1},\"completion_tokens_details\":{\"reasoning_tokens\":0}}}\n\n\
+        data: [DONE]\n\n";
+
+    fn run(body: &str, ct: &str, hide: bool, split: &[usize]) -> (Vec<u8>, Option<Usage>) {
+        let mut w = BodyWatch::new(Some(ct.as_bytes()), hide);
+        let mut out = Vec::new();
+        let mut at = 0;
+        for &s in split.iter().chain(std::iter::once(&body.len())) {
+            let s = s.min(body.len()).max(at);
+            w.push(Bytes::copy_from_slice(&body.as_bytes()[at..s]), &mut out);
+            at = s;
+        }
+        let usage = w.finish(&mut out);
+        (out.iter().flat_map(|b| b.iter().copied()).collect(), usage)
+    }
+
+    fn expected_usage() -> Usage {
+        Usage { input_tokens: 5, output_tokens: 2, reasoning_tokens: Some(0), cached_input_tokens: Some(1) }
+    }
+
+    #[test]
+    fn relays_every_byte_and_reads_usage_at_every_split() {
+        for a in 0..STREAM.len() {
+            for b in [a, a + 7, a + 40] {
+                let (body, usage) = run(STREAM, "text/event-stream", false, &[a, b]);
+                assert_eq!(body, STREAM.as_bytes(), "split {a},{b}");
+                assert_eq!(usage, Some(expected_usage()), "split {a},{b}");
+            }
+        }
+    }
+
+    #[test]
+    fn hides_only_the_usage_only_event_at_every_split() {
+        let hidden = STREAM.replace(
+            "data: {\"id\":\"c\",\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":2,\
+             \"prompt_tokens_details\":{\"cached_tokens\":1},\"completion_tokens_details\":{\"reasoning_tokens\":0}}}\n\n",
+            "",
+        );
+        assert_ne!(hidden, STREAM);
+        for a in 0..STREAM.len() {
+            let (body, usage) = run(STREAM, "text/event-stream; charset=utf-8", true, &[a, a + 13]);
+            assert_eq!(String::from_utf8(body).unwrap(), hidden, "split {a}");
+            assert_eq!(usage, Some(expected_usage()));
+        }
+        // One byte at a time.
+        let splits: Vec<usize> = (0..STREAM.len()).collect();
+        assert_eq!(String::from_utf8(run(STREAM, "text/event-stream", true, &splits).0).unwrap(), hidden);
+    }
+
+    #[test]
+    fn crlf_and_cr_line_ends() {
+        for sep in ["\r\n", "\r"] {
+            let s = STREAM.replace('\n', sep);
+            for a in 0..s.len() {
+                let (body, usage) = run(&s, "text/event-stream", true, &[a]);
+                let body = String::from_utf8(body).unwrap();
+                assert!(!body.contains("\"usage\""), "{sep:?} split {a}: {body:?}");
+                assert!(body.contains("[DONE]") && body.contains("\"hi\""), "{sep:?} split {a}");
+                assert_eq!(usage, Some(expected_usage()));
+            }
+        }
+    }
+
+    #[test]
+    fn usage_in_a_chunk_with_choices_is_read_but_kept() {
+        // llama.cpp-style: usage rides on the finish chunk.
+        let s = "data: {\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":1}}\n\ndata: [DONE]\n\n";
+        let (body, usage) = run(s, "text/event-stream", true, &[20]);
+        assert_eq!(body, s.as_bytes());
+        assert_eq!(usage.map(|u| (u.input_tokens, u.output_tokens, u.reasoning_tokens)), Some((3, 1, None)));
+    }
+
+    #[test]
+    fn json_bodies_and_responses_events() {
+        let chat =
+            r#"{"id":"x","choices":[{"message":{"content":"a"}}],"usage":{"prompt_tokens":9,"completion_tokens":4}}"#;
+        let (body, usage) = run(chat, "application/json", false, &[10, 50]);
+        assert_eq!(body, chat.as_bytes());
+        assert_eq!(usage.map(|u| (u.input_tokens, u.output_tokens)), Some((9, 4)));
+        let emb = r#"{"object":"list","data":[],"usage":{"prompt_tokens":6,"total_tokens":6}}"#;
+        assert_eq!(run(emb, "application/json", false, &[]).1.map(|u| (u.input_tokens, u.output_tokens)), Some((6, 0)));
+        let none = r#"{"id":"x","choices":[]}"#;
+        assert_eq!(run(none, "application/json", false, &[]).1, None, "unknown usage stays absent");
+        let resp = "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":7,\"output_tokens\":3,\"input_tokens_details\":{\"cached_tokens\":2},\"output_tokens_details\":{\"reasoning_tokens\":1}}}}\n\n";
+        let (body, usage) = run(resp, "text/event-stream", true, &[33]);
+        assert_eq!(body, resp.as_bytes(), "a Responses event is never hidden");
+        assert_eq!(
+            usage,
+            Some(Usage { input_tokens: 7, output_tokens: 3, reasoning_tokens: Some(1), cached_input_tokens: Some(2) })
+        );
+        let (body, usage) = run("plain error", "text/plain", true, &[3]);
+        assert_eq!((body, usage), (b"plain error".to_vec(), None));
+    }
+
+    #[test]
+    fn an_unterminated_last_event_is_still_relayed() {
+        let s = "data: {\"a\":1}\n\ndata: {\"b\":2}";
+        let (body, _) = run(s, "text/event-stream", true, &[5, 17]);
+        assert_eq!(body, s.as_bytes());
+    }
+}
