@@ -7,11 +7,13 @@
 //!   listeners, cross-core mailboxes.
 //! - [`http`], [`sse`]: sans-IO HTTP/1.1 and server-sent-events codecs.
 //! - [`exec`]: run events, usage and failure classification.
+//! - [`flow`]: per-stream credit windows on the edge↔node link.
 //! - [`limits`]: counted slots, a log throttle, the open-file limit.
 //! - [`tunnel`]: the provider tunnel's items and header rules.
 
 pub mod config;
 pub mod exec;
+pub mod flow;
 pub mod http;
 pub mod limits;
 pub mod rt;

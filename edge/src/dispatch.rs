@@ -8,6 +8,7 @@ use std::{
 
 use iop_core::{
     exec::{codes, ExecEvent, FailureSource, RunFailure, Usage},
+    flow,
     rt::mailbox::{self, SendError},
     tunnel::TunnelItem,
     wire::pb,
@@ -15,7 +16,7 @@ use iop_core::{
 
 use crate::{
     pool::Admitted,
-    transport::{channel, Failing, SessionCmd, StreamRx},
+    transport::{channel, cost_of, Failing, SessionCmd, StreamRx},
     worker::Worker,
 };
 
@@ -78,6 +79,8 @@ pub struct Stream<T: Outcome> {
     id: String,
     node_id: String,
     done: bool,
+    /// Cost taken from the channel and not yet granted back to the node.
+    taken: u64,
     /// The stream's deadline (its provider's `request_timeout_sec` from
     /// dispatch) plus [`DEADLINE_GRACE`].
     deadline: Pin<Box<monoio::time::Sleep>>,
@@ -108,9 +111,7 @@ impl<T: Outcome> Stream<T> {
             }),
             _ = deadline.as_mut() => self.expire(),
         };
-        if item.is_terminal() {
-            self.finish(&item);
-        }
+        self.took(&item);
         Some(item)
     }
 
@@ -120,10 +121,22 @@ impl<T: Outcome> Stream<T> {
             return None;
         }
         let item = self.rx.try_recv()?;
-        if item.is_terminal() {
-            self.finish(&item);
-        }
+        self.took(&item);
         Some(item)
+    }
+
+    /// Accounts for an item handed to the client's task: a terminal ends
+    /// the stream; anything else returns credit to the node in batches.
+    fn took(&mut self, item: &T) {
+        if item.is_terminal() {
+            self.finish(item);
+            return;
+        }
+        self.taken += cost_of(item) as u64;
+        if self.taken >= flow::CREDIT_BATCH {
+            let cmd = SessionCmd::Credit { id: self.id.clone(), bytes: std::mem::take(&mut self.taken) };
+            self.command(cmd);
+        }
     }
 
     /// The deadline passed: cancel on the node (which drops the lease
@@ -140,11 +153,14 @@ impl<T: Outcome> Stream<T> {
     }
 
     fn cancel_on_node(&self, reason: &'static str) {
-        let cmd = SessionCmd::Cancel { run_id: self.id.clone(), reason };
+        self.command(SessionCmd::Cancel { run_id: self.id.clone(), reason });
+    }
+
+    fn command(&self, cmd: SessionCmd) {
         match self.session.try_send(cmd) {
             Ok(()) | Err(SendError::Closed(_)) => {}
             Err(SendError::Full(cmd)) => {
-                // Never lose a cancel: wait for room off the caller's path.
+                // Never lose a cancel or credit: wait for room off the caller's path.
                 let session = self.session.clone();
                 monoio::spawn(async move {
                     let _ = session.send(cmd).await;
@@ -233,6 +249,7 @@ impl Route {
             id: self.id,
             node_id: self.node_id,
             done: false,
+            taken: 0,
             deadline: Box::pin(monoio::time::sleep(self.timeout + DEADLINE_GRACE)),
             timeout: self.timeout,
         }
@@ -264,6 +281,7 @@ pub fn submit(
     req.adapter = target.provider;
     req.target = target.upstream_model;
     req.deadline_ms = route.deadline_ms();
+    req.window_bytes = flow::WINDOW_BYTES;
     let (tx, rx) = channel();
     match route.session.try_send(SessionCmd::Run { req: Box::new(req), events: tx, lease }) {
         Ok(()) => Ok(route.stream(worker, model, rx)),
@@ -288,6 +306,7 @@ pub fn submit_tunnel(
     req.adapter = target.provider;
     req.target = target.upstream_model;
     req.deadline_ms = route.deadline_ms();
+    req.window_bytes = flow::WINDOW_BYTES;
     let (tx, rx) = channel();
     match route.session.try_send(SessionCmd::Tunnel { req: Box::new(req), events: tx, lease }) {
         Ok(()) => Ok(route.stream(worker, model, rx)),

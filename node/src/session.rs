@@ -217,6 +217,7 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
         match env.body {
             Some(Body::RunRequest(req)) => manager.start(req),
             Some(Body::CancelRequest(c)) => manager.cancel(&c.run_id),
+            Some(Body::StreamCredit(c)) => manager.credit(&c.id, c.bytes),
             Some(Body::Heartbeat(hb)) => {
                 if hb.ping {
                     let pong = pb::Heartbeat { ping: false, sent_at_ms: hb.sent_at_ms };

@@ -1,23 +1,19 @@
 //! The channel between a node session and the client task of one run or
-//! tunnel: a bounded mailbox that also counts the bytes queued, so one
-//! client that falls behind holds a bounded amount of memory and fails
-//! alone instead of stalling the node connection.
+//! tunnel. It counts the cost of what is queued (see [`iop_core::flow`]):
+//! a node that respects the stream's credit window never fills it, so a
+//! full channel means the node broke the window, and that stream alone
+//! fails (`slow_consumer`) instead of stalling the node connection.
 
 use std::sync::{
     atomic::{AtomicUsize, Ordering},
     Arc,
 };
 
-use iop_core::{exec::ExecEvent, rt::mailbox, tunnel::TunnelItem};
+use iop_core::{exec::ExecEvent, flow, rt::mailbox, tunnel::TunnelItem};
 
-/// Capacity of one stream's mailbox, in items. Large enough to absorb a
-/// burst from a fast provider (memory is allocated only as it fills).
-pub const RUN_EVENT_CAPACITY: usize = 4096;
-
-/// Bytes one stream may hold queued for its client; a client further
-/// behind fails alone (`slow_consumer`). One item is always taken into an
-/// empty queue, however large (it is within `max_frame_bytes`).
-pub const RUN_BUFFER_BYTES: usize = 4 * 1024 * 1024;
+/// Capacity of one stream's mailbox, in items: everything the window
+/// allows, plus room for the terminal (memory is allocated as it fills).
+pub const RUN_EVENT_CAPACITY: usize = flow::MAX_QUEUED_ITEMS + 8;
 
 /// An item that travels in a stream channel.
 pub trait Queued {
@@ -76,14 +72,15 @@ pub enum Undelivered {
 }
 
 impl<T: Queued> StreamTx<T> {
-    /// Queues `item` unless the stream is over its item or byte bound;
-    /// `reserve` keeps that many item slots free (for the error telling a
-    /// slow consumer why it failed).
+    /// Queues `item` unless the stream is already at its window (the node
+    /// may send an item while it has credit, so what is queued before it
+    /// stays below the window); `reserve` keeps that many item slots free
+    /// (for the error telling why the stream failed).
     pub fn try_send(&self, item: T, reserve: usize) -> Result<(), Undelivered> {
-        let size = item.payload_bytes();
+        let size = cost_of(&item);
         let queued = self.queued.load(Ordering::Acquire);
-        let over_bytes = queued > 0 && queued + size > RUN_BUFFER_BYTES;
-        if reserve > 0 && (over_bytes || self.tx.len() + reserve >= RUN_EVENT_CAPACITY) {
+        let over_window = queued >= flow::WINDOW_BYTES as usize;
+        if reserve > 0 && (over_window || self.tx.len() + reserve >= RUN_EVENT_CAPACITY) {
             return Err(Undelivered::Full);
         }
         self.queued.fetch_add(size, Ordering::AcqRel);
@@ -102,22 +99,27 @@ impl<T: Queued> StreamTx<T> {
     }
 }
 
+/// An item's cost against the stream's window.
+pub fn cost_of<T: Queued>(item: &T) -> usize {
+    usize::try_from(flow::cost(item.payload_bytes())).unwrap_or(usize::MAX)
+}
+
 impl<T: Queued> StreamRx<T> {
     /// Next item without waiting.
     pub fn try_recv(&self) -> Option<T> {
         let item = self.rx.try_recv()?;
-        self.queued.fetch_sub(item.payload_bytes(), Ordering::AcqRel);
+        self.queued.fetch_sub(cost_of(&item), Ordering::AcqRel);
         Some(item)
     }
 
     /// Next item; `None` once the sender is gone and the queue is empty.
     pub async fn recv(&self) -> Option<T> {
         let item = self.rx.recv().await?;
-        self.queued.fetch_sub(item.payload_bytes(), Ordering::AcqRel);
+        self.queued.fetch_sub(cost_of(&item), Ordering::AcqRel);
         Some(item)
     }
 
-    /// Bytes queued now.
+    /// Cost of what is queued now.
     pub fn queued_bytes(&self) -> usize {
         self.queued.load(Ordering::Acquire)
     }

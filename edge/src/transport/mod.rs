@@ -11,7 +11,7 @@ use iop_core::{exec::ExecEvent, limits::LogThrottle, tunnel::TunnelItem, wire::p
 
 use crate::worker::Worker;
 
-pub use events::{channel, Queued, StreamRx, StreamTx, Undelivered, RUN_BUFFER_BYTES, RUN_EVENT_CAPACITY};
+pub use events::{channel, cost_of, Queued, StreamRx, StreamTx, Undelivered, RUN_EVENT_CAPACITY};
 pub use runs::Failing;
 
 /// Events of one run, delivered to the core serving its client.
@@ -55,6 +55,14 @@ pub enum SessionCmd {
         /// The run's capacity: the session owns it for the run's lifetime
         /// and drops it when the run ends, however it ends.
         lease: crate::pool::Lease,
+    },
+    /// The client's task took `bytes` (cost) of stream `id`: grant the
+    /// node that much more of its window.
+    Credit {
+        /// Run or tunnel id.
+        id: String,
+        /// Cost taken since the last grant.
+        bytes: u64,
     },
     /// Cancel a run or tunnel (client gone, deadline).
     Cancel {

@@ -78,6 +78,11 @@ impl RunTable {
         self.runs.remove(run_id).is_some()
     }
 
+    /// Whether stream `id` is in flight.
+    pub fn contains(&self, id: &str) -> bool {
+        self.runs.contains_key(id)
+    }
+
     /// Streams in flight.
     pub fn len(&self) -> usize {
         self.runs.len()
@@ -181,7 +186,8 @@ fn fail(sink: &Sink, f: RunFailure) {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::transport::{channel, RUN_BUFFER_BYTES};
+    use crate::transport::channel;
+    use iop_core::flow::WINDOW_BYTES;
 
     #[test]
     fn delivers_in_order_and_forgets_after_terminal() {
@@ -229,27 +235,28 @@ mod tests {
     }
 
     #[test]
-    fn buffered_bytes_are_bounded() {
+    fn a_node_beyond_its_window_fails_the_stream() {
         let mut t = RunTable::default();
         let (tx, rx) = channel();
         t.insert("r".into(), tx, None);
-        let mib = "x".repeat(1 << 20);
-        // An empty queue takes one event of any size.
-        let huge = "y".repeat(RUN_BUFFER_BYTES + 1);
+        let window = WINDOW_BYTES as usize;
+        // Below the window the node may send an item of any size.
+        let huge = "y".repeat(window * 3);
         assert_eq!(t.route("r", 0, ExecEvent::Delta(huge)), Routed::Done);
-        assert_eq!(rx.queued_bytes(), RUN_BUFFER_BYTES + 1);
+        assert_eq!(rx.queued_bytes(), window * 3);
         assert!(rx.try_recv().is_some());
         assert_eq!(rx.queued_bytes(), 0);
+        let quarter = "x".repeat(window / 4);
         let mut seq = 1;
         let outcome = loop {
-            match t.route("r", seq, ExecEvent::Delta(mib.clone())) {
+            match t.route("r", seq, ExecEvent::Delta(quarter.clone())) {
                 Routed::Done => seq += 1,
                 other => break other,
             }
         };
         assert_eq!(outcome, Routed::CancelOnNode("slow_consumer"));
-        assert_eq!(seq - 1, (RUN_BUFFER_BYTES >> 20) as u64, "exactly the bound was queued");
-        assert!(rx.queued_bytes() <= RUN_BUFFER_BYTES + 64);
+        assert_eq!(seq - 1, 4, "exactly one window was queued");
+        assert!(rx.queued_bytes() <= window + 256);
         let mut last = None;
         while let Some(ev) = rx.try_recv() {
             last = Some(ev);

@@ -499,6 +499,12 @@ async fn pump_commands(
                     break;
                 }
             }
+            SessionCmd::Credit { id, bytes } => {
+                if runs.borrow().contains(&id) {
+                    let credit = pb::StreamCredit { id, bytes };
+                    let _ = writer.send(&envelope(0, Body::StreamCredit(credit)));
+                }
+            }
             SessionCmd::Cancel { run_id, reason } => {
                 if runs.borrow_mut().remove(&run_id) {
                     send_cancel(&writer, run_id, reason);

@@ -13,10 +13,16 @@ use serde_json::json;
 use crate::harness::*;
 
 #[test]
-fn a_client_that_stops_reading_fails_only_its_own_run() {
+fn a_client_that_stops_reading_holds_up_only_its_own_run_until_cut() {
     // A flood of tokens with no pacing: the stalled client's socket buffers
-    // fill, then its bounded event queue, and the session fails that run.
-    let edge = Edge::start(&pool_config(&[mock_node("n1", 4, 0, 500_000, 0)], &[mock_model("m", &["n1"], "")], ""));
+    // fill, then its credit window; the node then waits for that run alone.
+    let edge = Edge::start(&pool_config_with(
+        "idle_timeout_sec = 3",
+        "",
+        &[mock_node("n1", 4, 0, 500_000, 0)],
+        &[mock_model("m", &["n1"], "")],
+        "",
+    ));
     let _n1 = edge.start_node("n1", "");
     edge.wait_nodes_ready(1);
 
@@ -40,14 +46,70 @@ fn a_client_that_stops_reading_fails_only_its_own_run() {
     assert_eq!(r.sse_data().last().map(String::as_str), Some("[DONE]"));
     assert!(started.elapsed() < Duration::from_secs(3), "the other run was stalled: {:?}", started.elapsed());
 
-    // The stalled run is failed and its capacity returned while the client
-    // still holds its connection without reading.
-    let snap = edge.wait_snapshot(Duration::from_secs(20), "the stalled client's lease was released", |s| {
+    // The client that accepts nothing for idle_timeout_sec is cut; its run
+    // is cancelled on the node and its lease returned.
+    assert!(closed_within(&mut stalled, Duration::from_secs(10)), "the stalled client was never cut");
+    let snap = edge.wait_snapshot(Duration::from_secs(5), "the stalled client's lease was released", |s| {
         provider_of(s, "n1", "mock")["leases_in_use"] == 0
     });
     assert_eq!(provider_of(&snap, "n1", "mock")["live_leases"], 0, "{snap:#}");
     edge.assert_idle();
-    drop(stalled);
+}
+
+#[test]
+fn a_slow_reader_gets_its_whole_stream_while_a_fast_one_runs_at_full_speed() {
+    // 100 000 unpaced tokens (~13 MB of SSE): many windows, and more than a
+    // per-stream buffer would ever hold, so the slow reader lives on credit.
+    let edge = Edge::start(&pool_config(&[mock_node("n1", 4, 0, 100_000, 0)], &[mock_model("m", &["n1"], "")], ""));
+    let _n1 = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+    let body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]}).to_string();
+    let addr = edge.http;
+    let slow = std::thread::spawn(move || {
+        let mut s = TcpStream::connect(addr).unwrap();
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        // Far slower than the node produces, in small reads.
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => raw.extend_from_slice(&buf[..n]),
+                Err(e) => panic!("slow reader: {e}"),
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        parse_response(&raw)
+    });
+    // Meanwhile fast streams on the same node, one after another.
+    std::thread::sleep(Duration::from_millis(300));
+    for _ in 0..3 {
+        let started = Instant::now();
+        let r = post_json(
+            edge.http,
+            "/v1/chat/completions",
+            &json!({"model": "m", "stream": true, "max_tokens": 2000, "messages": [{"role": "user", "content": "y"}]}),
+        );
+        assert_eq!(r.status, 200);
+        assert_eq!(r.sse_data().len(), 2000 + 3, "role, 2000 tokens, finish, [DONE]");
+        assert!(started.elapsed() < Duration::from_secs(2), "the fast stream waited: {:?}", started.elapsed());
+    }
+    let r = slow.join().unwrap();
+    assert_eq!(r.status, 200);
+    let data = r.sse_data();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "the slow reader was not failed");
+    let text: String = data[..data.len() - 1]
+        .iter()
+        .filter_map(|d| serde_json::from_str::<serde_json::Value>(d).ok())
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_owned))
+        .collect();
+    assert_eq!(text.matches("tok").count(), 100_000);
+    edge.assert_idle();
 }
 
 /// Reads until the peer closes; true if it did within `within`.

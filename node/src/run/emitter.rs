@@ -2,7 +2,7 @@
 //! connection with backpressure, and enforces "exactly one terminal,
 //! nothing after it".
 
-use std::marker::PhantomData;
+use std::{marker::PhantomData, rc::Rc};
 
 use iop_core::{
     exec::ExecEvent,
@@ -11,12 +11,17 @@ use iop_core::{
     wire::pb::{envelope::Body, Envelope},
 };
 
-use super::spec::{EventSink, SinkClosed};
+use super::{
+    credit::Credit,
+    spec::{EventSink, SinkClosed},
+};
 
 /// An item of a stream the node sends to the edge.
 pub trait Outgoing {
     /// Whether it ends the stream.
     fn is_terminal(&self) -> bool;
+    /// Its payload, for the stream's credit window.
+    fn payload_bytes(&self) -> usize;
     /// Its frame body, numbered `seq` in stream `id`.
     fn into_body(self, id: &str, seq: u64) -> Body;
 }
@@ -24,6 +29,10 @@ pub trait Outgoing {
 impl Outgoing for ExecEvent {
     fn is_terminal(&self) -> bool {
         ExecEvent::is_terminal(self)
+    }
+
+    fn payload_bytes(&self) -> usize {
+        ExecEvent::payload_bytes(self)
     }
 
     fn into_body(self, id: &str, seq: u64) -> Body {
@@ -34,6 +43,10 @@ impl Outgoing for ExecEvent {
 impl Outgoing for TunnelItem {
     fn is_terminal(&self) -> bool {
         TunnelItem::is_terminal(self)
+    }
+
+    fn payload_bytes(&self) -> usize {
+        TunnelItem::payload_bytes(self)
     }
 
     fn into_body(self, id: &str, seq: u64) -> Body {
@@ -48,13 +61,21 @@ pub struct Emitter<T = ExecEvent> {
     seq: u64,
     terminal: bool,
     slot: Option<super::manager::Slot>,
+    /// The stream's credit window (none: unlimited).
+    credit: Option<Rc<Credit>>,
     _items: PhantomData<T>,
 }
 
 impl<T: Outgoing> Emitter<T> {
     /// An emitter for stream `id` on `writer`.
     pub fn new(writer: FrameWriter, id: String) -> Self {
-        Self { writer, id, seq: 0, terminal: false, slot: None, _items: PhantomData }
+        Self { writer, id, seq: 0, terminal: false, slot: None, credit: None, _items: PhantomData }
+    }
+
+    /// Waits for `credit` before each item but the terminal.
+    pub(crate) fn with_credit(mut self, credit: Option<Rc<Credit>>) -> Self {
+        self.credit = credit;
+        self
     }
 
     /// Frees `slot` when the terminal item is sent.
@@ -73,8 +94,13 @@ impl<T: Outgoing> Emitter<T> {
         if self.terminal {
             return Err(SinkClosed);
         }
-        self.writer.wait_writable().await.map_err(|_| SinkClosed)?;
         let terminal = item.is_terminal();
+        if let (Some(credit), false) = (&self.credit, terminal) {
+            // No credit: this stream's client is behind; wait (and so stop
+            // reading this provider) without holding up other streams.
+            credit.take(iop_core::flow::cost(item.payload_bytes())).await;
+        }
+        self.writer.wait_writable().await.map_err(|_| SinkClosed)?;
         let env = Envelope { correlation_id: 0, body: Some(item.into_body(&self.id, self.seq)) };
         self.writer.send(&env).map_err(|_| SinkClosed)?;
         self.seq += 1;

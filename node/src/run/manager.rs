@@ -19,6 +19,7 @@ use iop_core::{
 use iop_core::tunnel::TunnelItem;
 
 use super::{
+    credit::Credit,
     emitter::Emitter,
     spec::{EventSink, RunSpec},
 };
@@ -28,11 +29,22 @@ use crate::{adapter::Adapter, tunnel::TunnelSpec};
 pub struct RunManager {
     adapters: RefCell<HashMap<String, Rc<Adapter>>>,
     inflight: RefCell<HashMap<String, u32>>,
-    /// Runs holding a slot: run id → (adapter, cancel flag).
-    runs: RefCell<HashMap<String, (String, LocalCancel)>>,
+    /// Streams holding a slot: id → (adapter, cancel flag, credit window).
+    runs: RefCell<HashMap<String, Held>>,
     writer: FrameWriter,
     draining: Cell<bool>,
     idle: LocalNotify,
+}
+
+/// What an admitted stream gets: its adapter, slot, cancel flag and credit.
+type Admission = (Rc<Adapter>, Slot, LocalCancel, Option<Rc<Credit>>);
+
+/// A stream holding a slot: its adapter, cancel flag and credit window.
+#[derive(Clone)]
+struct Held {
+    adapter: String,
+    cancel: LocalCancel,
+    credit: Option<Rc<Credit>>,
 }
 
 /// A run's admission slot. Freed exactly once: when the terminal event is
@@ -84,8 +96,8 @@ impl RunManager {
     pub fn start(self: &Rc<Self>, req: pb::RunRequest) {
         let run_id = req.run_id.clone();
         let deadline = time_left(req.deadline_ms, &run_id);
-        let admitted = self.admit(&run_id, &req.adapter);
-        let (adapter, slot, cancel) = match admitted {
+        let admitted = self.admit(&run_id, &req.adapter, req.window_bytes);
+        let (adapter, slot, cancel, credit) = match admitted {
             Ok(a) => a,
             Err(None) => return,
             Err(Some(f)) => {
@@ -103,7 +115,7 @@ impl RunManager {
             max_tokens: req.max_tokens,
             params_json: req.params_json,
         };
-        let emitter = Emitter::new(self.writer.clone(), run_id).with_slot(slot);
+        let emitter = Emitter::new(self.writer.clone(), run_id).with_slot(slot).with_credit(credit);
         monoio::spawn(execute(adapter, spec, emitter, cancel, deadline));
     }
 
@@ -119,7 +131,7 @@ impl RunManager {
             });
         };
         let deadline = time_left(req.deadline_ms, &id);
-        let (adapter, slot, cancel) = match self.admit(&id, &req.adapter) {
+        let (adapter, slot, cancel, credit) = match self.admit(&id, &req.adapter, req.window_bytes) {
             Ok(a) => a,
             Err(None) => return,
             Err(Some(f)) => return refuse(f),
@@ -128,17 +140,14 @@ impl RunManager {
             Ok(spec) => spec,
             Err(f) => return refuse(f),
         };
-        let emitter = Emitter::new(self.writer.clone(), id).with_slot(slot);
+        let emitter = Emitter::new(self.writer.clone(), id).with_slot(slot).with_credit(credit);
         monoio::spawn(relay(adapter, spec, emitter, cancel));
     }
 
-    /// Takes a slot on `adapter` for stream `id`. `Err(None)`: ignore the
-    /// request (empty or duplicate id); `Err(Some(f))`: answer with `f`.
-    fn admit(
-        self: &Rc<Self>,
-        id: &str,
-        adapter_id: &str,
-    ) -> Result<(Rc<Adapter>, Slot, LocalCancel), Option<RunFailure>> {
+    /// Takes a slot on `adapter` for stream `id` with a credit window of
+    /// `window` bytes (0: none). `Err(None)`: ignore the request (empty or
+    /// duplicate id); `Err(Some(f))`: answer with `f`.
+    fn admit(self: &Rc<Self>, id: &str, adapter_id: &str, window: u64) -> Result<Admission, Option<RunFailure>> {
         if id.is_empty() || self.runs.borrow().contains_key(id) {
             tracing::warn!(run = %id, "run request with an empty or duplicate id ignored");
             return Err(None);
@@ -161,9 +170,19 @@ impl RunManager {
             *n += 1;
         }
         let cancel = LocalCancel::new();
-        self.runs.borrow_mut().insert(id.to_owned(), (adapter_id.to_owned(), cancel.clone()));
+        let credit = (window > 0).then(|| Rc::new(Credit::new(window)));
+        let held = Held { adapter: adapter_id.to_owned(), cancel: cancel.clone(), credit: credit.clone() };
+        self.runs.borrow_mut().insert(id.to_owned(), held);
         let slot = Slot { manager: self.clone(), adapter: adapter_id.to_owned(), run_id: id.to_owned() };
-        Ok((adapter, slot, cancel))
+        Ok((adapter, slot, cancel, credit))
+    }
+
+    /// The edge granted `bytes` more to stream `id`.
+    pub fn credit(&self, id: &str, bytes: u64) {
+        let credit = self.runs.borrow().get(id).and_then(|h| h.credit.clone());
+        if let Some(c) = credit {
+            c.grant(bytes);
+        }
     }
 
     /// Frees `run_id`'s slot if it still holds one.
@@ -183,9 +202,9 @@ impl RunManager {
     /// dropped (closing the upstream request) at the task's next poll.
     pub fn cancel(&self, run_id: &str) {
         let entry = self.runs.borrow().get(run_id).cloned();
-        if let Some((adapter, c)) = entry {
-            c.cancel();
-            self.free(&adapter, run_id);
+        if let Some(held) = entry {
+            held.cancel.cancel();
+            self.free(&held.adapter, run_id);
         }
     }
 
