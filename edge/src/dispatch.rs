@@ -81,6 +81,8 @@ pub struct Stream<T: Outcome> {
     done: bool,
     /// Cost taken from the channel and not yet granted back to the node.
     taken: u64,
+    /// Where the model's usage is added up.
+    usage: Option<std::sync::Arc<crate::pool::ModelUsage>>,
     /// The stream's deadline (its provider's `request_timeout_sec` from
     /// dispatch) plus [`DEADLINE_GRACE`].
     deadline: Pin<Box<monoio::time::Sleep>>,
@@ -172,6 +174,11 @@ impl<T: Outcome> Stream<T> {
     /// Records the terminal `item`: publishes the stream's outcome.
     fn finish(&mut self, item: &T) {
         let (outcome, code, usage) = item.outcome();
+        if outcome == "complete" {
+            if let Some(totals) = &self.usage {
+                totals.add(usage.as_ref());
+            }
+        }
         self.publish(outcome, code, usage);
     }
 
@@ -250,6 +257,7 @@ impl Route {
             node_id: self.node_id,
             done: false,
             taken: 0,
+            usage: worker.pool.borrow().usage.get(model).cloned(),
             deadline: Box::pin(monoio::time::sleep(self.timeout + DEADLINE_GRACE)),
             timeout: self.timeout,
         }

@@ -5,7 +5,7 @@
 use std::{
     collections::HashMap,
     sync::{
-        atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering},
+        atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering},
         Arc,
     },
 };
@@ -77,13 +77,49 @@ impl ResourceLoad {
     }
 }
 
-/// Every resource of one config revision, plus per-model waiter counts.
+/// Token usage accounted for one model (counted when a run or tunnel ends
+/// with usage reported; atomics, so any core adds without a lock).
+#[derive(Debug, Default)]
+pub struct ModelUsage {
+    /// Completed runs and tunnels whose provider reported usage.
+    pub reported: AtomicU64,
+    /// Completed ones whose provider reported none (unknown, never zero).
+    pub unreported: AtomicU64,
+    /// Prompt tokens.
+    pub input_tokens: AtomicU64,
+    /// Completion tokens.
+    pub output_tokens: AtomicU64,
+    /// Reasoning tokens, where reported.
+    pub reasoning_tokens: AtomicU64,
+    /// Cached prompt tokens, where reported.
+    pub cached_input_tokens: AtomicU64,
+}
+
+impl ModelUsage {
+    /// Adds one completed stream's usage (`None`: the provider reported none).
+    pub fn add(&self, usage: Option<&iop_core::exec::Usage>) {
+        let Some(u) = usage else {
+            self.unreported.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        self.reported.fetch_add(1, Ordering::Relaxed);
+        self.input_tokens.fetch_add(u.input_tokens, Ordering::Relaxed);
+        self.output_tokens.fetch_add(u.output_tokens, Ordering::Relaxed);
+        self.reasoning_tokens.fetch_add(u.reasoning_tokens.unwrap_or(0), Ordering::Relaxed);
+        self.cached_input_tokens.fetch_add(u.cached_input_tokens.unwrap_or(0), Ordering::Relaxed);
+    }
+}
+
+/// Every resource of one config revision, plus per-model waiter counts and
+/// usage.
 #[derive(Debug, Default)]
 pub struct PoolView {
     /// Loads by resource.
     pub resources: HashMap<ResourceKey, Arc<ResourceLoad>>,
     /// Waiters per public model name (bounded by `max_waiters`).
     pub waiters: HashMap<String, Arc<AtomicU32>>,
+    /// Usage per public model name.
+    pub usage: HashMap<String, Arc<ModelUsage>>,
 }
 
 impl PoolView {
@@ -110,6 +146,11 @@ impl PoolView {
                 (m.name.clone(), c)
             })
             .collect();
-        Self { resources, waiters }
+        let usage = config
+            .models
+            .iter()
+            .map(|m| (m.name.clone(), prev.and_then(|v| v.usage.get(&m.name)).cloned().unwrap_or_default()))
+            .collect();
+        Self { resources, waiters, usage }
     }
 }

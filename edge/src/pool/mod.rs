@@ -23,7 +23,7 @@ use std::{
 
 pub use admit::{admit, AdmitError, Admitted};
 pub use lease::Lease;
-pub use load::{PoolView, ResourceLoad};
+pub use load::{ModelUsage, PoolView, ResourceLoad};
 pub use select::{Candidate, LeastLoaded, SelectionPolicy};
 pub use shard::Shard;
 pub use waiter::{Waiter, WaiterState};

@@ -28,7 +28,19 @@ pub fn snapshot(config: &EdgeConfig, statuses: &[NodeStatus], pool: &PoolView) -
                 .iter()
                 .map(|t| json!({"node": t.node, "provider": t.provider, "model": t.upstream_model}))
                 .collect();
-            json!({"name": m.name, "waiters": waiters, "max_waiters": m.max_waiters, "targets": targets})
+            let usage = pool.usage.get(&m.name).map(|u| {
+                let g = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+                json!({
+                    "reported": g(&u.reported),
+                    "unreported": g(&u.unreported),
+                    "input_tokens": g(&u.input_tokens),
+                    "output_tokens": g(&u.output_tokens),
+                    "reasoning_tokens": g(&u.reasoning_tokens),
+                    "cached_input_tokens": g(&u.cached_input_tokens),
+                })
+            });
+            json!({"name": m.name, "waiters": waiters, "max_waiters": m.max_waiters, "targets": targets,
+                   "usage": usage})
         })
         .collect();
     json!({"nodes": nodes, "models": models})
@@ -151,6 +163,14 @@ mod tests {
         big.waiters.store(5, Ordering::Relaxed);
         assert_eq!(big.capacity(LeaseClass::Long), 1);
         pool.waiters.get("gpt-test").unwrap().store(7, Ordering::Relaxed);
+        let usage = iop_core::exec::Usage {
+            input_tokens: 10,
+            output_tokens: 4,
+            reasoning_tokens: Some(1),
+            cached_input_tokens: None,
+        };
+        pool.usage.get("gpt-test").unwrap().add(Some(&usage));
+        pool.usage.get("gpt-test").unwrap().add(None);
         let statuses = vec![
             NodeStatus { id: "n1".into(), connected: true, ready: true, generation: 3, worker: Some(1) },
             NodeStatus { id: "n2".into(), connected: false, ready: false, generation: 0, worker: None },
@@ -180,10 +200,12 @@ mod tests {
                 {"name": "gpt-test", "waiters": 7, "max_waiters": 256, "targets": [
                     {"node": "n1", "provider": "up", "model": "mock-upstream"},
                     {"node": "n2", "provider": "up", "model": "other"},
-                ]},
+                ], "usage": {"reported": 1, "unreported": 1, "input_tokens": 10, "output_tokens": 4,
+                             "reasoning_tokens": 1, "cached_input_tokens": 0}},
                 {"name": "long", "waiters": 0, "max_waiters": cfg.models[1].max_waiters, "targets": [
                     {"node": "n1", "provider": "big", "model": cfg.models[1].targets[0].upstream_model},
-                ]},
+                ], "usage": {"reported": 0, "unreported": 0, "input_tokens": 0, "output_tokens": 0,
+                             "reasoning_tokens": 0, "cached_input_tokens": 0}},
             ],
         });
         assert_eq!(v, expected);

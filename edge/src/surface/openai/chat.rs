@@ -186,8 +186,9 @@ fn encode(enc: &ChunkEncoder, sse: &mut BytesMut, ev: ExecEvent, include_usage: 
         }
         ExecEvent::Complete { finish_reason, usage } => {
             enc.finish(sse, &finish_reason);
-            if include_usage {
-                enc.usage(sse, &usage.unwrap_or_default());
+            // Unknown usage stays absent: no chunk of invented zeros.
+            if let (true, Some(usage)) = (include_usage, usage) {
+                enc.usage(sse, &usage);
             }
             enc.done(sse);
             true
