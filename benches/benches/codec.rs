@@ -30,7 +30,7 @@ fn run_event_delta(size: usize) -> pb::Envelope {
             run_id: "run-0123456789abcdef".into(),
             seq: 42,
             kind: Some(pb::run_event::Kind::Delta(pb::TextDelta { text: "a".repeat(size) })),
-            usage: None,
+            ..Default::default()
         })),
     }
 }

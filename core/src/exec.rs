@@ -64,6 +64,22 @@ pub struct RunFailure {
     pub retryable: bool,
     /// Which side failed.
     pub source: FailureSource,
+    /// The provider's own error fields (OpenAI's `code`, `param`, `type`),
+    /// passed on to the client as sent.
+    pub provider: Option<Box<ProviderError>>,
+    /// How long the provider asked to wait before retrying.
+    pub retry_after_ms: Option<u64>,
+}
+
+/// The fields of a provider's error object the client gets as sent.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProviderError {
+    /// `error.code` (a string; numbers are kept as their text).
+    pub code: Option<String>,
+    /// `error.param`.
+    pub param: Option<String>,
+    /// `error.type`.
+    pub kind: Option<String>,
 }
 
 /// Closed set of failure codes; unknown wire codes map to `internal`.
@@ -111,7 +127,14 @@ pub mod codes {
 impl RunFailure {
     /// A failure with the given classification.
     pub fn new(code: &'static str, status: u16, source: FailureSource, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), status, retryable: false, source }
+        Self { code, message: message.into(), status, retryable: false, source, provider: None, retry_after_ms: None }
+    }
+
+    /// With the provider's own error fields and Retry-After.
+    pub fn with_provider(mut self, provider: Option<ProviderError>, retry_after_ms: Option<u64>) -> Self {
+        self.provider = provider.filter(|p| p.code.is_some() || p.param.is_some() || p.kind.is_some()).map(Box::new);
+        self.retry_after_ms = retry_after_ms;
+        self
     }
 
     /// Marks the failure safe to retry.
@@ -129,12 +152,17 @@ impl From<RunFailure> for pb::RunError {
             FailureSource::Node => pb::ErrorSource::Node,
             FailureSource::Provider => pb::ErrorSource::Provider,
         };
+        let provider = f.provider.map(|p| *p).unwrap_or_default();
         pb::RunError {
             code: f.code.to_owned(),
             message: f.message,
             status: u32::from(f.status),
             retryable: f.retryable,
             source: source as i32,
+            provider_code: provider.code,
+            provider_param: provider.param,
+            provider_type: provider.kind,
+            retry_after_ms: f.retry_after_ms,
         }
     }
 }
@@ -149,25 +177,82 @@ impl From<pb::RunError> for RunFailure {
             _ => FailureSource::Node,
         };
         let status = u16::try_from(e.status).ok().filter(|s| (100..=599).contains(s)).unwrap_or(502);
-        RunFailure { code, message: e.message, status, retryable: e.retryable, source }
+        let provider = ProviderError { code: e.provider_code, param: e.provider_param, kind: e.provider_type };
+        RunFailure {
+            code,
+            message: e.message,
+            status,
+            retryable: e.retryable,
+            source,
+            provider: None,
+            retry_after_ms: None,
+        }
+        .with_provider(Some(provider), e.retry_after_ms)
     }
 }
 
+/// One piece of a choice's output.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Part {
+    /// Content text.
+    Content(String),
+    /// Reasoning text (`reasoning_content`).
+    Reasoning(String),
+    /// Refusal text.
+    Refusal(String),
+    /// A fragment of a tool call.
+    ToolCall(ToolCallDelta),
+}
+
+/// A fragment of one tool call, as OpenAI streams them: the first fragment
+/// of a call carries its id, type and name; later ones argument pieces.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ToolCallDelta {
+    /// Position of the call among the choice's tool calls.
+    pub index: u32,
+    /// The call's id (first fragment; empty after).
+    pub id: String,
+    /// `function` (first fragment; empty after).
+    pub kind: String,
+    /// The function name (first fragment; empty after).
+    pub name: String,
+    /// The next piece of the JSON arguments.
+    pub arguments: String,
+}
+
+/// Output for one choice.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Delta {
+    /// Which choice (0 unless n > 1).
+    pub choice: u32,
+    /// What it carries.
+    pub part: Part,
+    /// The provider's `logprobs` object for this piece (JSON), passed on.
+    pub logprobs: Option<bytes::Bytes>,
+}
+
 /// One event of a run, as produced by an adapter.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum ExecEvent {
     /// The provider accepted the request.
     Start {
         /// Model as reported by the provider.
         model: String,
     },
-    /// Content text.
-    Delta(String),
-    /// Reasoning text (`reasoning_content`).
-    ReasoningDelta(String),
+    /// A piece of output.
+    Delta(Delta),
+    /// One choice ended (before the terminal, or one of several).
+    ChoiceFinish {
+        /// Which choice.
+        choice: u32,
+        /// OpenAI finish_reason.
+        finish_reason: String,
+    },
+    /// The vectors of an embeddings run, one per input, in order.
+    Embeddings(Vec<Vec<f32>>),
     /// Successful end (terminal).
     Complete {
-        /// OpenAI finish_reason.
+        /// OpenAI finish_reason of choice 0 when no `ChoiceFinish` said it.
         finish_reason: String,
         /// Final usage when the provider reported it.
         usage: Option<Usage>,
@@ -182,16 +267,34 @@ pub enum ExecEvent {
 }
 
 impl ExecEvent {
+    /// Content text of choice 0.
+    pub fn content(text: impl Into<String>) -> Self {
+        ExecEvent::Delta(Delta { choice: 0, part: Part::Content(text.into()), logprobs: None })
+    }
+
+    /// Reasoning text of choice 0.
+    pub fn reasoning(text: impl Into<String>) -> Self {
+        ExecEvent::Delta(Delta { choice: 0, part: Part::Reasoning(text.into()), logprobs: None })
+    }
+
     /// Whether this event ends the run.
     pub fn is_terminal(&self) -> bool {
         matches!(self, ExecEvent::Complete { .. } | ExecEvent::Error(_) | ExecEvent::Cancelled { .. })
     }
 
-    /// Bytes of text this event carries: what a buffer of events holds.
+    /// Bytes this event carries: what a buffer of events holds.
     pub fn payload_bytes(&self) -> usize {
         match self {
             ExecEvent::Start { model } => model.len(),
-            ExecEvent::Delta(t) | ExecEvent::ReasoningDelta(t) => t.len(),
+            ExecEvent::Delta(d) => {
+                let part = match &d.part {
+                    Part::Content(t) | Part::Reasoning(t) | Part::Refusal(t) => t.len(),
+                    Part::ToolCall(c) => c.id.len() + c.kind.len() + c.name.len() + c.arguments.len(),
+                };
+                part + d.logprobs.as_ref().map_or(0, bytes::Bytes::len)
+            }
+            ExecEvent::ChoiceFinish { finish_reason, .. } => finish_reason.len(),
+            ExecEvent::Embeddings(v) => v.iter().map(|e| e.len() * 4).sum(),
             ExecEvent::Complete { finish_reason, .. } => finish_reason.len(),
             ExecEvent::Error(f) => f.message.len(),
             ExecEvent::Cancelled { reason } => reason.len(),
@@ -201,33 +304,122 @@ impl ExecEvent {
     /// Wire form of this event.
     pub fn into_wire(self, run_id: &str, seq: u64) -> pb::RunEvent {
         use pb::run_event::Kind;
-        let mut usage = None;
+        let mut ev = pb::RunEvent { run_id: run_id.to_owned(), seq, ..Default::default() };
         let kind = match self {
             ExecEvent::Start { model } => Kind::Start(pb::RunStart { model }),
-            ExecEvent::Delta(text) => Kind::Delta(pb::TextDelta { text }),
-            ExecEvent::ReasoningDelta(text) => Kind::ReasoningDelta(pb::TextDelta { text }),
-            ExecEvent::Complete { finish_reason, usage: u } => {
-                usage = u.map(pb::Usage::from);
+            ExecEvent::Delta(d) => {
+                ev.choice = d.choice;
+                ev.logprobs_json = d.logprobs.unwrap_or_default();
+                match d.part {
+                    Part::Content(text) => Kind::Delta(pb::TextDelta { text }),
+                    Part::Reasoning(text) => Kind::ReasoningDelta(pb::TextDelta { text }),
+                    Part::Refusal(text) => Kind::RefusalDelta(pb::TextDelta { text }),
+                    Part::ToolCall(c) => Kind::ToolCall(pb::ToolCallDelta {
+                        index: c.index,
+                        id: c.id,
+                        r#type: c.kind,
+                        name: c.name,
+                        arguments: c.arguments,
+                    }),
+                }
+            }
+            ExecEvent::ChoiceFinish { choice, finish_reason } => {
+                ev.choice = choice;
+                Kind::ChoiceFinish(pb::ChoiceFinish { finish_reason })
+            }
+            ExecEvent::Embeddings(vectors) => Kind::Embeddings(pb::Embeddings {
+                data: vectors.into_iter().map(|values| pb::Embedding { values }).collect(),
+            }),
+            ExecEvent::Complete { finish_reason, usage } => {
+                ev.usage = usage.map(pb::Usage::from);
                 Kind::Complete(pb::RunComplete { finish_reason })
             }
             ExecEvent::Error(f) => Kind::Error(f.into()),
             ExecEvent::Cancelled { reason } => Kind::Cancelled(pb::RunCancelled { reason }),
         };
-        pb::RunEvent { run_id: run_id.to_owned(), seq, kind: Some(kind), usage }
+        ev.kind = Some(kind);
+        ev
     }
 
     /// Validated event from the wire; `None` when the event has no kind.
     pub fn from_wire(ev: pb::RunEvent) -> Option<Self> {
         use pb::run_event::Kind;
-        Some(match ev.kind? {
-            Kind::Start(s) => ExecEvent::Start { model: s.model },
-            Kind::Delta(d) => ExecEvent::Delta(d.text),
-            Kind::ReasoningDelta(d) => ExecEvent::ReasoningDelta(d.text),
+        let choice = ev.choice;
+        let logprobs = (!ev.logprobs_json.is_empty()).then_some(ev.logprobs_json);
+        let delta = |part| Some(ExecEvent::Delta(Delta { choice, part, logprobs: logprobs.clone() }));
+        match ev.kind? {
+            Kind::Start(s) => Some(ExecEvent::Start { model: s.model }),
+            Kind::Delta(d) => delta(Part::Content(d.text)),
+            Kind::ReasoningDelta(d) => delta(Part::Reasoning(d.text)),
+            Kind::RefusalDelta(d) => delta(Part::Refusal(d.text)),
+            Kind::ToolCall(c) => delta(Part::ToolCall(ToolCallDelta {
+                index: c.index,
+                id: c.id,
+                kind: c.r#type,
+                name: c.name,
+                arguments: c.arguments,
+            })),
+            Kind::ChoiceFinish(f) => Some(ExecEvent::ChoiceFinish { choice, finish_reason: f.finish_reason }),
+            Kind::Embeddings(e) => Some(ExecEvent::Embeddings(e.data.into_iter().map(|v| v.values).collect())),
             Kind::Complete(c) => {
-                ExecEvent::Complete { finish_reason: c.finish_reason, usage: ev.usage.map(Usage::from) }
+                Some(ExecEvent::Complete { finish_reason: c.finish_reason, usage: ev.usage.map(Usage::from) })
             }
-            Kind::Error(e) => ExecEvent::Error(e.into()),
-            Kind::Cancelled(c) => ExecEvent::Cancelled { reason: c.reason },
-        })
+            Kind::Error(e) => Some(ExecEvent::Error(e.into())),
+            Kind::Cancelled(c) => Some(ExecEvent::Cancelled { reason: c.reason }),
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_event_roundtrips_through_the_wire() {
+        let failure = RunFailure::new(codes::UPSTREAM_STATUS, 429, FailureSource::Provider, "slow down")
+            .retryable()
+            .with_provider(
+                Some(ProviderError {
+                    code: Some("rate_limit_exceeded".into()),
+                    param: None,
+                    kind: Some("requests".into()),
+                }),
+                Some(7000),
+            );
+        let events = vec![
+            ExecEvent::Start { model: "m".into() },
+            ExecEvent::content("hi"),
+            ExecEvent::reasoning("hmm"),
+            ExecEvent::Delta(Delta {
+                choice: 1,
+                part: Part::Refusal("no".into()),
+                logprobs: Some(bytes::Bytes::from_static(br#"{"refusal":[]}"#)),
+            }),
+            ExecEvent::Delta(Delta {
+                choice: 2,
+                part: Part::ToolCall(ToolCallDelta {
+                    index: 1,
+                    id: "call_1".into(),
+                    kind: "function".into(),
+                    name: "f".into(),
+                    arguments: "{\"a\"".into(),
+                }),
+                logprobs: None,
+            }),
+            ExecEvent::ChoiceFinish { choice: 1, finish_reason: "tool_calls".into() },
+            ExecEvent::Embeddings(vec![vec![0.5, -1.25], vec![]]),
+            ExecEvent::Complete {
+                finish_reason: "stop".into(),
+                usage: Some(Usage { input_tokens: 1, ..Default::default() }),
+            },
+            ExecEvent::Complete { finish_reason: "length".into(), usage: None },
+            ExecEvent::Error(failure),
+            ExecEvent::Cancelled { reason: "x".into() },
+        ];
+        for ev in events {
+            let wire = ev.clone().into_wire("r", 3);
+            assert_eq!(ExecEvent::from_wire(wire), Some(ev));
+        }
     }
 }

@@ -10,12 +10,14 @@
 //! - [`flow`]: per-stream credit windows on the edge↔node link.
 //! - [`limits`]: counted slots, a log throttle, the open-file limit.
 //! - [`tunnel`]: the provider tunnel's items and header rules.
+//! - [`request`]: top-level fields of an OpenAI request body, edited in place.
 
 pub mod config;
 pub mod exec;
 pub mod flow;
 pub mod http;
 pub mod limits;
+pub mod request;
 pub mod rt;
 pub mod sse;
 pub mod tunnel;

@@ -116,6 +116,10 @@ mod tests {
             status: 502,
             retryable: true,
             source: pb::ErrorSource::Provider as i32,
+            provider_code: Some("server_error".into()),
+            provider_param: None,
+            provider_type: Some("server_error".into()),
+            retry_after_ms: Some(1000),
         }
     }
 
@@ -150,7 +154,14 @@ mod tests {
     }
 
     fn run_event(kind: pb::run_event::Kind) -> Body {
-        Body::RunEvent(pb::RunEvent { run_id: "run-1".into(), seq: 3, kind: Some(kind), usage: Some(usage()) })
+        Body::RunEvent(pb::RunEvent {
+            run_id: "run-1".into(),
+            seq: 3,
+            kind: Some(kind),
+            usage: Some(usage()),
+            choice: 1,
+            logprobs_json: Bytes::from_static(b"{}"),
+        })
     }
 
     fn tunnel_frame(kind: pb::provider_tunnel_frame::Kind) -> Body {
@@ -186,13 +197,8 @@ mod tests {
                 run_id: "run-1".into(),
                 adapter: "mock".into(),
                 target: "mock-model".into(),
-                messages: vec![pb::ChatMessage {
-                    role: "user".into(),
-                    content: "héllo".into(),
-                    extra_json: Bytes::from_static(br#"{"name":"x"}"#),
-                }],
-                max_tokens: Some(0),
-                params_json: Bytes::from_static(br#"{"temperature":0.5}"#),
+                body: Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"h\u00e9llo"}]}"#),
+                operation: pb::RunOperation::Chat as i32,
                 session_id: "s".into(),
                 deadline_ms: 1_700_000_000_000,
                 window_bytes: 1 << 20,
@@ -437,9 +443,32 @@ mod tests {
             ".{0,200}".prop_map(|text| Kind::Delta(pb::TextDelta { text })),
             ".{0,200}".prop_map(|text| Kind::ReasoningDelta(pb::TextDelta { text })),
             ".{0,10}".prop_map(|finish_reason| Kind::Complete(pb::RunComplete { finish_reason })),
-            (".{0,20}", ".{0,80}", any::<u32>(), any::<bool>()).prop_map(|(code, message, status, retryable)| {
-                Kind::Error(pb::RunError { code, message, status, retryable, source: 4 })
+            (".{0,20}", ".{0,80}", any::<u32>(), any::<bool>(), any::<Option<u64>>()).prop_map(
+                |(code, message, status, retryable, retry_after_ms)| {
+                    Kind::Error(pb::RunError {
+                        code,
+                        message,
+                        status,
+                        retryable,
+                        source: 4,
+                        provider_code: Some("c".into()),
+                        retry_after_ms,
+                        ..Default::default()
+                    })
+                }
+            ),
+            (any::<u32>(), ".{0,10}", ".{0,30}").prop_map(|(index, name, arguments)| {
+                Kind::ToolCall(pb::ToolCallDelta {
+                    index,
+                    id: "call".into(),
+                    r#type: "function".into(),
+                    name,
+                    arguments,
+                })
             }),
+            ".{0,10}".prop_map(|finish_reason| Kind::ChoiceFinish(pb::ChoiceFinish { finish_reason })),
+            proptest::collection::vec(any::<f32>().prop_filter("comparable", |f| !f.is_nan()), 0..20)
+                .prop_map(|values| Kind::Embeddings(pb::Embeddings { data: vec![pb::Embedding { values }] })),
         ];
         let usage = proptest::option::of((any::<u64>(), any::<u64>(), any::<Option<u64>>(), any::<Option<u64>>()))
             .prop_map(|u| {
@@ -450,38 +479,28 @@ mod tests {
                     cached_input_tokens,
                 })
             });
-        (".{0,40}", any::<u64>(), proptest::option::of(kind), usage)
-            .prop_map(|(run_id, seq, kind, usage)| Body::RunEvent(pb::RunEvent { run_id, seq, kind, usage }))
+        (".{0,40}", any::<u64>(), proptest::option::of(kind), usage, any::<u32>(), arb_bytes()).prop_map(
+            |(run_id, seq, kind, usage, choice, logprobs_json)| {
+                Body::RunEvent(pb::RunEvent { run_id, seq, kind, usage, choice, logprobs_json })
+            },
+        )
     }
 
     fn arb_run_request() -> impl Strategy<Value = Body> {
-        let message = (".{0,10}", ".{0,100}", arb_bytes()).prop_map(|(role, content, extra_json)| pb::ChatMessage {
-            role,
-            content,
-            extra_json,
-        });
-        (
-            ".{0,40}",
-            ".{0,20}",
-            ".{0,20}",
-            proptest::collection::vec(message, 0..5),
-            any::<Option<u32>>(),
-            arb_bytes(),
-            any::<u64>(),
-        )
-            .prop_map(|(run_id, adapter, target, messages, max_tokens, params_json, deadline_ms)| {
+        (".{0,40}", ".{0,20}", ".{0,20}", arb_bytes(), any::<u64>(), any::<bool>()).prop_map(
+            |(run_id, adapter, target, body, deadline_ms, embeddings)| {
                 Body::RunRequest(pb::RunRequest {
                     run_id,
                     adapter,
                     target,
-                    messages,
-                    max_tokens,
-                    params_json,
+                    body,
+                    operation: if embeddings { 1 } else { 0 },
                     session_id: String::new(),
                     deadline_ms,
                     window_bytes: 0,
                 })
-            })
+            },
+        )
     }
 
     fn arb_tunnel_body() -> impl Strategy<Value = Body> {

@@ -194,13 +194,13 @@ mod tests {
         let mut t = RunTable::default();
         let (tx, rx) = channel();
         t.insert("r".into(), tx, None);
-        assert_eq!(t.route("r", 0, ExecEvent::Delta("a".into())), Routed::Done);
+        assert_eq!(t.route("r", 0, ExecEvent::content("a")), Routed::Done);
         let done = ExecEvent::Complete { finish_reason: "stop".into(), usage: None };
         assert_eq!(t.route("r", 1, done.clone()), Routed::Done);
         assert_eq!(t.len(), 0);
-        assert_eq!(t.route("r", 2, ExecEvent::Delta("late".into())), Routed::Done);
+        assert_eq!(t.route("r", 2, ExecEvent::content("late")), Routed::Done);
         assert_eq!(t.ignored_events, 1);
-        assert_eq!(rx.try_recv(), Some(ExecEvent::Delta("a".into())));
+        assert_eq!(rx.try_recv(), Some(ExecEvent::content("a")));
         assert_eq!(rx.try_recv(), Some(done));
         assert_eq!(rx.try_recv(), None, "nothing after the terminal");
     }
@@ -210,7 +210,7 @@ mod tests {
         let mut t = RunTable::default();
         let (tx, rx) = channel();
         t.insert("r".into(), tx, None);
-        assert_eq!(t.route("r", 1, ExecEvent::Delta("x".into())), Routed::CancelOnNode("protocol_violation"));
+        assert_eq!(t.route("r", 1, ExecEvent::content("x")), Routed::CancelOnNode("protocol_violation"));
         assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(_))));
     }
 
@@ -221,7 +221,7 @@ mod tests {
         t.insert("r".into(), tx, None);
         let mut seq = 0;
         let outcome = loop {
-            match t.route("r", seq, ExecEvent::Delta("x".into())) {
+            match t.route("r", seq, ExecEvent::content("x")) {
                 Routed::Done => seq += 1,
                 other => break other,
             }
@@ -242,14 +242,14 @@ mod tests {
         let window = WINDOW_BYTES as usize;
         // Below the window the node may send an item of any size.
         let huge = "y".repeat(window * 3);
-        assert_eq!(t.route("r", 0, ExecEvent::Delta(huge)), Routed::Done);
+        assert_eq!(t.route("r", 0, ExecEvent::content(huge)), Routed::Done);
         assert_eq!(rx.queued_bytes(), window * 3);
         assert!(rx.try_recv().is_some());
         assert_eq!(rx.queued_bytes(), 0);
         let quarter = "x".repeat(window / 4);
         let mut seq = 1;
         let outcome = loop {
-            match t.route("r", seq, ExecEvent::Delta(quarter.clone())) {
+            match t.route("r", seq, ExecEvent::content(quarter.clone())) {
                 Routed::Done => seq += 1,
                 other => break other,
             }
@@ -278,7 +278,7 @@ mod tests {
         assert_eq!(rx.try_recv(), Some(start));
         let (tx, rx) = channel::<TunnelItem>();
         t.insert_tunnel("u".into(), tx, None);
-        assert_eq!(t.route("u", 0, ExecEvent::Delta("x".into())), Routed::CancelOnNode("protocol_violation"));
+        assert_eq!(t.route("u", 0, ExecEvent::content("x")), Routed::CancelOnNode("protocol_violation"));
         assert!(matches!(rx.try_recv(), Some(TunnelItem::Error(_))));
     }
 
@@ -288,7 +288,7 @@ mod tests {
         let (tx, rx) = channel();
         t.insert("r".into(), tx, None);
         drop(rx);
-        assert_eq!(t.route("r", 0, ExecEvent::Delta("x".into())), Routed::CancelOnNode("client_gone"));
+        assert_eq!(t.route("r", 0, ExecEvent::content("x")), Routed::CancelOnNode("client_gone"));
         assert_eq!(t.len(), 0);
     }
 }

@@ -25,6 +25,7 @@ fn a_client_that_stops_reading_holds_up_only_its_own_run_until_cut() {
     ));
     let _n1 = edge.start_node("n1", "");
     edge.wait_nodes_ready(1);
+    let mut events = edge.events();
 
     let mut stalled = TcpStream::connect(edge.http).unwrap();
     let body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]}).to_string();
@@ -46,8 +47,11 @@ fn a_client_that_stops_reading_holds_up_only_its_own_run_until_cut() {
     assert_eq!(r.sse_data().last().map(String::as_str), Some("[DONE]"));
     assert!(started.elapsed() < Duration::from_secs(3), "the other run was stalled: {:?}", started.elapsed());
 
-    // The client that accepts nothing for idle_timeout_sec is cut; its run
-    // is cancelled on the node and its lease returned.
+    // The client that accepts nothing for idle_timeout_sec is cut (without
+    // reading a byte meanwhile); its run is cancelled on the node and its
+    // lease returned.
+    let cut = events.wait("run_terminal", Duration::from_secs(10), |e| e["outcome"] == "cancelled");
+    assert_eq!(cut["model"], "m");
     assert!(closed_within(&mut stalled, Duration::from_secs(10)), "the stalled client was never cut");
     let snap = edge.wait_snapshot(Duration::from_secs(5), "the stalled client's lease was released", |s| {
         provider_of(s, "n1", "mock")["leases_in_use"] == 0

@@ -1,19 +1,27 @@
 //! In-process deterministic mock provider. Its text matches the mock
 //! upstream server `iop-mockprov`: content token `i` is `"tok{i} "`,
-//! reasoning token `i` is `"think{i} "`.
+//! reasoning token `i` is `"think{i} "`. It reads the request like a
+//! provider would (`max_tokens`/`max_completion_tokens`, `n`, `logprobs`,
+//! `top_logprobs`, the last message) and, like iop-mockprov, a `"mock"`
+//! object for shapes a test wants: `tool_calls` (n parallel calls),
+//! `tool_name`, `refusal`.
 
 use std::time::Duration;
 
+use bytes::Bytes;
 use iop_core::{
-    exec::{ExecEvent, Usage},
+    exec::{codes, Delta, ExecEvent, FailureSource, Part, RunFailure, ToolCallDelta, Usage},
     wire::pb,
 };
+use serde::Deserialize;
 
-use crate::run::{EventSink, RunSpec, SinkClosed};
+use crate::run::{EventSink, Operation, RunSpec, SinkClosed};
 
 /// With no interval between tokens, yield to sibling tasks this often
 /// (monoio has no preemption; a long stream would starve them).
 const YIELD_EVERY: u32 = 64;
+/// Most choices one request may ask for.
+const MAX_CHOICES: u32 = 128;
 
 /// Mock behaviour.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -37,6 +45,59 @@ impl From<pb::MockSettings> for MockSettings {
             reasoning: m.reasoning,
         }
     }
+}
+
+/// What the mock reads of a chat request.
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Request {
+    messages: Vec<Message>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    n: Option<u32>,
+    logprobs: Option<bool>,
+    top_logprobs: Option<u32>,
+    mock: Option<Overrides>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Message {
+    role: String,
+    content: serde_json::Value,
+}
+
+/// Per-request shapes (`"mock": {...}`); unknown keys are ignored here
+/// (iop-mockprov's own keys may travel in the same object).
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct Overrides {
+    tool_calls: Option<u32>,
+    tool_name: Option<String>,
+    refusal: Option<String>,
+}
+
+/// Text of a message's content: a string, or the text of its parts.
+fn text_of(content: &serde_json::Value) -> String {
+    match content {
+        serde_json::Value::String(s) => s.clone(),
+        serde_json::Value::Array(parts) => {
+            parts.iter().filter_map(|p| p.get("text").and_then(|t| t.as_str())).collect::<Vec<_>>().concat()
+        }
+        _ => String::new(),
+    }
+}
+
+/// What one answer of the mock is made of.
+enum Shape {
+    /// Content tokens (`tok{i} `), possibly after reasoning.
+    Tokens,
+    /// The answer to a tool result: one content delta.
+    ToolResult(String),
+    /// A refusal, in word-sized fragments.
+    Refusal(String),
+    /// Parallel tool calls.
+    ToolCalls { calls: u32, name: String },
 }
 
 /// The in-process mock adapter.
@@ -75,29 +136,110 @@ impl MockAdapter {
     }
 
     async fn run<S: EventSink>(&self, spec: &RunSpec, sink: &mut S) -> Result<(), SinkClosed> {
+        let req = match parse(spec) {
+            Ok(r) => r,
+            Err(f) => return sink.emit(ExecEvent::Error(f)).await,
+        };
         let s = &self.settings;
+        let n = req.n.unwrap_or(1);
+        let overrides = req.mock.unwrap_or_default();
+        let last = req.messages.last();
+        let shape = match (last, overrides.refusal, overrides.tool_calls) {
+            (Some(m), _, _) if m.role == "tool" => Shape::ToolResult(format!("tool said: {}", text_of(&m.content))),
+            (_, Some(r), _) => Shape::Refusal(r),
+            (_, None, Some(calls)) if calls > 0 => {
+                Shape::ToolCalls { calls, name: overrides.tool_name.unwrap_or_else(|| "get_weather".into()) }
+            }
+            _ => Shape::Tokens,
+        };
+        let logprobs = req.logprobs.unwrap_or(false).then(|| req.top_logprobs.unwrap_or(0).min(20));
         sink.emit(ExecEvent::Start { model: spec.target.clone() }).await?;
+        let cap =
+            req.max_completion_tokens.or(req.max_tokens).map_or(u32::MAX, |c| u32::try_from(c).unwrap_or(u32::MAX));
         let reasoning = if s.reasoning { (s.tokens / 2).max(1) } else { 0 };
-        let content = spec.max_tokens.map_or(s.tokens, |cap| s.tokens.min(cap));
         let mut step = 0u32;
-        for i in 0..reasoning {
-            self.pace(step).await;
-            step = step.saturating_add(1);
-            sink.emit(ExecEvent::ReasoningDelta(format!("think{i} "))).await?;
+        let mut output = 0u64;
+        let mut finish = "stop";
+        let delta = |choice: u32, part: Part, lp: Option<Bytes>| ExecEvent::Delta(Delta { choice, part, logprobs: lp });
+        match shape {
+            Shape::Tokens => {
+                let content = s.tokens.min(cap);
+                if content < s.tokens {
+                    finish = "length";
+                }
+                for i in 0..reasoning {
+                    self.pace(step).await;
+                    step = step.saturating_add(1);
+                    for c in 0..n {
+                        sink.emit(delta(c, Part::Reasoning(format!("think{i} ")), None)).await?;
+                    }
+                }
+                for i in 0..content {
+                    self.pace(step).await;
+                    step = step.saturating_add(1);
+                    let token = format!("tok{i} ");
+                    for c in 0..n {
+                        let lp = logprobs.map(|k| token_logprobs(&token, k));
+                        sink.emit(delta(c, Part::Content(token.clone()), lp)).await?;
+                    }
+                }
+                output = u64::from(content) * u64::from(n);
+            }
+            Shape::ToolResult(text) => {
+                self.pace(step).await;
+                for c in 0..n {
+                    sink.emit(delta(c, Part::Content(text.clone()), None)).await?;
+                }
+                output = u64::from(n);
+            }
+            Shape::Refusal(text) => {
+                for (i, word) in text.split_inclusive(' ').enumerate() {
+                    self.pace(u32::try_from(i).unwrap_or(u32::MAX)).await;
+                    for c in 0..n {
+                        sink.emit(delta(c, Part::Refusal(word.to_owned()), None)).await?;
+                    }
+                    output += u64::from(n);
+                }
+            }
+            Shape::ToolCalls { calls, name } => {
+                finish = "tool_calls";
+                for i in 0..calls {
+                    let args = format!("{{\"city\":\"Paris\",\"n\":{i}}}");
+                    let (a, b) = args.split_at(args.len() / 2);
+                    for c in 0..n {
+                        let id = format!("call_{}_{c}_{i}", spec.run_id);
+                        let first = ToolCallDelta {
+                            index: i,
+                            id,
+                            kind: "function".into(),
+                            name: name.clone(),
+                            arguments: String::new(),
+                        };
+                        self.pace(step).await;
+                        step = step.saturating_add(1);
+                        sink.emit(delta(c, Part::ToolCall(first), None)).await?;
+                        for piece in [a, b] {
+                            let frag = ToolCallDelta { index: i, arguments: piece.to_owned(), ..Default::default() };
+                            sink.emit(delta(c, Part::ToolCall(frag), None)).await?;
+                        }
+                    }
+                    output += 8 * u64::from(n);
+                }
+            }
         }
-        for i in 0..content {
-            self.pace(step).await;
-            step = step.saturating_add(1);
-            sink.emit(ExecEvent::Delta(format!("tok{i} "))).await?;
+        if n > 1 {
+            for c in 0..n {
+                sink.emit(ExecEvent::ChoiceFinish { choice: c, finish_reason: finish.into() }).await?;
+            }
         }
-        let finish_reason = if content < s.tokens { "length" } else { "stop" };
+        let chars: usize = req.messages.iter().map(|m| text_of(&m.content).chars().count()).sum();
         let usage = Usage {
-            input_tokens: input_tokens(spec),
-            output_tokens: u64::from(content),
-            reasoning_tokens: s.reasoning.then_some(u64::from(reasoning)),
+            input_tokens: u64::try_from(chars / 4).unwrap_or(u64::MAX).max(1),
+            output_tokens: output,
+            reasoning_tokens: s.reasoning.then_some(u64::from(reasoning) * u64::from(n)),
             cached_input_tokens: None,
         };
-        sink.emit(ExecEvent::Complete { finish_reason: finish_reason.into(), usage: Some(usage) }).await
+        sink.emit(ExecEvent::Complete { finish_reason: finish.into(), usage: Some(usage) }).await
     }
 
     /// Waits before token number `step` (counting reasoning and content).
@@ -115,10 +257,38 @@ impl MockAdapter {
     }
 }
 
-/// Roughly four characters per token, at least one.
-fn input_tokens(spec: &RunSpec) -> u64 {
-    let chars: usize = spec.messages.iter().map(|m| m.content.chars().count()).sum();
-    u64::try_from(chars / 4).unwrap_or(u64::MAX).max(1)
+/// Reads the request; refuses what a provider would refuse.
+fn parse(spec: &RunSpec) -> Result<Request, RunFailure> {
+    let invalid = |msg: String| RunFailure::new(codes::INVALID_REQUEST, 400, FailureSource::Client, msg);
+    if spec.operation == Operation::Embeddings {
+        return Err(RunFailure::new(
+            codes::INVALID_REQUEST,
+            400,
+            FailureSource::Provider,
+            "the mock provider does not compute embeddings",
+        ));
+    }
+    let req: Request = serde_json::from_slice(&spec.body).map_err(|e| invalid(format!("invalid request body: {e}")))?;
+    if req.messages.is_empty() {
+        return Err(invalid("`messages` must not be empty".into()));
+    }
+    match req.n {
+        Some(0) => Err(invalid("`n` must be at least 1".into())),
+        Some(n) if n > MAX_CHOICES => Err(invalid(format!("`n` must be at most {MAX_CHOICES}"))),
+        _ => Ok(req),
+    }
+}
+
+/// OpenAI's `logprobs` object for one content token, with `k` alternatives.
+fn token_logprobs(token: &str, k: u32) -> Bytes {
+    let top: Vec<serde_json::Value> = (0..k)
+        .map(|j| {
+            let alt = format!("alt{j}");
+            serde_json::json!({"token": alt, "logprob": -1.0 - f64::from(j), "bytes": alt.as_bytes()})
+        })
+        .collect();
+    let v = serde_json::json!({"content": [{"token": token, "logprob": -0.25, "bytes": token.as_bytes(), "top_logprobs": top}]});
+    Bytes::from(serde_json::to_vec(&v).unwrap_or_default())
 }
 
 #[cfg(test)]
@@ -127,7 +297,7 @@ mod tests {
     use std::{cell::Cell, rc::Rc, time::Instant};
 
     use super::*;
-    use crate::adapter::tests::{spec, VecSink};
+    use crate::adapter::tests::{spec, spec_body, VecSink};
 
     fn mock(tokens: u32, reasoning: bool) -> MockAdapter {
         MockAdapter::new("m".into(), 1, MockSettings { tokens, reasoning, ..Default::default() })
@@ -156,7 +326,7 @@ mod tests {
         assert_eq!(evs[0], ExecEvent::Start { model: "model-a".into() });
         assert_eq!(
             &evs[1..4],
-            &[ExecEvent::Delta("tok0 ".into()), ExecEvent::Delta("tok1 ".into()), ExecEvent::Delta("tok2 ".into())]
+            &[ExecEvent::content("tok0 "), ExecEvent::content("tok1 "), ExecEvent::content("tok2 ")]
         );
         let (finish, usage) = complete(&evs[4]);
         assert_eq!(finish, "stop");
@@ -176,6 +346,11 @@ mod tests {
         // A cap equal to the token count is a normal stop.
         let evs = run(&mock(5, false), spec("m", "hi", Some(5)));
         assert_eq!(complete(evs.last().unwrap()).0, "stop");
+        // max_completion_tokens wins.
+        let body =
+            r#"{"model":"m","max_tokens":9,"max_completion_tokens":1,"messages":[{"role":"user","content":"x"}]}"#;
+        let evs = run(&mock(5, false), spec_body("m", body));
+        assert_eq!(evs.len(), 3);
     }
 
     #[test]
@@ -185,20 +360,86 @@ mod tests {
         assert_eq!(
             kinds,
             vec![
-                ExecEvent::ReasoningDelta("think0 ".into()),
-                ExecEvent::ReasoningDelta("think1 ".into()),
-                ExecEvent::Delta("tok0 ".into()),
-                ExecEvent::Delta("tok1 ".into()),
-                ExecEvent::Delta("tok2 ".into()),
-                ExecEvent::Delta("tok3 ".into()),
+                ExecEvent::reasoning("think0 "),
+                ExecEvent::reasoning("think1 "),
+                ExecEvent::content("tok0 "),
+                ExecEvent::content("tok1 "),
+                ExecEvent::content("tok2 "),
+                ExecEvent::content("tok3 "),
             ]
         );
         let (_, usage) = complete(evs.last().unwrap());
         assert_eq!((usage.output_tokens, usage.reasoning_tokens), (4, Some(2)));
         // One token still gets one reasoning delta.
         let evs = run(&mock(1, true), spec("m", "", None));
-        assert_eq!(evs[1], ExecEvent::ReasoningDelta("think0 ".into()));
+        assert_eq!(evs[1], ExecEvent::reasoning("think0 "));
         assert_eq!(complete(evs.last().unwrap()).1.reasoning_tokens, Some(1));
+    }
+
+    #[test]
+    fn several_choices_interleave_and_each_finishes() {
+        let body = r#"{"model":"m","n":2,"logprobs":true,"top_logprobs":2,"messages":[{"role":"user","content":"x"}]}"#;
+        let evs = run(&mock(2, false), spec_body("m", body));
+        let choices: Vec<u32> =
+            evs.iter().filter_map(|e| if let ExecEvent::Delta(d) = e { Some(d.choice) } else { None }).collect();
+        assert_eq!(choices, vec![0, 1, 0, 1]);
+        let ExecEvent::Delta(d) = &evs[1] else { panic!() };
+        let lp: serde_json::Value = serde_json::from_slice(d.logprobs.as_ref().unwrap()).unwrap();
+        assert_eq!(lp["content"][0]["token"], "tok0 ");
+        assert_eq!(lp["content"][0]["top_logprobs"].as_array().unwrap().len(), 2);
+        let finishes: Vec<_> = evs.iter().filter(|e| matches!(e, ExecEvent::ChoiceFinish { .. })).collect();
+        assert_eq!(finishes.len(), 2);
+        assert_eq!(complete(evs.last().unwrap()).1.output_tokens, 4);
+    }
+
+    #[test]
+    fn tool_calls_then_the_answer_to_the_tool_result() {
+        let body =
+            r#"{"model":"m","messages":[{"role":"user","content":"x"}],"mock":{"tool_calls":2,"tool_name":"lookup"}}"#;
+        let evs = run(&mock(3, false), spec_body("m", body));
+        let mut args = ["".to_owned(), "".to_owned()];
+        let mut names = vec![];
+        for e in &evs {
+            if let ExecEvent::Delta(Delta { part: Part::ToolCall(c), .. }) = e {
+                if !c.name.is_empty() {
+                    assert_eq!(c.kind, "function");
+                    assert!(!c.id.is_empty());
+                    names.push(c.name.clone());
+                }
+                args[c.index as usize].push_str(&c.arguments);
+            }
+        }
+        assert_eq!(names, vec!["lookup", "lookup"]);
+        for (i, a) in args.iter().enumerate() {
+            let v: serde_json::Value = serde_json::from_str(a).unwrap();
+            assert_eq!(v["n"], i);
+        }
+        assert_eq!(complete(evs.last().unwrap()).0, "tool_calls");
+        let second = r#"{"model":"m","messages":[{"role":"user","content":"x"},{"role":"assistant","content":null},{"role":"tool","tool_call_id":"c","content":"sunny"}],"mock":{"tool_calls":2}}"#;
+        let evs = run(&mock(3, false), spec_body("m", second));
+        assert_eq!(evs[1], ExecEvent::content("tool said: sunny"));
+        assert_eq!(complete(evs.last().unwrap()).0, "stop");
+    }
+
+    #[test]
+    fn refusals_and_bad_requests() {
+        let body = r#"{"model":"m","messages":[{"role":"user","content":"x"}],"mock":{"refusal":"I can't help"}}"#;
+        let evs = run(&mock(3, false), spec_body("m", body));
+        let text: String = evs
+            .iter()
+            .filter_map(|e| {
+                if let ExecEvent::Delta(Delta { part: Part::Refusal(t), .. }) = e {
+                    Some(t.as_str())
+                } else {
+                    None
+                }
+            })
+            .collect();
+        assert_eq!(text, "I can't help");
+        for bad in [r#"{"model":"m","messages":[]}"#, r#"{"model":"m","n":0,"messages":[{"role":"user"}]}"#, "nope"] {
+            let evs = run(&mock(3, false), spec_body("m", bad));
+            assert!(matches!(&evs[..], [ExecEvent::Error(f)] if f.status == 400), "{bad}: {evs:?}");
+        }
     }
 
     #[test]

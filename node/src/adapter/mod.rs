@@ -193,17 +193,22 @@ pub(crate) mod tests {
         }
     }
 
+    /// A chat run for `target` with one user message (and `max_tokens`).
     pub(crate) fn spec(target: &str, content: &str, max_tokens: Option<u32>) -> RunSpec {
+        let mut body = serde_json::json!({"model": target, "messages": [{"role": "user", "content": content}]});
+        if let Some(m) = max_tokens {
+            body["max_tokens"] = m.into();
+        }
+        spec_body(target, &body.to_string())
+    }
+
+    /// A chat run for `target` with this request body.
+    pub(crate) fn spec_body(target: &str, body: &str) -> RunSpec {
         RunSpec {
             run_id: "run-1".into(),
             target: target.into(),
-            messages: vec![pb::ChatMessage {
-                role: "user".into(),
-                content: content.into(),
-                extra_json: Default::default(),
-            }],
-            max_tokens,
-            params_json: Default::default(),
+            body: bytes::Bytes::copy_from_slice(body.as_bytes()),
+            operation: crate::run::Operation::Chat,
         }
     }
 

@@ -4,13 +4,14 @@
 
 use std::time::Duration;
 
+use bytes::Bytes;
+use iop_core::request::Top;
 use iop_core::{
     config::{Secret, UpstreamUrl},
     exec::{codes, ExecEvent, FailureSource, RunFailure},
 };
-use serde_json::{Map, Value};
 
-use super::openai_stream::{protocol, status_failure, Flow, StreamState};
+use super::openai_stream::{protocol, retry_after_ms, status_failure, Flow, StreamState};
 use crate::{
     run::{EventSink, RunSpec, SinkClosed},
     upstream::{Request, Response, UpstreamClient},
@@ -131,8 +132,9 @@ impl OpenAiCompatAdapter {
         let status = resp.status();
         if !(200..=299).contains(&status) {
             // An unreadable error body still leaves the status to report.
+            let retry = retry_after_ms(resp.header("retry-after-ms"), resp.header("retry-after"));
             let body = resp.read_to_end(MAX_ERROR_BODY).await.map(|(b, _)| b).unwrap_or_default();
-            return Err(Halt::Fail(status_failure(status, &body)));
+            return Err(Halt::Fail(status_failure(status, &body, retry)));
         }
         let mut state = StreamState::new(&spec.target);
         let mut out = Vec::new();
@@ -203,52 +205,19 @@ fn is_json(resp: &Response) -> bool {
     })
 }
 
-/// `params_json` plus the fields this adapter owns (which win).
-fn request_body(spec: &RunSpec) -> Result<Vec<u8>, RunFailure> {
-    let mut body = json_object(&spec.params_json, "params_json")?;
-    let mut messages = Vec::with_capacity(spec.messages.len());
-    for m in &spec.messages {
-        let mut msg = json_object(&m.extra_json, "message extra_json")?;
-        msg.insert("role".into(), Value::String(m.role.clone()));
-        // extra_json carries the original content when it was structured
-        // (parts, or an explicit null); it wins over the flattened text.
-        msg.entry("content").or_insert_with(|| Value::String(m.content.clone()));
-        messages.push(Value::Object(msg));
-    }
-    body.insert("model".into(), Value::String(spec.target.clone()));
-    body.insert("messages".into(), Value::Array(messages));
-    body.insert("stream".into(), Value::Bool(true));
-    let mut stream_options = Map::new();
-    stream_options.insert("include_usage".into(), Value::Bool(true));
-    body.insert("stream_options".into(), Value::Object(stream_options));
-    if let Some(max) = spec.max_tokens {
-        body.insert("max_tokens".into(), Value::from(max));
-    }
-    serde_json::to_vec(&Value::Object(body))
-        .map_err(|e| RunFailure::new(codes::INTERNAL, 500, FailureSource::Node, format!("cannot encode request: {e}")))
-}
-
-/// An empty field is `{}`; anything but an object is rejected.
-fn json_object(raw: &[u8], what: &str) -> Result<Map<String, Value>, RunFailure> {
-    if raw.iter().all(u8::is_ascii_whitespace) {
-        return Ok(Map::new());
-    }
-    match serde_json::from_slice::<Value>(raw) {
-        Ok(Value::Object(m)) => Ok(m),
-        _ => Err(RunFailure::new(
-            codes::INVALID_REQUEST,
-            400,
-            FailureSource::Client,
-            format!("{what} is not a JSON object"),
-        )),
-    }
+/// The client's body as the provider gets it: `model` set to the target,
+/// asked as a stream with usage (this adapter reads the answer as SSE);
+/// every other byte as the client sent it.
+fn request_body(spec: &RunSpec) -> Result<Bytes, RunFailure> {
+    let top = Top::parse(&spec.body)
+        .map_err(|msg| RunFailure::new(codes::INVALID_REQUEST, 400, FailureSource::Client, msg))?;
+    Ok(top.rewrite_as(&spec.body, &spec.target, true).0)
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use bytes::Bytes;
-    use iop_core::{exec::Usage, wire::pb};
+    use iop_core::exec::Usage;
 
     use super::*;
     use crate::{
@@ -288,8 +257,9 @@ mod tests {
     fn expected_stream() -> Vec<ExecEvent> {
         vec![
             ExecEvent::Start { model: "served".into() },
-            ExecEvent::Delta("tok0 ".into()),
-            ExecEvent::Delta("tok1 ".into()),
+            ExecEvent::content("tok0 "),
+            ExecEvent::content("tok1 "),
+            ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into() },
             ExecEvent::Complete {
                 finish_reason: "stop".into(),
                 usage: Some(Usage { input_tokens: 5, output_tokens: 2, ..Default::default() }),
@@ -298,33 +268,15 @@ mod tests {
     }
 
     #[test]
-    fn request_body_shape() {
-        let mut s = spec("m1", "hello", Some(7));
-        s.params_json = Bytes::from_static(br#"{"temperature":0,"stream":false,"model":"client-side"}"#);
-        s.messages.push(pb::ChatMessage {
-            role: "tool".into(),
-            content: "42".into(),
-            extra_json: Bytes::from_static(br#"{"tool_call_id":"c1","role":"ignored"}"#),
-        });
-        let v: Value = serde_json::from_slice(&request_body(&s).unwrap()).unwrap();
+    fn request_body_keeps_every_byte_but_model_and_stream() {
+        let body = r#"{"stream":false, "model":"client-side","temperature":0,"n":123456789012345678901234567890,"messages":[{"role":"tool","content":"42","tool_call_id":"c1"}],"z":{"b":1,"a":2}}"#;
+        let s = crate::adapter::tests::spec_body("m1", body);
+        let out = request_body(&s).unwrap();
         assert_eq!(
-            v,
-            serde_json::json!({
-                "temperature": 0,
-                "stream": true,
-                "stream_options": {"include_usage": true},
-                "model": "m1",
-                "max_tokens": 7,
-                "messages": [
-                    {"role": "user", "content": "hello"},
-                    {"role": "tool", "content": "42", "tool_call_id": "c1"},
-                ],
-            })
+            std::str::from_utf8(&out).unwrap(),
+            r#"{"stream":true, "model":"m1","temperature":0,"n":123456789012345678901234567890,"messages":[{"role":"tool","content":"42","tool_call_id":"c1"}],"z":{"b":1,"a":2},"stream_options":{"include_usage":true}}"#
         );
-        let v: Value = serde_json::from_slice(&request_body(&spec("m", "x", None)).unwrap()).unwrap();
-        assert!(v.get("max_tokens").is_none());
-        s.params_json = Bytes::from_static(b"[1]");
-        let f = request_body(&s).unwrap_err();
+        let f = request_body(&crate::adapter::tests::spec_body("m", "[1]")).unwrap_err();
         assert_eq!((f.code, f.status), (codes::INVALID_REQUEST, 400));
     }
 
@@ -352,7 +304,7 @@ mod tests {
         assert!(lower.contains("\r\nauthorization: bearer sk-test"), "{head}");
         assert!(lower.contains("\r\naccept: text/event-stream"), "{head}");
         assert!(lower.contains("\r\ncontent-type: application/json"), "{head}");
-        let v: Value = serde_json::from_slice(&body).unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(
             (v["model"].as_str(), v["stream"].as_bool(), v["max_tokens"].as_u64()),
             (Some("m1"), Some(true), Some(16))
@@ -404,7 +356,8 @@ mod tests {
             evs,
             vec![
                 ExecEvent::Start { model: "served".into() },
-                ExecEvent::Delta("hi".into()),
+                ExecEvent::content("hi"),
+                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into() },
                 ExecEvent::Complete {
                     finish_reason: "stop".into(),
                     usage: Some(Usage { input_tokens: 1, output_tokens: 1, ..Default::default() }),
@@ -420,7 +373,7 @@ mod tests {
         bytes.extend_from_slice(b"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n");
         let server = TestServer::start(vec![Reply::close(bytes)]);
         let evs = run(&adapter(&server, Duration::from_secs(10)), spec("m", "x", None));
-        assert_eq!(evs[..2], [ExecEvent::Start { model: "m".into() }, ExecEvent::Delta("a".into())]);
+        assert_eq!(evs[..2], [ExecEvent::Start { model: "m".into() }, ExecEvent::content("a")]);
         let f = failure(&evs);
         assert_eq!((f.code, f.status), (codes::UPSTREAM_PROTOCOL, 502));
     }

@@ -1,9 +1,10 @@
 //! Sans-IO mapping of OpenAI chat-completion responses (SSE chunks or one
 //! JSON object) to run events, and of error bodies to failures.
 
-use iop_core::exec::{codes, ExecEvent, FailureSource, RunFailure, Usage};
+use bytes::Bytes;
+use iop_core::exec::{codes, Delta, ExecEvent, FailureSource, Part, ProviderError, RunFailure, ToolCallDelta, Usage};
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{value::RawValue, Value};
 
 /// Longest error message passed on, in characters.
 const MAX_MESSAGE_CHARS: usize = 512;
@@ -12,21 +13,26 @@ const MAX_MESSAGE_CHARS: usize = 512;
 /// partial shapes from other servers still parse.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct CompletionJson {
+struct CompletionJson<'a> {
     model: Option<String>,
-    choices: Option<Vec<ChoiceJson>>,
+    #[serde(borrow)]
+    choices: Option<Vec<ChoiceJson<'a>>>,
     usage: Option<UsageJson>,
     error: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct ChoiceJson {
+struct ChoiceJson<'a> {
+    index: Option<u32>,
     /// Streaming chunks.
     delta: Option<MessageJson>,
     /// Non-streaming completions.
     message: Option<MessageJson>,
     finish_reason: Option<String>,
+    /// Passed on as sent.
+    #[serde(borrow)]
+    logprobs: Option<&'a RawValue>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -36,6 +42,26 @@ struct MessageJson {
     content: Option<Value>,
     reasoning_content: Option<Value>,
     reasoning: Option<Value>,
+    refusal: Option<Value>,
+    tool_calls: Option<Vec<ToolCallJson>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct ToolCallJson {
+    index: Option<u32>,
+    id: Option<String>,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    function: Option<FunctionJson>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(default)]
+struct FunctionJson {
+    name: Option<String>,
+    /// A JSON text (OpenAI); some servers send an object.
+    arguments: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -59,14 +85,15 @@ struct PromptDetailsJson {
     cached_tokens: Option<u64>,
 }
 
-impl From<UsageJson> for Usage {
-    fn from(u: UsageJson) -> Self {
-        Usage {
-            input_tokens: u.prompt_tokens.unwrap_or(0),
-            output_tokens: u.completion_tokens.unwrap_or(0),
-            reasoning_tokens: u.completion_tokens_details.and_then(|d| d.reasoning_tokens),
-            cached_input_tokens: u.prompt_tokens_details.and_then(|d| d.cached_tokens),
-        }
+impl UsageJson {
+    /// Usage, when the provider said at least how many prompt tokens.
+    fn into_usage(self) -> Option<Usage> {
+        Some(Usage {
+            input_tokens: self.prompt_tokens?,
+            output_tokens: self.completion_tokens.unwrap_or(0),
+            reasoning_tokens: self.completion_tokens_details.and_then(|d| d.reasoning_tokens),
+            cached_input_tokens: self.prompt_tokens_details.and_then(|d| d.cached_tokens),
+        })
     }
 }
 
@@ -84,14 +111,15 @@ pub(crate) enum Flow {
 pub(crate) struct StreamState {
     target: String,
     started: bool,
-    finish_reason: Option<String>,
+    /// Finish reason of each choice that finished.
+    finished: Vec<(u32, String)>,
     usage: Option<Usage>,
 }
 
 impl StreamState {
     /// `target` is the model name used for `Start` when the provider names none.
     pub(crate) fn new(target: &str) -> Self {
-        Self { target: target.to_owned(), started: false, finish_reason: None, usage: None }
+        Self { target: target.to_owned(), started: false, finished: Vec::new(), usage: None }
     }
 
     /// Maps the data of one SSE event.
@@ -116,16 +144,11 @@ impl StreamState {
             return Flow::Done;
         }
         self.start(chunk.model.as_deref(), out);
-        if let Some(u) = chunk.usage {
-            self.usage = Some(u.into());
+        if let Some(u) = chunk.usage.and_then(UsageJson::into_usage) {
+            self.usage = Some(u);
         }
-        if let Some(choice) = chunk.choices.and_then(|c| c.into_iter().next()) {
-            if let Some(delta) = choice.delta.or(choice.message) {
-                push_message(delta, out);
-            }
-            if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
-                self.finish_reason = Some(reason);
-            }
+        for (i, choice) in chunk.choices.unwrap_or_default().into_iter().enumerate() {
+            self.choice(choice, u32::try_from(i).unwrap_or(u32::MAX), out);
         }
         Flow::Continue
     }
@@ -133,10 +156,10 @@ impl StreamState {
     /// The stream ended without `[DONE]`: complete if the provider said why
     /// it finished, fail otherwise.
     pub(crate) fn on_eof(&mut self, out: &mut Vec<ExecEvent>) {
-        if self.finish_reason.is_some() {
-            self.complete(out);
-        } else {
+        if self.finished.is_empty() {
             out.push(ExecEvent::Error(protocol("upstream stream ended before [DONE]")));
+        } else {
+            self.complete(out);
         }
     }
 
@@ -153,17 +176,34 @@ impl StreamState {
             out.push(ExecEvent::Error(error_chunk_failure(err)));
             return;
         }
-        let Some(choice) = completion.choices.and_then(|c| c.into_iter().next()) else {
+        let choices = completion.choices.unwrap_or_default();
+        if choices.is_empty() {
             out.push(ExecEvent::Error(protocol("completion body has no choices")));
             return;
-        };
-        self.start(completion.model.as_deref(), out);
-        if let Some(message) = choice.message.or(choice.delta) {
-            push_message(message, out);
         }
-        self.finish_reason = choice.finish_reason.filter(|r| !r.is_empty());
-        self.usage = completion.usage.map(Usage::from);
+        self.start(completion.model.as_deref(), out);
+        for (i, choice) in choices.into_iter().enumerate() {
+            self.choice(choice, u32::try_from(i).unwrap_or(u32::MAX), out);
+        }
+        self.usage = completion.usage.and_then(UsageJson::into_usage);
         self.complete(out);
+    }
+
+    /// One choice of a chunk or completion (`position` when it has no index).
+    fn choice(&mut self, choice: ChoiceJson<'_>, position: u32, out: &mut Vec<ExecEvent>) {
+        let index = choice.index.unwrap_or(position);
+        let mut logprobs = choice.logprobs.map(|raw| Bytes::copy_from_slice(raw.get().as_bytes()));
+        if let Some(m) = choice.delta.or(choice.message) {
+            push_message(m, index, &mut logprobs, out);
+        }
+        if let Some(lp) = logprobs {
+            // Log probabilities with no text beside them still reach the client.
+            out.push(ExecEvent::Delta(Delta { choice: index, part: Part::Content(String::new()), logprobs: Some(lp) }));
+        }
+        if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
+            self.finished.push((index, reason.clone()));
+            out.push(ExecEvent::ChoiceFinish { choice: index, finish_reason: reason });
+        }
     }
 
     fn start(&mut self, model: Option<&str>, out: &mut Vec<ExecEvent>) {
@@ -176,19 +216,42 @@ impl StreamState {
 
     fn complete(&mut self, out: &mut Vec<ExecEvent>) {
         self.start(None, out);
-        let finish_reason = self.finish_reason.take().unwrap_or_else(|| "stop".to_owned());
+        let finish_reason =
+            self.finished.iter().find(|(c, _)| *c == 0).map_or_else(|| "stop".to_owned(), |(_, r)| r.clone());
         out.push(ExecEvent::Complete { finish_reason, usage: self.usage.take() });
     }
 }
 
-/// Reasoning first, then content; empty texts are dropped.
-fn push_message(m: MessageJson, out: &mut Vec<ExecEvent>) {
-    let reasoning = text(m.reasoning_content).or_else(|| text(m.reasoning));
-    if let Some(r) = reasoning {
-        out.push(ExecEvent::ReasoningDelta(r));
+/// Reasoning, refusal, content, then tool calls; empty texts are dropped.
+/// The choice's log probabilities go with its first content or refusal.
+fn push_message(m: MessageJson, choice: u32, logprobs: &mut Option<Bytes>, out: &mut Vec<ExecEvent>) {
+    let delta = |part, logprobs| ExecEvent::Delta(Delta { choice, part, logprobs });
+    if let Some(r) = text(m.reasoning_content).or_else(|| text(m.reasoning)) {
+        out.push(delta(Part::Reasoning(r), None));
+    }
+    if let Some(r) = text(m.refusal) {
+        out.push(delta(Part::Refusal(r), logprobs.take()));
     }
     if let Some(c) = text(m.content) {
-        out.push(ExecEvent::Delta(c));
+        out.push(delta(Part::Content(c), logprobs.take()));
+    }
+    for (i, call) in m.tool_calls.unwrap_or_default().into_iter().enumerate() {
+        let function = call.function.unwrap_or_default();
+        let arguments = match function.arguments {
+            Some(Value::String(s)) => s,
+            None | Some(Value::Null) => String::new(),
+            Some(other) => other.to_string(),
+        };
+        out.push(delta(
+            Part::ToolCall(ToolCallDelta {
+                index: call.index.unwrap_or(u32::try_from(i).unwrap_or(u32::MAX)),
+                id: call.id.unwrap_or_default(),
+                kind: call.kind.unwrap_or_default(),
+                name: function.name.unwrap_or_default(),
+                arguments,
+            }),
+            None,
+        ));
     }
 }
 
@@ -209,17 +272,37 @@ fn retryable_status(status: u16) -> bool {
     matches!(status, 429 | 502 | 503 | 504)
 }
 
-/// A non-2xx answer, with the provider's message from its body.
-pub(crate) fn status_failure(status: u16, body: &[u8]) -> RunFailure {
+/// A non-2xx answer, with the provider's message, error fields and
+/// `Retry-After` (`retry_after_ms`, from the response headers).
+pub(crate) fn status_failure(status: u16, body: &[u8], retry_after_ms: Option<u64>) -> RunFailure {
     let message = error_message(body).unwrap_or_else(|| format!("upstream answered HTTP {status}"));
     // Only error statuses pass through; anything else (3xx) is a bad gateway.
     let answer = if (400..=599).contains(&status) { status } else { 502 };
-    let failure = RunFailure::new(codes::UPSTREAM_STATUS, answer, FailureSource::Provider, message);
+    let provider = serde_json::from_slice::<Value>(body).ok().and_then(|v| v.get("error").map(provider_fields));
+    let failure = RunFailure::new(codes::UPSTREAM_STATUS, answer, FailureSource::Provider, message)
+        .with_provider(provider, retry_after_ms);
     if retryable_status(status) {
         failure.retryable()
     } else {
         failure
     }
+}
+
+/// `code`, `param` and `type` of an OpenAI-shaped error object.
+fn provider_fields(err: &Value) -> ProviderError {
+    let field = |k: &str| match err.get(k)? {
+        Value::String(s) => Some(truncate(s)),
+        Value::Number(n) => Some(n.to_string()),
+        _ => None,
+    };
+    ProviderError { code: field("code"), param: field("param"), kind: field("type") }
+}
+
+/// The wait a provider asked for: `retry-after-ms`, else `retry-after`
+/// in seconds (an HTTP date is not honoured: the edge says 1 s then).
+pub(crate) fn retry_after_ms(ms: Option<&[u8]>, secs: Option<&[u8]>) -> Option<u64> {
+    let num = |v: &[u8]| std::str::from_utf8(v).ok()?.trim().parse::<f64>().ok().filter(|n| n.is_finite() && *n >= 0.0);
+    ms.and_then(num).or_else(|| secs.and_then(num).map(|s| s * 1000.0)).map(|m| m.min(86_400_000.0) as u64)
 }
 
 /// An `{"error": ...}` chunk inside a 2xx stream.
@@ -234,7 +317,8 @@ fn error_chunk_failure(err: &Value) -> RunFailure {
         .and_then(|c| u16::try_from(c).ok())
         .filter(|c| (400..=599).contains(c))
         .unwrap_or(502);
-    let failure = RunFailure::new(codes::UPSTREAM_STATUS, status, FailureSource::Provider, truncate(&message));
+    let failure = RunFailure::new(codes::UPSTREAM_STATUS, status, FailureSource::Provider, truncate(&message))
+        .with_provider(Some(provider_fields(err)), None);
     if retryable_status(status) {
         failure.retryable()
     } else {
@@ -316,8 +400,9 @@ mod tests {
             evs,
             vec![
                 start("served-m"),
-                ExecEvent::Delta("Hel".into()),
-                ExecEvent::Delta("lo".into()),
+                ExecEvent::content("Hel"),
+                ExecEvent::content("lo"),
+                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "length".into() },
                 ExecEvent::Complete {
                     finish_reason: "length".into(),
                     usage: Some(Usage { input_tokens: 7, output_tokens: 2, ..Default::default() }),
@@ -344,9 +429,10 @@ mod tests {
             evs,
             vec![
                 start("target-m"),
-                ExecEvent::ReasoningDelta("think a".into()),
-                ExecEvent::ReasoningDelta("think b".into()),
-                ExecEvent::Delta("answer".into()),
+                ExecEvent::reasoning("think a"),
+                ExecEvent::reasoning("think b"),
+                ExecEvent::content("answer"),
+                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into() },
                 ExecEvent::Complete {
                     finish_reason: "stop".into(),
                     usage: Some(Usage {
@@ -393,8 +479,8 @@ mod tests {
 
     #[test]
     fn missing_done_completes_only_with_finish_reason() {
-        let evs = map(&[r#"{"choices":[{"delta":{"content":"x"},"finish_reason":"stop"}]}"#], true);
-        assert_eq!(evs.last(), Some(&ExecEvent::Complete { finish_reason: "stop".into(), usage: None }));
+        let evs = map(&[r#"{"choices":[{"delta":{"content":"x"},"finish_reason":"length"}]}"#], true);
+        assert_eq!(evs.last(), Some(&ExecEvent::Complete { finish_reason: "length".into(), usage: None }));
         let evs = map(&[r#"{"choices":[{"delta":{"content":"x"}}]}"#], true);
         let ExecEvent::Error(f) = evs.last().unwrap() else { panic!("{evs:?}") };
         assert_eq!((f.code, f.status, f.retryable), (codes::UPSTREAM_PROTOCOL, 502, false));
@@ -415,7 +501,7 @@ mod tests {
     fn odd_but_valid_shapes_are_tolerated() {
         let evs = map(
             &[
-                r#"{"choices":[{"delta":{"content":null,"tool_calls":[{"id":"t"}]}}],"system_fingerprint":"x","usage":{}}"#,
+                r#"{"choices":[{"delta":{"content":null}}],"system_fingerprint":"x","usage":{}}"#,
                 r#"{"choices":[{"delta":{"content":[{"type":"text","text":"ignored"}]}}]}"#,
                 r#"{"choices":null}"#,
                 "",
@@ -423,11 +509,56 @@ mod tests {
             ],
             false,
         );
+        // An empty usage object says nothing: no usage, not zeros.
+        assert_eq!(evs, vec![start("target-m"), ExecEvent::Complete { finish_reason: "stop".into(), usage: None }]);
+    }
+
+    fn tool(choice: u32, index: u32, id: &str, name: &str, arguments: &str) -> ExecEvent {
+        ExecEvent::Delta(Delta {
+            choice,
+            part: Part::ToolCall(ToolCallDelta {
+                index,
+                id: id.into(),
+                kind: if id.is_empty() { String::new() } else { "function".into() },
+                name: name.into(),
+                arguments: arguments.into(),
+            }),
+            logprobs: None,
+        })
+    }
+
+    #[test]
+    fn tool_calls_refusals_logprobs_and_choices() {
+        let evs = map(
+            &[
+                r#"{"choices":[{"index":0,"delta":{"role":"assistant","tool_calls":[{"index":0,"id":"call_a","type":"function","function":{"name":"f","arguments":""}},{"index":1,"id":"call_b","type":"function","function":{"name":"g","arguments":"{\"x\""}}]}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{"tool_calls":[{"index":1,"function":{"arguments":":1}"}}]}},{"index":1,"delta":{"refusal":"no"},"logprobs":{"refusal":[{"token":"no","logprob":-0.1}]}}]}"#,
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"tool_calls"},{"index":1,"delta":{"content":"x"},"logprobs":{"content":[]},"finish_reason":"stop"}]}"#,
+                "[DONE]",
+            ],
+            false,
+        );
+        let lp = |s: &'static str| Some(Bytes::from_static(s.as_bytes()));
         assert_eq!(
             evs,
             vec![
                 start("target-m"),
-                ExecEvent::Complete { finish_reason: "stop".into(), usage: Some(Usage::default()) }
+                tool(0, 0, "call_a", "f", ""),
+                tool(0, 1, "call_b", "g", "{\"x\""),
+                tool(0, 1, "", "", ":1}"),
+                ExecEvent::Delta(Delta {
+                    choice: 1,
+                    part: Part::Refusal("no".into()),
+                    logprobs: lp(r#"{"refusal":[{"token":"no","logprob":-0.1}]}"#),
+                }),
+                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "tool_calls".into() },
+                ExecEvent::Delta(Delta {
+                    choice: 1,
+                    part: Part::Content("x".into()),
+                    logprobs: lp(r#"{"content":[]}"#)
+                }),
+                ExecEvent::ChoiceFinish { choice: 1, finish_reason: "stop".into() },
+                ExecEvent::Complete { finish_reason: "tool_calls".into(), usage: None },
             ]
         );
     }
@@ -444,8 +575,9 @@ mod tests {
             out,
             vec![
                 start("served"),
-                ExecEvent::ReasoningDelta("hmm".into()),
-                ExecEvent::Delta("Hi!".into()),
+                ExecEvent::reasoning("hmm"),
+                ExecEvent::content("Hi!"),
+                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into() },
                 ExecEvent::Complete {
                     finish_reason: "stop".into(),
                     usage: Some(Usage { input_tokens: 3, output_tokens: 2, ..Default::default() }),
@@ -486,14 +618,28 @@ mod tests {
         for (status, retryable) in
             [(400, false), (401, false), (429, true), (500, false), (502, true), (503, true), (504, true)]
         {
-            let f = status_failure(status, b"");
+            let f = status_failure(status, b"", None);
             assert_eq!(
                 (f.code, f.status, f.retryable, f.source),
                 (codes::UPSTREAM_STATUS, status, retryable, FailureSource::Provider)
             );
             assert_eq!(f.message, format!("upstream answered HTTP {status}"));
         }
-        assert_eq!(status_failure(302, b"moved").status, 502);
-        assert_eq!(status_failure(404, br#"{"error":{"message":"no such model"}}"#).message, "no such model");
+        assert_eq!(status_failure(302, b"moved", None).status, 502);
+        assert_eq!(status_failure(404, br#"{"error":{"message":"no such model"}}"#, None).message, "no such model");
+        let f = status_failure(
+            429,
+            br#"{"error":{"message":"slow","type":"requests","param":null,"code":"rate_limit_exceeded"}}"#,
+            Some(7000),
+        );
+        let p = f.provider.unwrap();
+        assert_eq!(
+            (p.code.as_deref(), p.param, p.kind.as_deref()),
+            (Some("rate_limit_exceeded"), None, Some("requests"))
+        );
+        assert_eq!(f.retry_after_ms, Some(7000));
+        assert_eq!(retry_after_ms(None, Some(b" 7 ")), Some(7000));
+        assert_eq!(retry_after_ms(Some(b"1500"), Some(b"7")), Some(1500));
+        assert_eq!(retry_after_ms(None, Some(b"Wed, 21 Oct 2015 07:28:00 GMT")), None);
     }
 }

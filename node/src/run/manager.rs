@@ -108,13 +108,8 @@ impl RunManager {
                 return;
             }
         };
-        let spec = RunSpec {
-            run_id: run_id.clone(),
-            target: req.target,
-            messages: req.messages,
-            max_tokens: req.max_tokens,
-            params_json: req.params_json,
-        };
+        let spec =
+            RunSpec { run_id: run_id.clone(), target: req.target, body: req.body, operation: req.operation.into() };
         let emitter = Emitter::new(self.writer.clone(), run_id).with_slot(slot).with_credit(credit);
         monoio::spawn(execute(adapter, spec, emitter, cancel, deadline));
     }

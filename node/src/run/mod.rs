@@ -8,4 +8,4 @@ mod spec;
 pub use credit::Credit;
 pub use emitter::Emitter;
 pub use manager::RunManager;
-pub use spec::{EventSink, RunSpec, SinkClosed};
+pub use spec::{EventSink, Operation, RunSpec, SinkClosed};

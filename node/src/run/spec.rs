@@ -5,6 +5,24 @@ use std::future::Future;
 use bytes::Bytes;
 use iop_core::{exec::ExecEvent, wire::pb};
 
+/// What a run does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Operation {
+    /// An OpenAI chat completion request.
+    Chat,
+    /// An OpenAI embeddings request.
+    Embeddings,
+}
+
+impl From<i32> for Operation {
+    fn from(v: i32) -> Self {
+        match pb::RunOperation::try_from(v) {
+            Ok(pb::RunOperation::Embeddings) => Operation::Embeddings,
+            _ => Operation::Chat,
+        }
+    }
+}
+
 /// One run as handed to an adapter.
 #[derive(Debug, Clone)]
 pub struct RunSpec {
@@ -12,12 +30,11 @@ pub struct RunSpec {
     pub run_id: String,
     /// Upstream model name.
     pub target: String,
-    /// Chat messages.
-    pub messages: Vec<pb::ChatMessage>,
-    /// Completion token cap from the client.
-    pub max_tokens: Option<u32>,
-    /// Other OpenAI parameters as a JSON object (may be empty = `{}`).
-    pub params_json: Bytes,
+    /// The client's request body (OpenAI JSON, `model` already `target`),
+    /// exactly as sent: adapters read what they need from it.
+    pub body: Bytes,
+    /// Chat or embeddings.
+    pub operation: Operation,
 }
 
 /// The receiving end went away (run cancelled or session closed); the

@@ -1,7 +1,13 @@
-//! `POST /v1/chat/completions`: dispatch to a node, then stream the run as
-//! SSE chunks or aggregate it into one `chat.completion`.
+//! The normalized path of the OpenAI surface: an admitted chat completion
+//! (or embeddings request) for a provider that does not speak the OpenAI
+//! HTTP API is sent to its node as the client's body (`model` rewritten,
+//! nothing else), and the run's events are rendered in OpenAI's exact
+//! shapes: streamed as SSE chunks, or aggregated into one `chat.completion`
+//! (several choices, tool calls, refusals, log probabilities, every finish
+//! reason), or an embeddings list.
 
 use std::{
+    collections::BTreeMap,
     rc::Rc,
     time::{SystemTime, UNIX_EPOCH},
 };
@@ -9,57 +15,60 @@ use std::{
 use bytes::{Bytes, BytesMut};
 use iop_core::{
     config::ModelGroup,
-    exec::{ExecEvent, RunFailure, Usage},
+    exec::{codes, ExecEvent, FailureSource, Part, RunFailure, Usage},
     http::{self, Framing, RequestHead},
+    request::Top,
+    wire::pb,
 };
 use monoio::io::AsyncWriteRentExt;
-use serde_json::json;
+use serde_json::{json, Value};
 
-use super::{chunk::ChunkEncoder, error, request};
+use super::{chunk::ChunkEncoder, reply, Route};
 use crate::{
-    dispatch::{self, DispatchError, RunStream},
+    dispatch::{self, RunStream},
     pool::Admitted,
     server::{with_disconnect_watch, BodyPermit, Conn},
     worker::Worker,
 };
 
-/// Runs an admitted chat completion on the normalized path (a provider
-/// that does not speak the OpenAI HTTP API); returns whether the
+/// Runs an admitted request on the normalized path; returns whether the
 /// connection may be kept. `permit` is the body's share of the core's
 /// budget, held until the run is handed to its node.
+#[allow(clippy::too_many_arguments)]
 pub async fn normalized(
     worker: &Rc<Worker>,
     conn: &mut Conn,
     head: &RequestHead,
+    route: Route,
+    top: &Top,
     bytes: Bytes,
     permit: Option<BodyPermit>,
     group: &ModelGroup,
     admitted: Admitted,
 ) -> bool {
     let keep = head.keep_alive;
-    let req = match request::parse_raw(&bytes).and_then(request::Raw::into_request) {
-        Ok(r) => r,
-        Err(msg) => return respond_error(conn, 400, &msg, Some("invalid_request"), keep).await,
+    let operation = match route {
+        Route::Embeddings => pb::RunOperation::Embeddings,
+        _ => pb::RunOperation::Chat,
     };
+    let body = top.with_model(&bytes, &admitted.target.upstream_model);
     drop(bytes);
-    let run_req = iop_core::wire::pb::RunRequest {
-        messages: req.messages,
-        max_tokens: req.max_tokens,
-        params_json: req.params_json,
-        ..Default::default()
-    };
+    let run_req = pb::RunRequest { body, operation: operation as i32, ..Default::default() };
     let submitted = dispatch::submit(worker, &group.name, admitted, run_req);
     drop(permit);
     let run = match submitted {
         Ok(run) => run,
-        Err(e) => return respond_dispatch_error(conn, &e, keep).await,
+        Err(e) => return reply::dispatch_error(conn, &e, keep).await,
     };
-    let meta = Meta { model: req.model, id: format!("chatcmpl-{}", run.run_id()), created: unix_now() };
-    if req.stream {
-        // A client that stops reading for this long is dropped (its run was
-        // already failed by the session once its event queue filled up).
+    let meta = Meta { model: top.model.clone(), id: format!("chatcmpl-{}", run.run_id()), created: unix_now() };
+    if route == Route::Embeddings {
+        return embeddings(conn, run, &meta, top.encoding_base64(), keep).await;
+    }
+    if top.stream {
+        // A client that accepts nothing for this long is cut (its run is
+        // then cancelled on the node).
         let write_timeout = worker.config.borrow().http.idle_timeout;
-        stream(conn, run, &meta, req.include_usage, keep, write_timeout).await
+        stream(conn, run, &meta, top.include_usage(), keep, write_timeout).await
     } else {
         aggregate(conn, run, &meta, keep).await
     }
@@ -75,26 +84,8 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-pub(super) async fn respond_error(conn: &mut Conn, status: u16, msg: &str, code: Option<&str>, keep: bool) -> bool {
-    let body = error::body(status, msg, code);
-    let retry = [("retry-after", "1")];
-    let extra: &[(&str, &str)] = if status == 503 || status == 429 { &retry } else { &[] };
-    conn.respond(status, "application/json", extra, &body, keep).await.is_ok() && keep
-}
-
-/// A dispatch that found no way to its node.
-pub(super) async fn respond_dispatch_error(conn: &mut Conn, e: &DispatchError, keep: bool) -> bool {
-    let code = match e {
-        DispatchError::NoReadyNode(_) => "no_ready_node",
-        DispatchError::NodeBusy(_) => "node_busy",
-    };
-    respond_error(conn, 503, &e.to_string(), Some(code), keep).await
-}
-
-pub(super) async fn respond_failure(conn: &mut Conn, f: &RunFailure, keep: bool) -> bool {
-    let code = Some(f.code);
-    respond_error(conn, f.status, &f.message, code, keep).await
-}
+/// Most SSE bytes gathered from queued events into one client write.
+const MAX_WRITE_BATCH: usize = 256 * 1024;
 
 /// Streams the run. Errors before the first byte become a plain HTTP error
 /// with the mapped status; after it, an SSE error event.
@@ -111,7 +102,7 @@ async fn stream(
         return false; // client gone; dropping `run` cancels it on the node
     };
     let first = match first {
-        Some(ExecEvent::Error(f)) => return respond_failure(conn, &f, keep).await,
+        Some(ExecEvent::Error(f)) => return reply::failure(conn, &f, keep).await,
         Some(ev) => ev,
         None => return false,
     };
@@ -123,11 +114,82 @@ async fn stream(
         Framing::Chunked,
         keep,
     );
-    let enc = ChunkEncoder::new(&meta.id, &meta.model, meta.created);
-    let body = stream_body(wr, out, &mut run, &enc, first, include_usage, write_timeout);
+    let mut render = StreamRender::new(ChunkEncoder::new(&meta.id, &meta.model, meta.created), include_usage);
+    let body = stream_body(wr, out, &mut run, &mut render, first, write_timeout);
     match with_disconnect_watch(rd, buf, body).await {
         Some(Ok(())) => keep,
         _ => false,
+    }
+}
+
+/// Turns run events into SSE chunks, choice by choice.
+struct StreamRender {
+    enc: ChunkEncoder,
+    include_usage: bool,
+    /// Choices whose role chunk went out.
+    started: Vec<u32>,
+    /// Choices whose finish chunk went out.
+    finished: Vec<u32>,
+}
+
+impl StreamRender {
+    fn new(enc: ChunkEncoder, include_usage: bool) -> Self {
+        Self { enc, include_usage, started: Vec::new(), finished: Vec::new() }
+    }
+
+    fn ensure_started(&mut self, sse: &mut BytesMut, choice: u32) {
+        if !self.started.contains(&choice) {
+            self.started.push(choice);
+            self.enc.role(sse, choice);
+        }
+    }
+
+    /// Appends the SSE for `ev`; true when it ended the stream.
+    fn event(&mut self, sse: &mut BytesMut, ev: ExecEvent) -> bool {
+        match ev {
+            ExecEvent::Start { .. } => {
+                self.ensure_started(sse, 0);
+                false
+            }
+            ExecEvent::Delta(d) => {
+                self.ensure_started(sse, d.choice);
+                self.enc.delta(sse, &d);
+                false
+            }
+            ExecEvent::ChoiceFinish { choice, finish_reason } => {
+                self.ensure_started(sse, choice);
+                if !self.finished.contains(&choice) {
+                    self.finished.push(choice);
+                    self.enc.finish(sse, choice, &finish_reason);
+                }
+                false
+            }
+            // Not a chat answer: the adapter broke its contract.
+            ExecEvent::Embeddings(_) => {
+                self.enc.error(sse, &protocol("the provider answered a chat request with embeddings"));
+                true
+            }
+            ExecEvent::Complete { finish_reason, usage } => {
+                self.ensure_started(sse, 0);
+                if !self.finished.contains(&0) {
+                    self.enc.finish(sse, 0, &finish_reason);
+                }
+                // Unknown usage stays absent: no chunk of invented zeros.
+                if let (true, Some(usage)) = (self.include_usage, usage) {
+                    self.enc.usage(sse, &usage);
+                }
+                self.enc.done(sse);
+                true
+            }
+            ExecEvent::Error(f) => {
+                self.enc.error(sse, &f);
+                true
+            }
+            ExecEvent::Cancelled { reason } => {
+                self.enc.error(sse, &node_cancelled(&reason));
+                true
+            }
+        }
     }
 }
 
@@ -135,21 +197,19 @@ async fn stream_body<W: AsyncWriteRentExt>(
     wr: &mut W,
     out: &mut BytesMut,
     run: &mut RunStream,
-    enc: &ChunkEncoder,
+    render: &mut StreamRender,
     first: ExecEvent,
-    include_usage: bool,
     write_timeout: std::time::Duration,
 ) -> std::io::Result<()> {
     let mut sse = BytesMut::with_capacity(1024);
-    enc.role(&mut sse);
     let mut next = Some(first);
     while let Some(ev) = next.take() {
-        let mut terminal = encode(enc, &mut sse, ev, include_usage);
+        let mut terminal = render.event(&mut sse, ev);
         // Batch what is already queued into one write (bounded, so one
         // write never holds a whole backlog twice).
         while !terminal && sse.len() < MAX_WRITE_BATCH {
             let Some(ev) = run.try_next() else { break };
-            terminal = encode(enc, &mut sse, ev, include_usage);
+            terminal = render.event(&mut sse, ev);
         }
         http::write_chunk(out, &sse);
         sse.clear();
@@ -172,82 +232,136 @@ async fn stream_body<W: AsyncWriteRentExt>(
     Ok(())
 }
 
-/// Appends the SSE for `ev`; true when it ended the stream.
-fn encode(enc: &ChunkEncoder, sse: &mut BytesMut, ev: ExecEvent, include_usage: bool) -> bool {
-    match ev {
-        ExecEvent::Start { .. } => false,
-        ExecEvent::Delta(t) => {
-            enc.content(sse, &t);
-            false
-        }
-        ExecEvent::ReasoningDelta(t) => {
-            enc.reasoning(sse, &t);
-            false
-        }
-        ExecEvent::Complete { finish_reason, usage } => {
-            enc.finish(sse, &finish_reason);
-            // Unknown usage stays absent: no chunk of invented zeros.
-            if let (true, Some(usage)) = (include_usage, usage) {
-                enc.usage(sse, &usage);
-            }
-            enc.done(sse);
-            true
-        }
-        ExecEvent::Error(f) => {
-            enc.error(sse, &f);
-            true
-        }
-        ExecEvent::Cancelled { reason } => {
-            enc.error(sse, &node_cancelled(&reason));
-            true
-        }
-    }
-}
-
 /// The node cancelled a run the client still wanted (e.g. its drain
 /// deadline passed): a server-side failure.
 fn node_cancelled(reason: &str) -> RunFailure {
-    RunFailure::new(
-        "cancelled",
-        503,
-        iop_core::exec::FailureSource::Node,
-        format!("run cancelled by the node: {reason}"),
-    )
+    RunFailure::new("cancelled", 503, FailureSource::Node, format!("run cancelled by the node: {reason}"))
 }
 
-/// Most SSE bytes gathered from queued events into one client write.
-const MAX_WRITE_BATCH: usize = 256 * 1024;
+fn protocol(message: &str) -> RunFailure {
+    RunFailure::new(codes::UPSTREAM_PROTOCOL, 502, FailureSource::Node, message)
+}
 
-/// Largest non-streamed completion the edge buffers (text and reasoning).
+/// Largest non-streamed completion the edge buffers (all choices' text).
 const MAX_AGGREGATE_BYTES: usize = 64 * 1024 * 1024;
 
-struct Aggregate {
+/// One tool call put together from its fragments.
+#[derive(Default)]
+struct ToolCall {
+    id: String,
+    kind: String,
+    name: String,
+    arguments: String,
+}
+
+/// One choice put together from its deltas.
+#[derive(Default)]
+struct Choice {
     content: String,
     reasoning: String,
-    finish_reason: String,
+    refusal: String,
+    tool_calls: BTreeMap<u32, ToolCall>,
+    /// Log-probability lists by kind (`content`, `refusal`), concatenated.
+    logprobs: BTreeMap<String, Vec<Value>>,
+    finish_reason: Option<String>,
+}
+
+impl Choice {
+    fn add_logprobs(&mut self, raw: &[u8]) {
+        let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(raw) else { return };
+        for (kind, list) in map {
+            if let Value::Array(items) = list {
+                self.logprobs.entry(kind).or_default().extend(items);
+            }
+        }
+    }
+
+    fn to_json(&self, index: u32) -> Value {
+        let mut message = json!({
+            "role": "assistant",
+            "content": if self.content.is_empty() && !self.tool_calls.is_empty() { Value::Null } else { json!(self.content) },
+            "refusal": if self.refusal.is_empty() { Value::Null } else { json!(self.refusal) },
+        });
+        if !self.reasoning.is_empty() {
+            message["reasoning_content"] = json!(self.reasoning);
+        }
+        if !self.tool_calls.is_empty() {
+            let calls: Vec<Value> = self
+                .tool_calls
+                .values()
+                .map(|c| {
+                    let kind = if c.kind.is_empty() { "function" } else { c.kind.as_str() };
+                    json!({"id": c.id, "type": kind, "function": {"name": c.name, "arguments": c.arguments}})
+                })
+                .collect();
+            message["tool_calls"] = json!(calls);
+        }
+        let logprobs = if self.logprobs.is_empty() { Value::Null } else { json!(self.logprobs) };
+        json!({
+            "index": index,
+            "message": message,
+            "logprobs": logprobs,
+            "finish_reason": self.finish_reason.clone().unwrap_or_else(|| "stop".into()),
+        })
+    }
+}
+
+struct Aggregate {
+    choices: BTreeMap<u32, Choice>,
     usage: Option<Usage>,
+    bytes: usize,
 }
 
 async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
-    let mut agg =
-        Aggregate { content: String::new(), reasoning: String::new(), finish_reason: String::new(), usage: None };
+    let mut agg = Aggregate { choices: BTreeMap::new(), usage: None, bytes: 0 };
+    agg.choices.insert(0, Choice::default());
     while let Some(ev) = run.next().await {
-        if agg.content.len() + agg.reasoning.len() > MAX_AGGREGATE_BYTES {
+        if agg.bytes > MAX_AGGREGATE_BYTES {
             // The caller then drops the stream, which cancels the run on the node.
             let msg = format!("the completion exceeds {MAX_AGGREGATE_BYTES} bytes; use stream=true");
-            return Err(RunFailure::new(
-                iop_core::exec::codes::INTERNAL,
-                502,
-                iop_core::exec::FailureSource::Edge,
-                msg,
-            ));
+            return Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Edge, msg));
         }
         match ev {
             ExecEvent::Start { .. } => {}
-            ExecEvent::Delta(t) => agg.content.push_str(&t),
-            ExecEvent::ReasoningDelta(t) => agg.reasoning.push_str(&t),
+            ExecEvent::Delta(d) => {
+                let choice = agg.choices.entry(d.choice).or_default();
+                if let Some(lp) = &d.logprobs {
+                    agg.bytes += lp.len();
+                    choice.add_logprobs(lp);
+                }
+                match d.part {
+                    Part::Content(t) => {
+                        agg.bytes += t.len();
+                        choice.content.push_str(&t);
+                    }
+                    Part::Reasoning(t) => {
+                        agg.bytes += t.len();
+                        choice.reasoning.push_str(&t);
+                    }
+                    Part::Refusal(t) => {
+                        agg.bytes += t.len();
+                        choice.refusal.push_str(&t);
+                    }
+                    Part::ToolCall(c) => {
+                        agg.bytes += c.arguments.len() + c.name.len() + c.id.len();
+                        let call = choice.tool_calls.entry(c.index).or_default();
+                        for (field, piece) in [(&mut call.id, c.id), (&mut call.kind, c.kind), (&mut call.name, c.name)]
+                        {
+                            if !piece.is_empty() {
+                                *field = piece;
+                            }
+                        }
+                        call.arguments.push_str(&c.arguments);
+                    }
+                }
+            }
+            ExecEvent::ChoiceFinish { choice, finish_reason } => {
+                agg.choices.entry(choice).or_default().finish_reason = Some(finish_reason);
+            }
+            ExecEvent::Embeddings(_) => return Err(protocol("the provider answered a chat request with embeddings")),
             ExecEvent::Complete { finish_reason, usage } => {
-                agg.finish_reason = finish_reason;
+                let first = agg.choices.entry(0).or_default();
+                first.finish_reason.get_or_insert(finish_reason);
                 agg.usage = usage;
                 return Ok(agg);
             }
@@ -255,12 +369,7 @@ async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
             ExecEvent::Cancelled { reason } => return Err(node_cancelled(&reason)),
         }
     }
-    Err(RunFailure::new(
-        iop_core::exec::codes::INTERNAL,
-        502,
-        iop_core::exec::FailureSource::Edge,
-        "run ended without a result",
-    ))
+    Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Edge, "run ended without a result"))
 }
 
 /// Waits for the whole run and answers with one `chat.completion`.
@@ -271,26 +380,165 @@ async fn aggregate(conn: &mut Conn, mut run: RunStream, meta: &Meta, keep: bool)
     };
     let agg = match result {
         None => return false,
-        Some(Err(f)) => return respond_failure(conn, &f, keep).await,
+        Some(Err(f)) => return reply::failure(conn, &f, keep).await,
         Some(Ok(agg)) => agg,
     };
-    let mut message = json!({"role": "assistant", "content": agg.content});
-    if !agg.reasoning.is_empty() {
-        message["reasoning_content"] = json!(agg.reasoning);
-    }
+    let choices: Vec<Value> = agg.choices.iter().map(|(i, c)| c.to_json(*i)).collect();
     let mut v = json!({
         "id": meta.id,
         "object": "chat.completion",
         "created": meta.created,
         "model": meta.model,
-        "choices": [{"index": 0, "message": message, "logprobs": null, "finish_reason": agg.finish_reason}],
+        "choices": choices,
     });
     if let Some(u) = &agg.usage {
-        let mut ub = BytesMut::new();
-        super::chunk::usage_json(&mut ub, u);
-        v["usage"] = serde_json::from_slice(&ub).unwrap_or(serde_json::Value::Null);
+        v["usage"] = usage_value(u);
     }
     let body = serde_json::to_vec(&v).unwrap_or_default();
     let request_id = run.run_id().to_owned();
     conn.respond(200, "application/json", &[("x-request-id", &request_id)], &body, keep).await.is_ok() && keep
+}
+
+fn usage_value(u: &Usage) -> Value {
+    let mut ub = BytesMut::new();
+    super::chunk::usage_json(&mut ub, u);
+    serde_json::from_slice(&ub).unwrap_or(Value::Null)
+}
+
+/// Waits for an embeddings run and answers with OpenAI's list shape
+/// (`base64`: little-endian f32 vectors, as `encoding_format: "base64"`).
+async fn embeddings(conn: &mut Conn, mut run: RunStream, meta: &Meta, base64: bool, keep: bool) -> bool {
+    let result = {
+        let Conn { rd, buf, .. } = &mut *conn;
+        with_disconnect_watch(rd, buf, async {
+            let mut vectors = None;
+            while let Some(ev) = run.next().await {
+                match ev {
+                    ExecEvent::Embeddings(v) => vectors = Some(v),
+                    ExecEvent::Complete { usage, .. } => {
+                        return vectors.map(|v| (v, usage)).ok_or_else(|| protocol("the provider sent no embeddings"))
+                    }
+                    ExecEvent::Error(f) => return Err(f),
+                    ExecEvent::Cancelled { reason } => return Err(node_cancelled(&reason)),
+                    _ => {}
+                }
+            }
+            Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Edge, "run ended without a result"))
+        })
+        .await
+    };
+    let (vectors, usage) = match result {
+        None => return false,
+        Some(Err(f)) => return reply::failure(conn, &f, keep).await,
+        Some(Ok(r)) => r,
+    };
+    let data: Vec<Value> = vectors
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            let embedding = if base64 { json!(encode_f32s(v)) } else { json!(v) };
+            json!({"object": "embedding", "index": i, "embedding": embedding})
+        })
+        .collect();
+    let mut v = json!({"object": "list", "data": data, "model": meta.model});
+    if let Some(u) = usage {
+        v["usage"] = json!({"prompt_tokens": u.input_tokens, "total_tokens": u.input_tokens});
+    }
+    let body = serde_json::to_vec(&v).unwrap_or_default();
+    let request_id = run.run_id().to_owned();
+    conn.respond(200, "application/json", &[("x-request-id", &request_id)], &body, keep).await.is_ok() && keep
+}
+
+/// Base64 of the vector's little-endian f32 bytes.
+fn encode_f32s(v: &[f32]) -> String {
+    use base64::Engine;
+    let bytes: Vec<u8> = v.iter().flat_map(|f| f.to_le_bytes()).collect();
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use iop_core::exec::{Delta, ToolCallDelta};
+
+    use super::*;
+
+    fn render(events: Vec<ExecEvent>, include_usage: bool) -> Vec<Value> {
+        let mut r = StreamRender::new(ChunkEncoder::new("c", "m", 1), include_usage);
+        let mut sse = BytesMut::new();
+        for ev in events {
+            r.event(&mut sse, ev);
+        }
+        String::from_utf8(sse.to_vec())
+            .unwrap()
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .map(|d| if d == "[DONE]" { json!("[DONE]") } else { serde_json::from_str(d).unwrap() })
+            .collect()
+    }
+
+    fn d(choice: u32, part: Part) -> ExecEvent {
+        ExecEvent::Delta(Delta { choice, part, logprobs: None })
+    }
+
+    #[test]
+    fn several_choices_each_start_and_finish_once() {
+        let chunks = render(
+            vec![
+                ExecEvent::Start { model: "x".into() },
+                d(0, Part::Content("a".into())),
+                d(1, Part::Content("b".into())),
+                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into() },
+                ExecEvent::ChoiceFinish { choice: 1, finish_reason: "length".into() },
+                ExecEvent::Complete { finish_reason: "stop".into(), usage: None },
+            ],
+            true,
+        );
+        let summary: Vec<(u64, Value, Value)> = chunks
+            .iter()
+            .filter(|c| c.is_object())
+            .map(|c| {
+                (
+                    c["choices"][0]["index"].as_u64().unwrap(),
+                    c["choices"][0]["delta"].clone(),
+                    c["choices"][0]["finish_reason"].clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                (0, json!({"role": "assistant", "content": ""}), Value::Null),
+                (0, json!({"content": "a"}), Value::Null),
+                (1, json!({"role": "assistant", "content": ""}), Value::Null),
+                (1, json!({"content": "b"}), Value::Null),
+                (0, json!({}), json!("stop")),
+                (1, json!({}), json!("length")),
+            ]
+        );
+        // No usage chunk without usage; [DONE] last.
+        assert_eq!(chunks.last(), Some(&json!("[DONE]")));
+    }
+
+    #[test]
+    fn aggregated_tool_calls_refusals_and_logprobs() {
+        let mut agg = Choice::default();
+        agg.add_logprobs(br#"{"content":[{"token":"a"}]}"#);
+        agg.add_logprobs(br#"{"content":[{"token":"b"}],"refusal":[]}"#);
+        agg.tool_calls
+            .insert(0, ToolCall { id: "c1".into(), kind: "function".into(), name: "f".into(), arguments: "{}".into() });
+        agg.finish_reason = Some("tool_calls".into());
+        let v = agg.to_json(0);
+        assert_eq!(v["message"]["content"], Value::Null);
+        assert_eq!(v["message"]["refusal"], Value::Null);
+        assert_eq!(v["message"]["tool_calls"][0]["function"]["name"], "f");
+        assert_eq!(v["logprobs"]["content"].as_array().unwrap().len(), 2);
+        assert_eq!(v["finish_reason"], "tool_calls");
+        let _ = ToolCallDelta::default();
+    }
+
+    #[test]
+    fn base64_embeddings_are_little_endian_f32() {
+        assert_eq!(encode_f32s(&[1.0]), "AACAPw==");
+    }
 }

@@ -1,14 +1,16 @@
-//! JSON encoding of OpenAI chat completion chunks and responses, written
-//! straight into byte buffers (one per token on the hot path: no JSON tree).
+//! JSON encoding of OpenAI chat completion chunks, written straight into
+//! byte buffers (one per token on the hot path: no JSON tree), in OpenAI's
+//! exact shapes: several choices, content, reasoning, refusal and tool-call
+//! deltas, the provider's log probabilities as sent, finish and usage.
 
 use bytes::{BufMut, BytesMut};
 use iop_core::{
-    exec::{RunFailure, Usage},
+    exec::{Delta, Part, RunFailure, Usage},
     sse,
 };
 
 /// Appends `s` as a JSON string literal.
-fn json_str(out: &mut BytesMut, s: &str) {
+pub fn json_str(out: &mut BytesMut, s: &str) {
     // Writing to a BytesMut cannot fail.
     let _ = serde_json::to_writer(out.writer(), s);
 }
@@ -16,26 +18,70 @@ fn json_str(out: &mut BytesMut, s: &str) {
 /// Appends an OpenAI `usage` object.
 pub fn usage_json(out: &mut BytesMut, u: &Usage) {
     out.put_slice(b"{\"prompt_tokens\":");
-    out.put_slice(itoa(u.input_tokens).as_bytes());
+    put_u64(out, u.input_tokens);
     out.put_slice(b",\"completion_tokens\":");
-    out.put_slice(itoa(u.output_tokens).as_bytes());
+    put_u64(out, u.output_tokens);
     out.put_slice(b",\"total_tokens\":");
-    out.put_slice(itoa(u.input_tokens + u.output_tokens).as_bytes());
+    put_u64(out, u.input_tokens.saturating_add(u.output_tokens));
     if let Some(c) = u.cached_input_tokens {
         out.put_slice(b",\"prompt_tokens_details\":{\"cached_tokens\":");
-        out.put_slice(itoa(c).as_bytes());
+        put_u64(out, c);
         out.put_slice(b"}");
     }
     if let Some(r) = u.reasoning_tokens {
         out.put_slice(b",\"completion_tokens_details\":{\"reasoning_tokens\":");
-        out.put_slice(itoa(r).as_bytes());
+        put_u64(out, r);
         out.put_slice(b"}");
     }
     out.put_slice(b"}");
 }
 
-fn itoa(n: u64) -> String {
-    n.to_string()
+fn put_u64(out: &mut BytesMut, n: u64) {
+    out.put_slice(n.to_string().as_bytes());
+}
+
+/// Appends one delta object (`{"content":..}`, `{"tool_calls":[..]}`, ...).
+pub fn delta_json(out: &mut BytesMut, part: &Part) {
+    match part {
+        Part::Content(t) => {
+            out.put_slice(b"{\"content\":");
+            json_str(out, t);
+            out.put_slice(b"}");
+        }
+        Part::Reasoning(t) => {
+            out.put_slice(b"{\"reasoning_content\":");
+            json_str(out, t);
+            out.put_slice(b"}");
+        }
+        Part::Refusal(t) => {
+            out.put_slice(b"{\"refusal\":");
+            json_str(out, t);
+            out.put_slice(b"}");
+        }
+        Part::ToolCall(c) => {
+            // The first fragment of a call names it; later ones carry only
+            // argument pieces (as OpenAI streams them).
+            out.put_slice(b"{\"tool_calls\":[{\"index\":");
+            put_u64(out, u64::from(c.index));
+            if !c.id.is_empty() {
+                out.put_slice(b",\"id\":");
+                json_str(out, &c.id);
+            }
+            if !c.kind.is_empty() {
+                out.put_slice(b",\"type\":");
+                json_str(out, &c.kind);
+            }
+            out.put_slice(b",\"function\":{");
+            if !c.name.is_empty() {
+                out.put_slice(b"\"name\":");
+                json_str(out, &c.name);
+                out.put_slice(b",");
+            }
+            out.put_slice(b"\"arguments\":");
+            json_str(out, &c.arguments);
+            out.put_slice(b"}}]}");
+        }
+    }
 }
 
 /// Encodes the SSE events of one streamed completion.
@@ -51,18 +97,29 @@ impl ChunkEncoder {
         prefix.put_slice(b"data: {\"id\":");
         json_str(&mut prefix, id);
         prefix.put_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
-        prefix.put_slice(itoa(created).as_bytes());
+        put_u64(&mut prefix, created);
         prefix.put_slice(b",\"model\":");
         json_str(&mut prefix, model);
         prefix.put_slice(b",");
         Self { prefix }
     }
 
-    fn choice(&self, out: &mut BytesMut, delta: impl FnOnce(&mut BytesMut), finish: Option<&str>) {
+    fn choice(
+        &self,
+        out: &mut BytesMut,
+        choice: u32,
+        delta: impl FnOnce(&mut BytesMut),
+        logprobs: Option<&[u8]>,
+        finish: Option<&str>,
+    ) {
         out.put_slice(&self.prefix);
-        out.put_slice(b"\"choices\":[{\"index\":0,\"delta\":");
+        out.put_slice(b"\"choices\":[{\"index\":");
+        put_u64(out, u64::from(choice));
+        out.put_slice(b",\"delta\":");
         delta(out);
-        out.put_slice(b",\"logprobs\":null,\"finish_reason\":");
+        out.put_slice(b",\"logprobs\":");
+        out.put_slice(logprobs.unwrap_or(b"null"));
+        out.put_slice(b",\"finish_reason\":");
         match finish {
             Some(f) => json_str(out, f),
             None => out.put_slice(b"null"),
@@ -70,40 +127,25 @@ impl ChunkEncoder {
         out.put_slice(b"}]}\n\n");
     }
 
-    /// The first chunk: `delta: {"role":"assistant","content":""}`.
-    pub fn role(&self, out: &mut BytesMut) {
-        self.choice(out, |o| o.put_slice(b"{\"role\":\"assistant\",\"content\":\"\"}"), None);
+    /// A choice's first chunk: `delta: {"role":"assistant","content":""}`.
+    pub fn role(&self, out: &mut BytesMut, choice: u32) {
+        self.choice(out, choice, |o| o.put_slice(b"{\"role\":\"assistant\",\"content\":\"\"}"), None, None);
     }
 
-    /// A content delta.
+    /// A piece of a choice's output, with the provider's log probabilities.
+    pub fn delta(&self, out: &mut BytesMut, d: &Delta) {
+        self.choice(out, d.choice, |o| delta_json(o, &d.part), d.logprobs.as_deref(), None);
+    }
+
+    /// Choice 0's content delta.
+    #[cfg(test)]
     pub fn content(&self, out: &mut BytesMut, text: &str) {
-        self.choice(
-            out,
-            |o| {
-                o.put_slice(b"{\"content\":");
-                json_str(o, text);
-                o.put_slice(b"}");
-            },
-            None,
-        );
+        self.delta(out, &Delta { choice: 0, part: Part::Content(text.into()), logprobs: None });
     }
 
-    /// A reasoning delta (`reasoning_content`, as vLLM and DeepSeek send it).
-    pub fn reasoning(&self, out: &mut BytesMut, text: &str) {
-        self.choice(
-            out,
-            |o| {
-                o.put_slice(b"{\"reasoning_content\":");
-                json_str(o, text);
-                o.put_slice(b"}");
-            },
-            None,
-        );
-    }
-
-    /// The finish chunk.
-    pub fn finish(&self, out: &mut BytesMut, reason: &str) {
-        self.choice(out, |o| o.put_slice(b"{}"), Some(reason));
+    /// A choice's finish chunk.
+    pub fn finish(&self, out: &mut BytesMut, choice: u32, reason: &str) {
+        self.choice(out, choice, |o| o.put_slice(b"{}"), None, Some(reason));
     }
 
     /// The usage chunk (`choices: []`), sent when the client asked for it.
@@ -116,8 +158,7 @@ impl ChunkEncoder {
 
     /// An error event ending a stream that already started.
     pub fn error(&self, out: &mut BytesMut, f: &RunFailure) {
-        let body = super::error::body(f.status, &f.message, Some(f.code));
-        sse::write_event(out, &body);
+        sse::write_event(out, &super::error::failure_body(f));
     }
 
     /// `data: [DONE]`.
@@ -129,6 +170,8 @@ impl ChunkEncoder {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
+    use iop_core::exec::ToolCallDelta;
+
     use super::*;
 
     fn event_json(bytes: &[u8]) -> serde_json::Value {
@@ -149,8 +192,12 @@ mod tests {
         assert!(v["choices"][0]["finish_reason"].is_null());
 
         out.clear();
-        enc.finish(&mut out, "length");
-        assert_eq!(event_json(&out)["choices"][0]["finish_reason"], "length");
+        enc.finish(&mut out, 2, "length");
+        let v = event_json(&out);
+        assert_eq!(
+            (v["choices"][0]["index"].as_u64(), v["choices"][0]["finish_reason"].as_str()),
+            (Some(2), Some("length"))
+        );
 
         out.clear();
         let u = Usage { input_tokens: 3, output_tokens: 4, reasoning_tokens: Some(1), cached_input_tokens: None };
@@ -160,5 +207,41 @@ mod tests {
         assert_eq!(v["usage"]["completion_tokens_details"]["reasoning_tokens"], 1);
         assert!(v["usage"].get("prompt_tokens_details").is_none());
         assert_eq!(v["choices"].as_array().unwrap().len(), 0);
+    }
+
+    #[test]
+    fn tool_calls_refusals_and_logprobs_in_openai_shape() {
+        let enc = ChunkEncoder::new("c", "m", 1);
+        let mut out = BytesMut::new();
+        let first = ToolCallDelta {
+            index: 1,
+            id: "call_1".into(),
+            kind: "function".into(),
+            name: "f".into(),
+            arguments: String::new(),
+        };
+        enc.delta(&mut out, &Delta { choice: 0, part: Part::ToolCall(first), logprobs: None });
+        let v = event_json(&out);
+        assert_eq!(
+            v["choices"][0]["delta"],
+            serde_json::json!({"tool_calls": [{"index": 1, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}]})
+        );
+        out.clear();
+        let next = ToolCallDelta { index: 1, arguments: "{\"a\":1}".into(), ..Default::default() };
+        enc.delta(&mut out, &Delta { choice: 3, part: Part::ToolCall(next), logprobs: None });
+        let v = event_json(&out);
+        assert_eq!(v["choices"][0]["index"], 3);
+        assert_eq!(
+            v["choices"][0]["delta"],
+            serde_json::json!({"tool_calls": [{"index": 1, "function": {"arguments": "{\"a\":1}"}}]})
+        );
+        out.clear();
+        let lp = bytes::Bytes::from_static(
+            br#"{"refusal":[{"token":"no","logprob":-0.5,"bytes":[110,111],"top_logprobs":[]}]}"#,
+        );
+        enc.delta(&mut out, &Delta { choice: 0, part: Part::Refusal("no".into()), logprobs: Some(lp) });
+        let v = event_json(&out);
+        assert_eq!(v["choices"][0]["delta"]["refusal"], "no");
+        assert_eq!(v["choices"][0]["logprobs"]["refusal"][0]["logprob"], -0.5);
     }
 }

@@ -49,6 +49,28 @@ pub fn body(status: u16, message: &str, code: Option<&str>) -> Vec<u8> {
     serde_json::to_vec(&v).unwrap_or_default()
 }
 
+/// The error body of a run failure: the provider's own `code`, `param` and
+/// `type` when it sent them, else the gateway's classification.
+pub fn failure_body(f: &iop_core::exec::RunFailure) -> Vec<u8> {
+    let p = f.provider.as_deref().cloned().unwrap_or_default();
+    let v = json!({
+        "error": {
+            "message": clip_to(&f.message, MAX_MESSAGE_BYTES),
+            "type": p.kind.as_deref().unwrap_or(error_type(f.status)),
+            "param": p.param,
+            "code": p.code.as_deref().unwrap_or(f.code),
+        }
+    });
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// `Retry-After` (whole seconds, rounded up) and `Retry-After-Ms` for a
+/// failure: the provider's wait when it gave one, else 1 s on 429 and 503.
+pub fn retry_after(f: &iop_core::exec::RunFailure) -> Option<(String, String)> {
+    let ms = f.retry_after_ms.or(matches!(f.status, 429 | 503).then_some(1000))?;
+    Some((ms.div_ceil(1000).max(1).to_string(), ms.to_string()))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
@@ -62,6 +84,28 @@ mod tests {
         assert_eq!(v["error"]["message"], "nope");
         assert_eq!(error_type(503), "server_error");
         assert_eq!(error_type(429), "rate_limit_error");
+    }
+
+    #[test]
+    fn failures_carry_the_providers_fields_and_wait() {
+        use iop_core::exec::{FailureSource, ProviderError, RunFailure};
+        let f = RunFailure::new("upstream_status", 429, FailureSource::Provider, "slow").with_provider(
+            Some(ProviderError { code: Some("rate_limit_exceeded".into()), param: Some("n".into()), kind: None }),
+            Some(7500),
+        );
+        let v: serde_json::Value = serde_json::from_slice(&failure_body(&f)).unwrap();
+        assert_eq!(v["error"]["code"], "rate_limit_exceeded");
+        assert_eq!(v["error"]["param"], "n");
+        assert_eq!(v["error"]["type"], "rate_limit_error");
+        assert_eq!(retry_after(&f), Some(("8".into(), "7500".into())));
+        let plain = RunFailure::new("no_ready_node", 503, FailureSource::Edge, "x");
+        assert_eq!(retry_after(&plain), Some(("1".into(), "1000".into())));
+        let v: serde_json::Value = serde_json::from_slice(&failure_body(&plain)).unwrap();
+        assert_eq!(
+            (v["error"]["code"].as_str(), v["error"]["type"].as_str()),
+            (Some("no_ready_node"), Some("server_error"))
+        );
+        assert_eq!(retry_after(&RunFailure::new("x", 400, FailureSource::Client, "x")), None);
     }
 
     #[test]

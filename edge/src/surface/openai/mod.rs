@@ -13,8 +13,7 @@ pub mod chat;
 mod chunk;
 pub mod error;
 pub mod models;
-mod request;
-mod top;
+mod reply;
 mod tunnel;
 
 use std::rc::Rc;
@@ -62,9 +61,16 @@ impl Route {
         }
     }
 
-    /// Whether the normalized path serves this route.
-    fn normalized(self) -> bool {
-        self == Route::Chat
+    /// Whether a provider of `kind` serves this route: OpenAI-compatible
+    /// ones every route (through the tunnel); the others chat, and Ollama
+    /// embeddings too (normalized).
+    fn served_by(self, kind: &iop_core::config::ProviderKind) -> bool {
+        kind.is_openai_compatible()
+            || match self {
+                Route::Chat => true,
+                Route::Embeddings => matches!(kind, iop_core::config::ProviderKind::Ollama { .. }),
+                Route::Completions | Route::Responses => false,
+            }
     }
 }
 
@@ -75,23 +81,19 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
     // The body's share of the core's budget is held until the request is
     // handed to its node (queueing included).
     let (bytes, permit) = body.into_parts();
-    let top = match top::Top::parse(&bytes) {
+    let top = match iop_core::request::Top::parse(&bytes) {
         Ok(t) => t,
-        Err(msg) => return chat::respond_error(conn, 400, &msg, Some("invalid_request"), keep).await,
+        Err(msg) => return reply::error(conn, 400, &msg, Some("invalid_request"), keep).await,
     };
     let group = worker.config.borrow().model(&top.model).cloned();
     let Some(group) = group else {
         tracing::debug!(model_len = top.model.len(), "unknown model requested");
         let msg = format!("The model `{}` does not exist", error::clip(&top.model));
-        return chat::respond_error(conn, 404, &msg, Some("model_not_found"), keep).await;
+        return reply::error(conn, 404, &msg, Some("model_not_found"), keep).await;
     };
     let Some(group) = serving(worker, &group, route) else {
-        let msg = format!(
-            "the model `{}` is not served by an OpenAI-compatible provider, which {} needs",
-            error::clip(&top.model),
-            head.path()
-        );
-        return chat::respond_error(conn, 400, &msg, Some("unsupported_endpoint"), keep).await;
+        let msg = format!("the model `{}` has no provider that serves {}", error::clip(&top.model), head.path());
+        return reply::error(conn, 400, &msg, Some("unsupported_endpoint"), keep).await;
     };
     // Estimated prompt size: the body's bytes / 4 (before any tokenizer).
     let class = match group.long_context_threshold {
@@ -111,7 +113,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
                 AdmitError::Timeout(_) => (503, "queue_timeout"),
                 AdmitError::Unavailable(_) => (503, "no_ready_node"),
             };
-            return chat::respond_error(conn, status, &e.to_string(), Some(code), keep).await;
+            return reply::error(conn, status, &e.to_string(), Some(code), keep).await;
         }
     };
     let tunnels = worker
@@ -122,21 +124,18 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
     if tunnels {
         tunnel::run(worker, conn, head, route, &top, bytes, permit, &group.name, admitted).await
     } else {
-        chat::normalized(worker, conn, head, bytes, permit, &group, admitted).await
+        chat::normalized(worker, conn, head, route, &top, bytes, permit, &group, admitted).await
     }
 }
 
-/// The group with only the targets that can serve `route` (all of them for
-/// chat); `None` when none can.
+/// The group with only the targets that can serve `route`; `None` when
+/// none can.
 fn serving(worker: &Worker, group: &ModelGroup, route: Route) -> Option<ModelGroup> {
-    if route.normalized() {
-        return Some(group.clone());
-    }
     let config = worker.config.borrow();
     let targets: Vec<_> = group
         .targets
         .iter()
-        .filter(|t| config.provider(&t.node, &t.provider).is_some_and(|p| p.kind.is_openai_compatible()))
+        .filter(|t| config.provider(&t.node, &t.provider).is_some_and(|p| route.served_by(&p.kind)))
         .cloned()
         .collect();
     (!targets.is_empty()).then(|| ModelGroup { targets, ..group.clone() })

@@ -13,7 +13,9 @@ use iop_core::{
 };
 use monoio::io::AsyncWriteRentExt;
 
-use super::{chat, error, top::Top, Route};
+use iop_core::request::Top;
+
+use super::{error, reply, Route};
 use crate::{
     dispatch::{self, TunnelStream},
     pool::Admitted,
@@ -67,7 +69,7 @@ pub async fn run(
     drop(permit);
     let stream = match submitted {
         Ok(s) => s,
-        Err(e) => return chat::respond_dispatch_error(conn, &e, keep).await,
+        Err(e) => return reply::dispatch_error(conn, &e, keep).await,
     };
     let write_timeout = worker.config.borrow().http.idle_timeout;
     relay(conn, stream, keep, write_timeout).await
@@ -88,10 +90,10 @@ async fn relay(conn: &mut Conn, mut stream: TunnelStream, keep: bool, write_time
     let (status, headers) = match first {
         None => return false, // client gone; dropping the stream cancels the tunnel
         Some(Some(TunnelItem::Start { status, headers })) => (status, headers),
-        Some(Some(TunnelItem::Error(f))) => return chat::respond_failure(conn, &f, keep).await,
+        Some(Some(TunnelItem::Error(f))) => return reply::failure(conn, &f, keep).await,
         Some(_) => {
             let msg = "node answered the tunnel without a status";
-            return chat::respond_error(conn, 502, msg, Some("upstream_protocol"), keep).await;
+            return reply::error(conn, 502, msg, Some("upstream_protocol"), keep).await;
         }
     };
     let length = headers
@@ -169,7 +171,7 @@ async fn relay_body<W: AsyncWriteRentExt>(
                         // Said in the stream's own language, then a clean end,
                         // so an SDK raises instead of ending quietly.
                         let mut event = BytesMut::new();
-                        iop_core::sse::write_event(&mut event, &error::body(f.status, &f.message, Some(f.code)));
+                        iop_core::sse::write_event(&mut event, &error::failure_body(&f));
                         http::write_chunk(out, &event);
                         http::write_last_chunk(out);
                     }

@@ -1,9 +1,9 @@
-//! The few top-level fields of a request body the edge needs (`model`,
-//! `stream`, `stream_options.include_usage`), read in one pass without
-//! building a JSON tree, and the byte-level edits the tunnel makes to the
-//! body: the `model` value, and `include_usage` for streams. Everything
-//! else stays exactly as the client sent it (key order, spacing, numbers
-//! of any size, unknown fields).
+//! The few top-level fields of an OpenAI-shaped request body the gateway
+//! needs (`model`, `stream`, `stream_options.include_usage`), read in one
+//! pass without building a JSON tree, and the byte-level edits made to the
+//! body: the `model` value, `stream`, and `include_usage` for streams.
+//! Everything else stays exactly as the client sent it (key order, spacing,
+//! numbers of any size, unknown fields).
 
 use std::ops::Range;
 
@@ -19,10 +19,14 @@ pub struct Top {
     model_span: Range<usize>,
     /// `"stream": true`.
     pub stream: bool,
+    /// Where the `stream` value sits, when the key is there.
+    stream_span: Option<Range<usize>>,
     /// `stream_options`: its span and what `include_usage` says in it.
     stream_options: Option<StreamOptions>,
     /// Offset of the closing `}` of the top-level object.
     end: usize,
+    /// `"encoding_format": "base64"` (embeddings).
+    encoding_base64: bool,
 }
 
 #[derive(Debug)]
@@ -47,10 +51,12 @@ impl<'de: 'a, 'a> Deserialize<'de> for Field<'a> {
 struct RawTop<'a> {
     #[serde(borrow, default)]
     model: Field<'a>,
-    #[serde(default)]
-    stream: Option<bool>,
+    #[serde(borrow, default)]
+    stream: Field<'a>,
     #[serde(borrow, default)]
     stream_options: Field<'a>,
+    #[serde(default)]
+    encoding_format: Option<String>,
 }
 
 #[derive(Deserialize)]
@@ -84,6 +90,14 @@ impl Top {
             return Err("`model` must not be empty".into());
         }
         let model_span = span_in(body, model_raw.get());
+        let (stream, stream_span) = match raw.stream.0 {
+            None => (false, None),
+            Some(v) if v.get() == "null" => (false, Some(span_in(body, v.get()))),
+            Some(v) => {
+                let stream: bool = serde_json::from_str(v.get()).map_err(|_| "`stream` must be a boolean")?;
+                (stream, Some(span_in(body, v.get())))
+            }
+        };
         let stream_options = match raw.stream_options.0 {
             None => None,
             Some(so) => {
@@ -102,7 +116,13 @@ impl Top {
         };
         // The body parsed as an object, so its last non-space byte is `}`.
         let end = body.iter().rposition(|b| !b.is_ascii_whitespace()).unwrap_or(0);
-        Ok(Self { model, model_span, stream: raw.stream.unwrap_or(false), stream_options, end })
+        let encoding_base64 = raw.encoding_format.as_deref() == Some("base64");
+        Ok(Self { model, model_span, stream, stream_span, stream_options, end, encoding_base64 })
+    }
+
+    /// Embeddings asked as base64 (`encoding_format`).
+    pub fn encoding_base64(&self) -> bool {
+        self.encoding_base64
     }
 
     /// The client asked for the usage chunk of a stream.
@@ -110,16 +130,31 @@ impl Top {
         self.stream_options.as_ref().and_then(|o| o.include_usage.as_ref()).is_some_and(|(v, _)| *v == Some(true))
     }
 
+    /// `body` with `model` set to `target` and nothing else changed.
+    pub fn with_model(&self, body: &Bytes, target: &str) -> Bytes {
+        apply(body, vec![self.model_edit(target)])
+    }
+
     /// `body` with `model` set to `target` and, for a stream whose client
     /// did not ask for usage, `stream_options.include_usage` set to true
     /// (so usage can be accounted). Returns the new body and whether the
     /// usage chunk must be kept from the client.
     pub fn rewrite(&self, body: &Bytes, target: &str) -> (Bytes, bool) {
-        let mut edits: Vec<(Range<usize>, String)> = Vec::with_capacity(2);
-        let target_json = serde_json::to_string(target).unwrap_or_else(|_| "\"\"".into());
-        edits.push((self.model_span.clone(), target_json));
+        self.rewrite_as(body, target, false)
+    }
+
+    /// [`Top::rewrite`], turned into a stream when `force_stream` (an
+    /// adapter that always reads the provider's answer as SSE).
+    pub fn rewrite_as(&self, body: &Bytes, target: &str, force_stream: bool) -> (Bytes, bool) {
+        let mut edits: Vec<(Range<usize>, String)> = vec![self.model_edit(target)];
+        if force_stream && !self.stream {
+            match &self.stream_span {
+                Some(span) => edits.push((span.clone(), "true".into())),
+                None => edits.push((self.end..self.end, ",\"stream\":true".into())),
+            }
+        }
         let mut hide = false;
-        if self.stream && !self.include_usage() {
+        if (self.stream || force_stream) && !self.include_usage() {
             hide = true;
             match &self.stream_options {
                 None => edits.push((self.end..self.end, ",\"stream_options\":{\"include_usage\":true}".into())),
@@ -140,17 +175,28 @@ impl Top {
                 Some(_) => hide = false,
             }
         }
-        edits.sort_by_key(|(r, _)| r.start);
-        let mut out = BytesMut::with_capacity(body.len() + 48);
-        let mut at = 0;
-        for (range, text) in edits {
-            out.extend_from_slice(&body[at..range.start]);
-            out.extend_from_slice(text.as_bytes());
-            at = range.end;
-        }
-        out.extend_from_slice(&body[at..]);
-        (out.freeze(), hide)
+        (apply(body, edits), hide)
     }
+
+    fn model_edit(&self, target: &str) -> (Range<usize>, String) {
+        (self.model_span.clone(), serde_json::to_string(target).unwrap_or_else(|_| "\"\"".into()))
+    }
+}
+
+/// `body` with each `(range, text)` replaced (ranges do not overlap;
+/// empty ranges insert).
+fn apply(body: &Bytes, mut edits: Vec<(Range<usize>, String)>) -> Bytes {
+    // Insertions at the same offset keep their order.
+    edits.sort_by_key(|(r, _)| r.start);
+    let mut out = BytesMut::with_capacity(body.len() + 64);
+    let mut at = 0;
+    for (range, text) in edits {
+        out.extend_from_slice(&body[at..range.start]);
+        out.extend_from_slice(text.as_bytes());
+        at = range.end;
+    }
+    out.extend_from_slice(&body[at..]);
+    out.freeze()
 }
 
 #[cfg(test)]
@@ -222,6 +268,31 @@ mod tests {
     }
 
     #[test]
+    fn forced_streams_and_model_only() {
+        let force = |body: &str| {
+            let top = Top::parse(body.as_bytes()).unwrap();
+            let (out, hide) = top.rewrite_as(&Bytes::copy_from_slice(body.as_bytes()), "t", true);
+            (String::from_utf8(out.to_vec()).unwrap(), hide)
+        };
+        assert_eq!(
+            force(r#"{"model":"m"}"#),
+            (r#"{"model":"t","stream":true,"stream_options":{"include_usage":true}}"#.into(), true)
+        );
+        assert_eq!(
+            force(r#"{"model":"m","stream":false,"x":1}"#),
+            (r#"{"model":"t","stream":true,"x":1,"stream_options":{"include_usage":true}}"#.into(), true)
+        );
+        assert_eq!(
+            force(r#"{"model":"m","stream":null}"#),
+            (r#"{"model":"t","stream":true,"stream_options":{"include_usage":true}}"#.into(), true)
+        );
+        let body = r#"{"model":"m","stream":true,"n":1e400}"#;
+        let top = Top::parse(body.as_bytes()).unwrap();
+        let out = top.with_model(&Bytes::from_static(body.as_bytes()), "x");
+        assert_eq!(&out[..], br#"{"model":"x","stream":true,"n":1e400}"#);
+    }
+
+    #[test]
     fn refusals() {
         for (body, needle) in [
             ("", "empty"),
@@ -230,7 +301,7 @@ mod tests {
             ("{\"model\":5}", "`model` must be a string"),
             ("{\"model\":\"\"}", "must not be empty"),
             ("{\"model\":\"a\",\"model\":\"b\"}", "duplicate field"),
-            ("{\"model\":\"a\",\"stream\":\"yes\"}", "invalid request body"),
+            ("{\"model\":\"a\",\"stream\":\"yes\"}", "`stream` must be a boolean"),
             ("{\"model\":\"a\",\"stream_options\":[1]}", "must be an object"),
             ("{\"model\":\"a\"", "invalid request body"),
         ] {
