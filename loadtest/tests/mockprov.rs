@@ -16,6 +16,29 @@ use iop_core::sse::{SseEvent, SseParser};
 use serde_json::Value;
 
 impl MockProv {
+    /// `GET /last`.
+    fn last(&self) -> Value {
+        let res = self.request("GET", "/last", None);
+        assert_eq!(res.head.status, 200, "{}", String::from_utf8_lossy(&res.body));
+        res.json()
+    }
+
+    /// `GET /log`.
+    fn log(&self) -> Vec<Value> {
+        let res = self.request("GET", "/log", None);
+        assert_eq!(res.head.status, 200);
+        serde_json::from_slice(&res.body).unwrap()
+    }
+
+    /// Writes `raw` on a fresh connection and reads until the server closes.
+    fn raw(&self, raw: &[u8]) -> Vec<u8> {
+        let mut s = self.connect();
+        s.write_all(raw).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        out
+    }
+
     fn connect(&self) -> TcpStream {
         let s = TcpStream::connect(self.addr).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -45,6 +68,8 @@ impl MockProv {
 }
 
 struct Response {
+    /// The head as received (names in their own case).
+    raw_head: String,
     head: ResponseHead,
     body: Vec<u8>,
     /// The body ended with its framing (not cut by a close).
@@ -53,6 +78,8 @@ struct Response {
 
 impl Response {
     fn parse(raw: &[u8]) -> Self {
+        let end = raw.windows(4).position(|w| w == b"\r\n\r\n").map_or(raw.len(), |e| e + 4);
+        let raw_head = String::from_utf8_lossy(&raw[..end]).into_owned();
         let mut buf = BytesMut::from(raw);
         let head = parse_response_head(&mut buf, &Limits::default(), false).unwrap().expect("complete head");
         let mut dec = BodyDecoder::new(head.body, 1 << 24);
@@ -61,7 +88,24 @@ impl Response {
             body.extend_from_slice(&d);
         }
         let complete = dec.is_done() || dec.finish_on_eof().is_ok();
-        Self { head, body, complete }
+        Self { raw_head, head, body, complete }
+    }
+
+    /// Header lines of the head as written, in order.
+    fn header_pairs(&self) -> Vec<(String, String)> {
+        self.raw_head
+            .split("\r\n")
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .map(|l| {
+                let (n, v) = l.split_once(':').unwrap();
+                (n.to_owned(), v.trim().to_owned())
+            })
+            .collect()
+    }
+
+    fn header_str(&self, name: &str) -> Option<&str> {
+        self.head.header(name).map(|v| std::str::from_utf8(v).unwrap())
     }
 
     fn events(&self) -> Vec<SseEvent> {
@@ -77,6 +121,32 @@ impl Response {
     fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap()
     }
+}
+
+fn sha_hex(data: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, data).as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A request with the given extra header lines (`Name: value\r\n` each).
+fn post(path: &str, extra_headers: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: mock\r\n{extra_headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// `/last` (or a `/log` entry) describes exactly the exchange `res` (answer to `body`).
+fn assert_recorded(rec: &Value, path: &str, body: &str, res: &Response, complete: bool) {
+    assert_eq!((rec["method"].as_str(), rec["path"].as_str()), (Some("POST"), Some(path)), "{rec}");
+    assert_eq!(rec["request_body"].as_str(), Some(body), "byte for byte");
+    assert_eq!(rec["request_body_sha256"], sha_hex(body.as_bytes()));
+    assert_eq!(rec["response_status"], res.head.status);
+    let headers: Vec<(String, String)> = serde_json::from_value(rec["response_headers"].clone()).unwrap();
+    assert_eq!(headers, res.header_pairs());
+    assert_eq!(rec["response_body_sha256"], sha_hex(&res.body), "hash of the de-chunked body");
+    assert_eq!(rec["response_body_bytes"], res.body.len());
+    assert_eq!((rec["complete"].as_bool(), rec["finished"].as_bool()), (Some(complete), Some(true)), "{rec}");
 }
 
 fn chunk(e: &SseEvent) -> Value {
@@ -183,8 +253,11 @@ fn non_streamed_error_and_other_endpoints() {
     assert_eq!(res.head.status, 429);
     assert_eq!(
         res.json(),
-        serde_json::json!({"error": {"message": "mock provider error", "type": "mock_error", "code": 429}})
+        serde_json::json!({"error": {"message": "mock provider error", "type": "rate_limit_error", "param": null,
+                                     "code": "rate_limit_exceeded"}})
     );
+    assert_eq!(res.head.header("retry-after"), Some(&b"7"[..]));
+    assert_eq!(res.head.header("retry-after-ms"), Some(&b"7000"[..]));
 
     for (body, what) in [("{not json", "bad json"), (r#"{"model":"m"}"#, "missing messages")] {
         let res = mock.request("POST", "/v1/chat/completions", Some(body));
@@ -203,7 +276,8 @@ fn error_status_flag_applies_to_chat() {
     let mock = MockProv::start(&["--error-status", "503"]);
     let res = mock.request("POST", "/v1/chat/completions", Some(r#"{"messages":[{"content":"x"}],"stream":true}"#));
     assert_eq!(res.head.status, 503);
-    assert_eq!(res.json()["error"]["code"], 503);
+    assert_eq!(res.json()["error"]["type"], "server_error");
+    assert_eq!(res.json()["error"]["code"], "mock_error");
     assert_eq!(mock.request("GET", "/healthz", None).head.status, 200);
 }
 
@@ -348,4 +422,101 @@ fn keep_alive_pipelining_chunked_bodies_and_bad_input(legacy: bool) {
         assert!(!res.head.keep_alive);
     }
     assert_eq!(mock.request("GET", "/healthz", None).body, b"ok");
+}
+
+#[test]
+fn last_records_the_exchange_byte_for_byte() {
+    let mock = MockProv::start(&["--tokens", "3"]);
+    assert_eq!(mock.request("GET", "/last", None).head.status, 404, "nothing recorded yet");
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"marker-1 \u00e9 é"}],"stream":true,"stream_options":{"include_usage":true}}"#;
+    let res = Response::parse(&mock.raw(&post(
+        "/v1/chat/completions",
+        "X-Test-Marker: abc\r\nContent-Type: application/json\r\n",
+        body,
+    )));
+    assert_eq!(res.head.status, 200);
+    assert!(res.complete);
+    assert!(res.body.ends_with(b"data: [DONE]\n\n"));
+    let rec = mock.last();
+    assert_recorded(&rec, "/v1/chat/completions", body, &res, true);
+    assert_eq!(rec["id"], 1);
+    let headers: Vec<(String, String)> = serde_json::from_value(rec["headers"].clone()).unwrap();
+    let want: Vec<(String, String)> = [
+        ("Host", "mock"),
+        ("X-Test-Marker", "abc"),
+        ("Content-Type", "application/json"),
+        ("Content-Length", &body.len().to_string()),
+        ("Connection", "close"),
+    ]
+    .iter()
+    .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+    .collect();
+    assert_eq!(headers, want, "in order, names as received");
+    assert_eq!(res.header_str("x-request-id"), Some("req_mock_1"));
+    assert!(res.header_str("openai-processing-ms").unwrap().parse::<u64>().is_ok());
+    assert_eq!(res.header_str("x-ratelimit-limit-requests"), Some("1000"));
+    assert_eq!(res.header_str("x-ratelimit-remaining-requests"), Some("999"));
+
+    // Non-streamed, then metadata endpoints (not recorded), then a configured error.
+    let body2 = r#"{"messages":[{"role":"user","content":"marker-2"}]}"#;
+    let res2 = Response::parse(&mock.raw(&post("/v1/chat/completions", "", body2)));
+    assert_eq!(res2.head.status, 200);
+    assert_recorded(&mock.last(), "/v1/chat/completions", body2, &res2, true);
+    assert_eq!(mock.request("GET", "/v1/models", None).head.status, 200);
+    assert_eq!(mock.request("GET", "/healthz", None).head.status, 200);
+    let body3 = r#"{"messages":[{"content":"marker-3"}],"mock":{"error_status":503}}"#;
+    let res3 = Response::parse(&mock.raw(&post("/v1/chat/completions", "", body3)));
+    assert_eq!(res3.head.status, 503);
+    assert_eq!((res3.header_str("retry-after"), res3.header_str("x-request-id")), (Some("7"), Some("req_mock_3")));
+    assert_recorded(&mock.last(), "/v1/chat/completions", body3, &res3, true);
+
+    // An aborted stream is recorded as incomplete, with the bytes that were written.
+    let body4 = r#"{"messages":[{"content":"marker-4"}],"stream":true,"mock":{"abort_after":2}}"#;
+    let res4 = Response::parse(&mock.raw(&post("/v1/chat/completions", "", body4)));
+    assert!(!res4.complete);
+    assert_recorded(&mock.last(), "/v1/chat/completions", body4, &res4, false);
+
+    // A hang-up has no response at all.
+    let body5 = r#"{"messages":[{"content":"marker-5"}],"mock":{"hangup":true}}"#;
+    assert!(mock.raw(&post("/v1/chat/completions", "", body5)).is_empty());
+    let rec = mock.last();
+    assert_eq!((&rec["response_status"], &rec["response_headers"]), (&Value::Null, &serde_json::json!([])));
+    assert_eq!((rec["response_body_bytes"].as_u64(), rec["complete"].as_bool()), (Some(0), Some(false)));
+
+    let log = mock.log();
+    let markers: Vec<&str> = log.iter().map(|r| r["request_body"].as_str().unwrap()).collect();
+    assert_eq!(markers, [body, body2, body3, body4, body5], "oldest first, model requests only");
+    assert_recorded(&log[0], "/v1/chat/completions", body, &res, true);
+}
+
+#[test]
+fn log_keeps_the_last_64_and_no_record_turns_it_off() {
+    let mock = MockProv::start(&["--tokens", "1"]);
+    let mut s = mock.connect();
+    for i in 0..70 {
+        let body = format!(r#"{{"messages":[{{"content":"n{i}"}}]}}"#);
+        write!(s, "POST /v1/chat/completions HTTP/1.1\r\nhost: m\r\ncontent-length: {}\r\n\r\n{body}", body.len())
+            .unwrap();
+    }
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: m\r\nconnection: close\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    assert!(raw.ends_with(b"ok"));
+    let log = mock.log();
+    assert_eq!(log.len(), 64);
+    assert_eq!(log[0]["request_body"], r#"{"messages":[{"content":"n6"}]}"#);
+    assert_eq!(log[63]["id"], 70);
+    // A body above 1 MiB keeps only its digest and length.
+    let big = format!(r#"{{"messages":[{{"content":"{}"}}]}}"#, "a".repeat(1 << 20));
+    let res = Response::parse(&mock.raw(&post("/v1/chat/completions", "", &big)));
+    assert_eq!(res.head.status, 200);
+    let rec = mock.last();
+    assert_eq!((&rec["request_body"], rec["request_body_bytes"].as_u64()), (&Value::Null, Some(big.len() as u64)));
+    assert_eq!(rec["request_body_sha256"], sha_hex(big.as_bytes()));
+
+    let quiet = MockProv::start(&["--no-record"]);
+    let res = quiet.request("POST", "/v1/chat/completions", Some(r#"{"messages":[{"content":"x"}]}"#));
+    assert_eq!(res.head.status, 200);
+    assert_eq!(quiet.request("GET", "/last", None).head.status, 404);
+    assert!(quiet.log().is_empty());
 }

@@ -11,8 +11,21 @@
 //! `GET /healthz`, `GET /stats`.
 
 pub mod chat;
+pub mod chat_body;
+pub mod chat_stream;
+pub mod clock;
 mod conn;
+pub mod errors;
+pub mod json;
+pub mod logprobs;
+pub mod models;
+pub mod overrides;
+mod play;
+pub mod record;
+pub mod reply;
+pub mod tool_calls;
 
+use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -53,6 +66,22 @@ pub struct MockConfig {
     /// Model name reported when a request names none, and in /v1/models.
     #[arg(long, default_value = "mock")]
     pub model: String,
+    /// Answer chat requests with this many parallel tool calls instead of
+    /// content (a request whose last message is a tool result still gets text).
+    #[arg(long, default_value_t = 0)]
+    pub tool_calls: u64,
+    /// Function name of the tool calls (default `get_weather`).
+    #[arg(long)]
+    pub tool_name: Option<String>,
+    /// Answer chat requests with this refusal instead of content.
+    #[arg(long)]
+    pub refusal: Option<String>,
+    /// Attach logprobs to every chat content token, asked for or not.
+    #[arg(long)]
+    pub logprobs: bool,
+    /// Do not record exchanges for /last and /log (load tests).
+    #[arg(long)]
+    pub no_record: bool,
 }
 
 impl MockConfig {
@@ -68,6 +97,11 @@ impl MockConfig {
             reasoning: 0,
             token_bytes: 0,
             model: "mock".to_owned(),
+            tool_calls: 0,
+            tool_name: None,
+            refusal: None,
+            logprobs: false,
+            no_record: false,
         }
     }
 }
@@ -75,13 +109,23 @@ impl MockConfig {
 /// Server counters, readable from any thread.
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Chat-completion requests received (other endpoints are not counted).
+    /// Chat-completion requests received (other endpoints have their own counters).
     pub requests: AtomicU64,
-    /// Streamed answers begun.
+    /// Requests to any model endpoint (the sequence behind ids and `x-request-id`).
+    pub model_requests: AtomicU64,
+    /// `POST /v1/completions` requests.
+    pub completions_requests: AtomicU64,
+    /// `POST /v1/embeddings` requests.
+    pub embeddings_requests: AtomicU64,
+    /// `POST /v1/responses` requests.
+    pub responses_requests: AtomicU64,
+    /// Ollama model requests (`POST /api/chat`, `POST /api/embed`).
+    pub ollama_requests: AtomicU64,
+    /// Streamed answers begun (SSE and NDJSON, every endpoint).
     pub streams_started: AtomicU64,
     /// Streamed answers that reached `[DONE]`.
     pub streams_completed: AtomicU64,
-    /// Chat answers (streamed or not) whose client closed the connection
+    /// Model answers (streamed or not) whose client closed the connection
     /// before the answer was complete.
     pub early_closed: AtomicU64,
     /// Answers ended on purpose by `abort_after`.
@@ -97,9 +141,15 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "{{\"requests\":{},\"streams_started\":{},\"streams_completed\":{},\"early_closed\":{},\
-             \"aborted\":{},\"active_streams\":{},\"connections_accepted\":{}}}",
+            "{{\"requests\":{},\"model_requests\":{},\"completions_requests\":{},\"embeddings_requests\":{},\
+             \"responses_requests\":{},\"ollama_requests\":{},\"streams_started\":{},\"streams_completed\":{},\
+             \"early_closed\":{},\"aborted\":{},\"active_streams\":{},\"connections_accepted\":{}}}",
             g(&self.requests),
+            g(&self.model_requests),
+            g(&self.completions_requests),
+            g(&self.embeddings_requests),
+            g(&self.responses_requests),
+            g(&self.ollama_requests),
             g(&self.streams_started),
             g(&self.streams_completed),
             g(&self.early_closed),
@@ -120,6 +170,8 @@ pub(crate) struct Ctx {
     pub(crate) config: MockConfig,
     pub(crate) stats: Arc<Stats>,
     pub(crate) limits: Limits,
+    /// The exchanges behind `/last` and `/log` (one runtime thread, so a `RefCell`).
+    pub(crate) log: RefCell<record::ExchangeLog>,
 }
 
 /// A bound mock provider. Create and run it inside a monoio runtime.
@@ -135,7 +187,12 @@ impl MockProv {
     pub fn bind(config: MockConfig) -> io::Result<Self> {
         let opts = monoio::net::ListenerOpts::new().reuse_port(false);
         let listener = monoio::net::TcpListener::bind_with_config(config.listen, &opts)?;
-        let ctx = Rc::new(Ctx { config, stats: Arc::new(Stats::default()), limits: Limits::default() });
+        let ctx = Rc::new(Ctx {
+            config,
+            stats: Arc::new(Stats::default()),
+            limits: Limits::default(),
+            log: RefCell::new(record::ExchangeLog::default()),
+        });
         Ok(Self { listener, ctx })
     }
 
