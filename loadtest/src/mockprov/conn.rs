@@ -27,8 +27,8 @@ use monoio::net::TcpStream;
 use super::clock::Timestamp;
 use super::play::Live;
 use super::record::{Exchange, RequestHeaders};
-use super::reply::{Env, Reply};
-use super::{chat, errors, models, Ctx, Stats};
+use super::reply::{Env, Reply, OLLAMA_JSON};
+use super::{chat, completions, embeddings, errors, models, ollama_chat, ollama_meta, responses, Ctx, Stats};
 
 /// Bytes asked of one read.
 const READ_CHUNK: usize = 16 * 1024;
@@ -218,6 +218,28 @@ impl Conn {
         let ka = head.keep_alive;
         let endpoint = match (head.method.as_str(), head.path()) {
             ("POST", "/v1/chat/completions") => Endpoint::Chat,
+            ("POST", "/v1/completions") => Endpoint::Completions,
+            ("POST", "/v1/embeddings") => Endpoint::Embeddings,
+            ("POST", "/v1/responses") => Endpoint::Responses,
+            ("POST", "/api/chat") => Endpoint::OllamaChat,
+            ("POST", "/api/embed") => Endpoint::OllamaEmbed,
+            ("GET", "/api/tags") => {
+                let body = ollama_meta::tags_body(&self.ctx.config.model);
+                return self.respond(200, OLLAMA_JSON, body.as_bytes(), ka).await;
+            }
+            ("GET", "/api/ps") => {
+                let body = ollama_meta::ps_body(&self.ctx.config.model, Timestamp::now());
+                return self.respond(200, OLLAMA_JSON, body.as_bytes(), ka).await;
+            }
+            ("GET", "/api/version") => {
+                return self.respond(200, OLLAMA_JSON, ollama_meta::version_body().as_bytes(), ka).await;
+            }
+            ("POST", "/api/show") => {
+                return match ollama_meta::show_body(&body) {
+                    Ok(body) => self.respond(200, OLLAMA_JSON, body.as_bytes(), ka).await,
+                    Err(e) => self.respond(400, OLLAMA_JSON, errors::ollama_error_body(&e.0).as_bytes(), ka).await,
+                };
+            }
             ("GET", "/v1/models") => {
                 let body = models::models_body(&self.ctx.config.model);
                 return self.respond(200, "application/json", body.as_bytes(), ka).await;
@@ -266,10 +288,19 @@ impl Conn {
         let seq = Stats::bump(&stats.model_requests) + 1;
         Stats::bump(match endpoint {
             Endpoint::Chat => &stats.requests,
+            Endpoint::Completions => &stats.completions_requests,
+            Endpoint::Embeddings => &stats.embeddings_requests,
+            Endpoint::Responses => &stats.responses_requests,
+            Endpoint::OllamaChat | Endpoint::OllamaEmbed => &stats.ollama_requests,
         });
         let env = Env { config: &self.ctx.config, seq, now: Timestamp::now() };
         let reply: Reply = match endpoint {
             Endpoint::Chat => chat::reply(&body, &env),
+            Endpoint::Completions => completions::reply(&body, &env),
+            Endpoint::Embeddings => embeddings::openai_reply(&body, &env),
+            Endpoint::Responses => responses::reply(&body, &env),
+            Endpoint::OllamaChat => ollama_chat::reply(&body, &env),
+            Endpoint::OllamaEmbed => embeddings::ollama_reply(&body, &env),
         };
         if !self.ctx.config.no_record {
             let headers = match raw_head {
@@ -393,7 +424,28 @@ impl Conn {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Endpoint {
     Chat,
+    Completions,
+    Embeddings,
+    Responses,
+    OllamaChat,
+    OllamaEmbed,
 }
 
 /// Paths that exist (another method gets a 405, not a 404).
-const KNOWN_PATHS: &[&str] = &["/v1/chat/completions", "/v1/models", "/healthz", "/stats", "/last", "/log"];
+const KNOWN_PATHS: &[&str] = &[
+    "/v1/chat/completions",
+    "/v1/completions",
+    "/v1/embeddings",
+    "/v1/responses",
+    "/v1/models",
+    "/api/chat",
+    "/api/embed",
+    "/api/tags",
+    "/api/ps",
+    "/api/show",
+    "/api/version",
+    "/healthz",
+    "/stats",
+    "/last",
+    "/log",
+];

@@ -97,8 +97,12 @@ impl Exchange {
         self.complete = false;
     }
 
-    /// The record as JSON.
-    pub fn to_json(&self) -> serde_json::Value {
+    /// The record as JSON, keys in a fixed order.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(&self.view()).unwrap_or_else(|_| "null".to_owned())
+    }
+
+    fn view(&self) -> RecordJson<'_> {
         let headers = match &self.headers {
             RequestHeaders::Raw(raw) => head_fields(raw),
             RequestHeaders::Parsed(pairs) => {
@@ -109,7 +113,7 @@ impl Exchange {
             RequestBody::Kept(b) => (Some(String::from_utf8_lossy(b).into_owned()), b.len(), hex(&sha256(b))),
             RequestBody::Digest { sha, len } => (None, *len, hex(sha)),
         };
-        let json = RecordJson {
+        RecordJson {
             id: self.id,
             method: &self.method,
             path: &self.target,
@@ -123,8 +127,7 @@ impl Exchange {
             response_body_bytes: self.response_bytes,
             complete: self.complete,
             finished: self.finished,
-        };
-        serde_json::to_value(json).unwrap_or(serde_json::Value::Null)
+        }
     }
 }
 
@@ -180,12 +183,13 @@ impl ExchangeLog {
 
     /// `GET /last`: the most recent exchange.
     pub fn last_json(&self) -> Option<String> {
-        self.entries.back().map(|e| e.to_json().to_string())
+        self.entries.back().map(Exchange::to_json)
     }
 
     /// `GET /log`: every kept exchange, oldest first.
     pub fn log_json(&self) -> String {
-        serde_json::Value::Array(self.entries.iter().map(Exchange::to_json).collect()).to_string()
+        let views: Vec<RecordJson<'_>> = self.entries.iter().map(Exchange::view).collect();
+        serde_json::to_string(&views).unwrap_or_else(|_| "[]".to_owned())
     }
 }
 
@@ -239,7 +243,8 @@ mod tests {
     #[test]
     fn records_request_and_response() {
         let mut e = exchange(3, b"{\"a\":1}");
-        let v: Value = e.to_json();
+        assert!(e.to_json().starts_with(r#"{"id":3,"method":"POST","path":"#), "declared order");
+        let v: Value = serde_json::from_str(&e.to_json()).unwrap();
         assert_eq!(v["headers"], json!([["Host", "a"], ["X-Mixed-Case", "v 1"]]));
         assert_eq!(
             (v["path"].as_str(), v["request_body"].as_str()),
@@ -257,13 +262,13 @@ mod tests {
         h.update(b"[DONE]\n\n");
         let (sha, n) = h.finish();
         e.finish(sha, n, true);
-        let v = e.to_json();
+        let v: Value = serde_json::from_str(&e.to_json()).unwrap();
         assert_eq!((v["response_status"].as_u64(), v["response_body_bytes"].as_u64()), (Some(200), Some(14)));
         assert_eq!(v["response_headers"], json!([["content-type", "text/event-stream"]]));
         assert_eq!(v["response_body_sha256"], hex(&sha256(b"data: [DONE]\n\n")));
         assert_eq!((&v["complete"], &v["finished"]), (&json!(true), &json!(true)));
         e.mark_incomplete();
-        assert_eq!(e.to_json()["complete"], false);
+        assert!(e.to_json().contains("\"complete\":false"));
         assert_eq!(hex(&BodyHasher::default().finish().0), EMPTY_SHA);
 
         let parsed = Exchange::new(
@@ -273,18 +278,18 @@ mod tests {
             RequestHeaders::Parsed(vec![("host".into(), Bytes::from_static(b"x"))]),
             Bytes::new(),
         );
-        assert_eq!(parsed.to_json()["headers"], json!([["host", "x"]]));
-        assert_eq!(parsed.to_json()["request_body_sha256"], EMPTY_SHA);
+        let v: Value = serde_json::from_str(&parsed.to_json()).unwrap();
+        assert_eq!((&v["headers"], &v["request_body_sha256"]), (&json!([["host", "x"]]), &json!(EMPTY_SHA)));
     }
 
     #[test]
     fn large_bodies_keep_only_their_digest() {
         let big = vec![b'a'; MAX_KEPT_BODY + 1];
-        let v = exchange(1, &big).to_json();
+        let v: Value = serde_json::from_str(&exchange(1, &big).to_json()).unwrap();
         assert_eq!((&v["request_body"], v["request_body_bytes"].as_u64()), (&Value::Null, Some(big.len() as u64)));
         assert_eq!(v["request_body_sha256"], hex(&sha256(&big)));
         // Invalid UTF-8 is recorded lossily (the digest is of the raw bytes).
-        let v = exchange(1, b"\xff{}").to_json();
+        let v: Value = serde_json::from_str(&exchange(1, b"\xff{}").to_json()).unwrap();
         assert_eq!(v["request_body"], "\u{fffd}{}");
         assert_eq!(v["request_body_sha256"], hex(&sha256(b"\xff{}")));
     }
