@@ -903,3 +903,28 @@ fn ollama_model_endpoints() {
     assert_eq!(mock.request("GET", "/api/chat", None).head.status, 405);
     assert_eq!(mock.request("GET", "/last", None).head.status, 404, "metadata requests are not recorded");
 }
+
+/// Time until the first response byte of `body` posted to `path`, and the whole response.
+fn first_byte_after(mock: &MockProv, path: &str, body: &str) -> (Duration, Response) {
+    let mut s = mock.connect();
+    let started = Instant::now();
+    s.write_all(&post(path, "", body)).unwrap();
+    let mut first = [0u8; 1];
+    s.read_exact(&mut first).unwrap();
+    let ttfb = started.elapsed();
+    let mut raw = first.to_vec();
+    s.read_to_end(&mut raw).unwrap();
+    (ttfb, Response::parse(&raw))
+}
+
+#[test]
+fn ttft_delays_ollama_heads_but_not_openai_heads() {
+    let mock = MockProv::start(&["--tokens", "2", "--ttft-ms", "300"]);
+    let (ttfb, res) =
+        first_byte_after(&mock, "/v1/chat/completions", r#"{"stream":true,"messages":[{"content":"x"}]}"#);
+    assert!(ttfb < Duration::from_millis(250), "OpenAI-style head and role chunk come at once: {ttfb:?}");
+    assert!(res.complete);
+    let (ttfb, res) = first_byte_after(&mock, "/api/chat", r#"{"model":"m","messages":[{"content":"x"}]}"#);
+    assert!(ttfb >= Duration::from_millis(300), "Ollama writes its head with the first line: {ttfb:?}");
+    assert_eq!(ndjson(&res).len(), 3);
+}

@@ -28,6 +28,7 @@ use super::clock::Timestamp;
 use super::play::Live;
 use super::record::{Exchange, RequestHeaders};
 use super::reply::{Env, Reply, OLLAMA_JSON};
+use super::routes::{self, Endpoint, Meta, Route};
 use super::{chat, completions, embeddings, errors, models, ollama_chat, ollama_meta, responses, Ctx, Stats};
 
 /// Bytes asked of one read.
@@ -215,64 +216,43 @@ impl Conn {
     }
 
     async fn route(&mut self, head: &RequestHead, raw_head: Option<Bytes>, body: Bytes) -> io::Result<Next> {
-        let ka = head.keep_alive;
-        let endpoint = match (head.method.as_str(), head.path()) {
-            ("POST", "/v1/chat/completions") => Endpoint::Chat,
-            ("POST", "/v1/completions") => Endpoint::Completions,
-            ("POST", "/v1/embeddings") => Endpoint::Embeddings,
-            ("POST", "/v1/responses") => Endpoint::Responses,
-            ("POST", "/api/chat") => Endpoint::OllamaChat,
-            ("POST", "/api/embed") => Endpoint::OllamaEmbed,
-            ("GET", "/api/tags") => {
-                let body = ollama_meta::tags_body(&self.ctx.config.model);
-                return self.respond(200, OLLAMA_JSON, body.as_bytes(), ka).await;
+        match routes::route(&head.method, head.path()) {
+            Route::Model(endpoint) => self.model(endpoint, head, raw_head, body).await,
+            other => {
+                let (status, content_type, answer) = self.meta(other, &body);
+                self.respond(status, content_type, answer.as_bytes(), head.keep_alive).await
             }
-            ("GET", "/api/ps") => {
-                let body = ollama_meta::ps_body(&self.ctx.config.model, Timestamp::now());
-                return self.respond(200, OLLAMA_JSON, body.as_bytes(), ka).await;
-            }
-            ("GET", "/api/version") => {
-                return self.respond(200, OLLAMA_JSON, ollama_meta::version_body().as_bytes(), ka).await;
-            }
-            ("POST", "/api/show") => {
-                return match ollama_meta::show_body(&body) {
-                    Ok(body) => self.respond(200, OLLAMA_JSON, body.as_bytes(), ka).await,
-                    Err(e) => self.respond(400, OLLAMA_JSON, errors::ollama_error_body(&e.0).as_bytes(), ka).await,
-                };
-            }
-            ("GET", "/v1/models") => {
-                let body = models::models_body(&self.ctx.config.model);
-                return self.respond(200, "application/json", body.as_bytes(), ka).await;
-            }
-            ("GET", "/healthz") => return self.respond(200, "text/plain", b"ok", ka).await,
-            ("GET", "/stats") => {
-                let body = self.ctx.stats.to_json();
-                return self.respond(200, "application/json", body.as_bytes(), ka).await;
-            }
-            ("GET", "/last") => {
-                let last = self.ctx.log.borrow().last_json();
-                return match last {
-                    Some(body) => self.respond(200, "application/json", body.as_bytes(), ka).await,
-                    None => {
-                        let body = errors::error_body("no model request recorded yet", "invalid_request_error", "null");
-                        self.respond(404, "application/json", body.as_bytes(), ka).await
-                    }
-                };
-            }
-            ("GET", "/log") => {
-                let body = self.ctx.log.borrow().log_json();
-                return self.respond(200, "application/json", body.as_bytes(), ka).await;
-            }
-            (_, path) if KNOWN_PATHS.contains(&path) => {
-                let body = errors::error_body("method not allowed", "invalid_request_error", "null");
-                return self.respond(405, "application/json", body.as_bytes(), ka).await;
-            }
-            _ => {
-                let body = errors::error_body("not found", "invalid_request_error", "null");
-                return self.respond(404, "application/json", body.as_bytes(), ka).await;
-            }
+        }
+    }
+
+    /// Status, content type and body of a request that is not a model request.
+    fn meta(&self, route: Route, body: &[u8]) -> (u16, &'static str, String) {
+        let json = "application/json";
+        let error = |status, message| (status, json, errors::error_body(message, "invalid_request_error", "null"));
+        let config = &self.ctx.config;
+        let Route::Meta(meta) = route else {
+            return match route {
+                Route::MethodNotAllowed => error(405, "method not allowed"),
+                _ => error(404, "not found"),
+            };
         };
-        self.model(endpoint, head, raw_head, body).await
+        match meta {
+            Meta::Models => (200, json, models::models_body(&config.model)),
+            Meta::Tags => (200, OLLAMA_JSON, ollama_meta::tags_body(&config.model)),
+            Meta::Ps => (200, OLLAMA_JSON, ollama_meta::ps_body(&config.model, Timestamp::now())),
+            Meta::Version => (200, OLLAMA_JSON, ollama_meta::version_body()),
+            Meta::Show => match ollama_meta::show_body(body) {
+                Ok(answer) => (200, OLLAMA_JSON, answer),
+                Err(e) => (400, OLLAMA_JSON, errors::ollama_error_body(&e.0)),
+            },
+            Meta::Healthz => (200, "text/plain", "ok".to_owned()),
+            Meta::Stats => (200, json, self.ctx.stats.to_json()),
+            Meta::Last => match self.ctx.log.borrow().last_json() {
+                Some(last) => (200, json, last),
+                None => error(404, "no model request recorded yet"),
+            },
+            Meta::Log => (200, json, self.ctx.log.borrow().log_json()),
+        }
     }
 
     /// A model request: counted, numbered, recorded, answered.
@@ -419,33 +399,3 @@ impl Conn {
         res.map(|_| ())
     }
 }
-
-/// The model endpoints (recorded, numbered, answered through a `Reply`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Endpoint {
-    Chat,
-    Completions,
-    Embeddings,
-    Responses,
-    OllamaChat,
-    OllamaEmbed,
-}
-
-/// Paths that exist (another method gets a 405, not a 404).
-const KNOWN_PATHS: &[&str] = &[
-    "/v1/chat/completions",
-    "/v1/completions",
-    "/v1/embeddings",
-    "/v1/responses",
-    "/v1/models",
-    "/api/chat",
-    "/api/embed",
-    "/api/tags",
-    "/api/ps",
-    "/api/show",
-    "/api/version",
-    "/healthz",
-    "/stats",
-    "/last",
-    "/log",
-];

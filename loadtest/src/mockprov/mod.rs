@@ -1,14 +1,26 @@
-//! `iop-mockprov`: an OpenAI-compatible upstream model server shaped like
-//! vLLM / llama.cpp server output, for end-to-end and load tests.
+//! `iop-mockprov`: an upstream model server for end-to-end and load tests,
+//! shaped like OpenAI (and vLLM / llama.cpp server) and like Ollama's native
+//! API, on one listener.
 //!
 //! - [`MockConfig`]: CLI defaults; a request may override them with a
-//!   `"mock": {...}` object in its JSON body ([`chat::MockOverrides`]).
+//!   `"mock": {...}` object in its JSON body ([`overrides::MockOverrides`]),
+//!   on every model endpoint.
 //! - [`MockProv`]: the server on one monoio runtime; [`run_blocking`] builds
 //!   the runtime, [`spawn`] runs it on a background thread for in-process tests.
 //! - [`Stats`]: counters served at `GET /stats`.
+//! - [`record`]: the exchange log served at `GET /last` and `GET /log`.
 //!
-//! Endpoints: `POST /v1/chat/completions` (streamed or not), `GET /v1/models`,
-//! `GET /healthz`, `GET /stats`.
+//! Endpoints. Model endpoints (numbered, recorded, `mock` overrides apply):
+//! `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
+//! `POST /v1/responses` (streamed as SSE or whole JSON), `POST /api/chat`
+//! (NDJSON or whole JSON), `POST /api/embed`. Metadata: `GET /v1/models`,
+//! `GET /api/tags`, `GET /api/ps`, `POST /api/show`, `GET /api/version`.
+//! The mock's own: `GET /healthz`, `GET /stats`, `GET /last`, `GET /log`.
+//!
+//! Layout: each endpoint module turns a body into a [`reply::Reply`] with no
+//! I/O (`chat` + `chat_stream` + `chat_body`, `completions`, `embeddings`,
+//! `responses`, `ollama_chat`, `ollama_meta`); `routes` picks the endpoint,
+//! `conn` reads requests, `play` paces, writes and records a reply.
 
 pub mod chat;
 pub mod chat_body;
@@ -28,6 +40,7 @@ mod play;
 pub mod record;
 pub mod reply;
 pub mod responses;
+pub mod routes;
 pub mod tool_calls;
 
 use std::cell::RefCell;
@@ -40,14 +53,29 @@ use std::time::Duration;
 
 use iop_core::http::Limits;
 
+/// `--help` epilogue: what the flags do not say.
+const AFTER_HELP: &str = "\
+Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
+/api/chat, /api/embed; GET /v1/models, /api/tags, /api/ps, /api/version; POST /api/show;
+GET /healthz, /stats, /last (the most recent model exchange), /log (the last 64).
+
+Per request, a \"mock\" object in the JSON body overrides the flags: tokens,
+token_interval_ms, ttft_ms, error_status, abort_after, reasoning, token_bytes,
+tool_calls, tool_name, refusal, logprobs, and hangup (read the request, close
+without answering). Unknown keys are refused with a 400.";
+
 /// Defaults for every request (each can be overridden per request).
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "iop-mockprov", about = "Mock OpenAI-compatible model server for iop tests")]
+#[command(
+    name = "iop-mockprov",
+    about = "Mock OpenAI-compatible and Ollama model server for iop tests",
+    after_help = AFTER_HELP
+)]
 pub struct MockConfig {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
-    /// Content tokens per answer.
+    /// Content tokens per answer (every endpoint).
     #[arg(long, default_value_t = 16)]
     pub tokens: u64,
     /// Delay between tokens, in milliseconds.
@@ -56,13 +84,16 @@ pub struct MockConfig {
     /// Delay before the first token, in milliseconds.
     #[arg(long, default_value_t = 0)]
     pub ttft_ms: u64,
-    /// Answer chat requests with this HTTP status and an OpenAI-shaped error.
+    /// Answer model requests with this HTTP status and an error in the
+    /// endpoint's shape (OpenAI's, with `retry-after` on 429/503, or Ollama's).
     #[arg(long, value_parser = clap::value_parser!(u16).range(400..=599))]
     pub error_status: Option<u16>,
-    /// Close the connection after this many content chunks (no finish, no `[DONE]`).
+    /// Close the connection after this many content chunks (no finish, no
+    /// `[DONE]`); a whole answer that would be cut closes without answering.
     #[arg(long)]
     pub abort_after: Option<u64>,
-    /// Reasoning (`reasoning_content`) chunks before the content.
+    /// Reasoning chunks before the content (chat `reasoning_content`, Ollama
+    /// `thinking`).
     #[arg(long, default_value_t = 0)]
     pub reasoning: u64,
     /// Pad every content token to at least this many bytes (large deltas).
@@ -72,7 +103,8 @@ pub struct MockConfig {
     #[arg(long, default_value = "mock")]
     pub model: String,
     /// Answer chat requests with this many parallel tool calls instead of
-    /// content (a request whose last message is a tool result still gets text).
+    /// content (Ollama: only when the request has `tools`). A request whose
+    /// last message is a tool result gets text: `tool said: <result>`.
     #[arg(long, default_value_t = 0)]
     pub tool_calls: u64,
     /// Function name of the tool calls (default `get_weather`).
