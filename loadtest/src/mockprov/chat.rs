@@ -249,6 +249,7 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
     };
     Reply { flavor: Flavor::OpenAi, action }
 }
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {

@@ -1,8 +1,8 @@
 //! The contract between the endpoint shapes and the connection code. An
 //! endpoint turns a request body into a [`Reply`] without doing any I/O; the
 //! connection only plays it: waits, writes, frames and records. A streamed
-//! answer is a [`Script`] that yields one [`Step`] at a time, so even a
-//! million-token stream is never held in memory.
+//! answer is a [`Script`] that yields one step ([`Frame`]s in a [`Phase`]) at
+//! a time, so even a million-token stream is never held in memory.
 
 use std::time::Duration;
 
