@@ -16,6 +16,29 @@ use iop_core::sse::{SseEvent, SseParser};
 use serde_json::Value;
 
 impl MockProv {
+    /// `GET /last`.
+    fn last(&self) -> Value {
+        let res = self.request("GET", "/last", None);
+        assert_eq!(res.head.status, 200, "{}", String::from_utf8_lossy(&res.body));
+        res.json()
+    }
+
+    /// `GET /log`.
+    fn log(&self) -> Vec<Value> {
+        let res = self.request("GET", "/log", None);
+        assert_eq!(res.head.status, 200);
+        serde_json::from_slice(&res.body).unwrap()
+    }
+
+    /// Writes `raw` on a fresh connection and reads until the server closes.
+    fn raw(&self, raw: &[u8]) -> Vec<u8> {
+        let mut s = self.connect();
+        s.write_all(raw).unwrap();
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        out
+    }
+
     fn connect(&self) -> TcpStream {
         let s = TcpStream::connect(self.addr).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
@@ -45,6 +68,8 @@ impl MockProv {
 }
 
 struct Response {
+    /// The head as received (names in their own case).
+    raw_head: String,
     head: ResponseHead,
     body: Vec<u8>,
     /// The body ended with its framing (not cut by a close).
@@ -53,6 +78,8 @@ struct Response {
 
 impl Response {
     fn parse(raw: &[u8]) -> Self {
+        let end = raw.windows(4).position(|w| w == b"\r\n\r\n").map_or(raw.len(), |e| e + 4);
+        let raw_head = String::from_utf8_lossy(&raw[..end]).into_owned();
         let mut buf = BytesMut::from(raw);
         let head = parse_response_head(&mut buf, &Limits::default(), false).unwrap().expect("complete head");
         let mut dec = BodyDecoder::new(head.body, 1 << 24);
@@ -61,7 +88,24 @@ impl Response {
             body.extend_from_slice(&d);
         }
         let complete = dec.is_done() || dec.finish_on_eof().is_ok();
-        Self { head, body, complete }
+        Self { raw_head, head, body, complete }
+    }
+
+    /// Header lines of the head as written, in order.
+    fn header_pairs(&self) -> Vec<(String, String)> {
+        self.raw_head
+            .split("\r\n")
+            .skip(1)
+            .take_while(|l| !l.is_empty())
+            .map(|l| {
+                let (n, v) = l.split_once(':').unwrap();
+                (n.to_owned(), v.trim().to_owned())
+            })
+            .collect()
+    }
+
+    fn header_str(&self, name: &str) -> Option<&str> {
+        self.head.header(name).map(|v| std::str::from_utf8(v).unwrap())
     }
 
     fn events(&self) -> Vec<SseEvent> {
@@ -77,6 +121,32 @@ impl Response {
     fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap()
     }
+}
+
+fn sha_hex(data: &[u8]) -> String {
+    ring::digest::digest(&ring::digest::SHA256, data).as_ref().iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A request with the given extra header lines (`Name: value\r\n` each).
+fn post(path: &str, extra_headers: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: mock\r\n{extra_headers}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// `/last` (or a `/log` entry) describes exactly the exchange `res` (answer to `body`).
+fn assert_recorded(rec: &Value, path: &str, body: &str, res: &Response, complete: bool) {
+    assert_eq!((rec["method"].as_str(), rec["path"].as_str()), (Some("POST"), Some(path)), "{rec}");
+    assert_eq!(rec["request_body"].as_str(), Some(body), "byte for byte");
+    assert_eq!(rec["request_body_sha256"], sha_hex(body.as_bytes()));
+    assert_eq!(rec["response_status"], res.head.status);
+    let headers: Vec<(String, String)> = serde_json::from_value(rec["response_headers"].clone()).unwrap();
+    assert_eq!(headers, res.header_pairs());
+    assert_eq!(rec["response_body_sha256"], sha_hex(&res.body), "hash of the de-chunked body");
+    assert_eq!(rec["response_body_bytes"], res.body.len());
+    assert_eq!((rec["complete"].as_bool(), rec["finished"].as_bool()), (Some(complete), Some(true)), "{rec}");
 }
 
 fn chunk(e: &SseEvent) -> Value {
@@ -183,8 +253,11 @@ fn non_streamed_error_and_other_endpoints() {
     assert_eq!(res.head.status, 429);
     assert_eq!(
         res.json(),
-        serde_json::json!({"error": {"message": "mock provider error", "type": "mock_error", "code": 429}})
+        serde_json::json!({"error": {"message": "mock provider error", "type": "rate_limit_error", "param": null,
+                                     "code": "rate_limit_exceeded"}})
     );
+    assert_eq!(res.head.header("retry-after"), Some(&b"7"[..]));
+    assert_eq!(res.head.header("retry-after-ms"), Some(&b"7000"[..]));
 
     for (body, what) in [("{not json", "bad json"), (r#"{"model":"m"}"#, "missing messages")] {
         let res = mock.request("POST", "/v1/chat/completions", Some(body));
@@ -203,7 +276,8 @@ fn error_status_flag_applies_to_chat() {
     let mock = MockProv::start(&["--error-status", "503"]);
     let res = mock.request("POST", "/v1/chat/completions", Some(r#"{"messages":[{"content":"x"}],"stream":true}"#));
     assert_eq!(res.head.status, 503);
-    assert_eq!(res.json()["error"]["code"], 503);
+    assert_eq!(res.json()["error"]["type"], "server_error");
+    assert_eq!(res.json()["error"]["code"], "mock_error");
     assert_eq!(mock.request("GET", "/healthz", None).head.status, 200);
 }
 
@@ -348,4 +422,509 @@ fn keep_alive_pipelining_chunked_bodies_and_bad_input(legacy: bool) {
         assert!(!res.head.keep_alive);
     }
     assert_eq!(mock.request("GET", "/healthz", None).body, b"ok");
+}
+
+#[test]
+fn last_records_the_exchange_byte_for_byte() {
+    let mock = MockProv::start(&["--tokens", "3"]);
+    assert_eq!(mock.request("GET", "/last", None).head.status, 404, "nothing recorded yet");
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"marker-1 \u00e9 é"}],"stream":true,"stream_options":{"include_usage":true}}"#;
+    let res = Response::parse(&mock.raw(&post(
+        "/v1/chat/completions",
+        "X-Test-Marker: abc\r\nContent-Type: application/json\r\n",
+        body,
+    )));
+    assert_eq!(res.head.status, 200);
+    assert!(res.complete);
+    assert!(res.body.ends_with(b"data: [DONE]\n\n"));
+    let rec = mock.last();
+    assert_recorded(&rec, "/v1/chat/completions", body, &res, true);
+    assert_eq!(rec["id"], 1);
+    let headers: Vec<(String, String)> = serde_json::from_value(rec["headers"].clone()).unwrap();
+    let want: Vec<(String, String)> = [
+        ("Host", "mock"),
+        ("X-Test-Marker", "abc"),
+        ("Content-Type", "application/json"),
+        ("Content-Length", &body.len().to_string()),
+        ("Connection", "close"),
+    ]
+    .iter()
+    .map(|(n, v)| ((*n).to_owned(), (*v).to_owned()))
+    .collect();
+    assert_eq!(headers, want, "in order, names as received");
+    assert_eq!(res.header_str("x-request-id"), Some("req_mock_1"));
+    assert!(res.header_str("openai-processing-ms").unwrap().parse::<u64>().is_ok());
+    assert_eq!(res.header_str("x-ratelimit-limit-requests"), Some("1000"));
+    assert_eq!(res.header_str("x-ratelimit-remaining-requests"), Some("999"));
+
+    // Non-streamed, then metadata endpoints (not recorded), then a configured error.
+    let body2 = r#"{"messages":[{"role":"user","content":"marker-2"}]}"#;
+    let res2 = Response::parse(&mock.raw(&post("/v1/chat/completions", "", body2)));
+    assert_eq!(res2.head.status, 200);
+    assert_recorded(&mock.last(), "/v1/chat/completions", body2, &res2, true);
+    assert_eq!(mock.request("GET", "/v1/models", None).head.status, 200);
+    assert_eq!(mock.request("GET", "/healthz", None).head.status, 200);
+    let body3 = r#"{"messages":[{"content":"marker-3"}],"mock":{"error_status":503}}"#;
+    let res3 = Response::parse(&mock.raw(&post("/v1/chat/completions", "", body3)));
+    assert_eq!(res3.head.status, 503);
+    assert_eq!((res3.header_str("retry-after"), res3.header_str("x-request-id")), (Some("7"), Some("req_mock_3")));
+    assert_recorded(&mock.last(), "/v1/chat/completions", body3, &res3, true);
+
+    // An aborted stream is recorded as incomplete, with the bytes that were written.
+    let body4 = r#"{"messages":[{"content":"marker-4"}],"stream":true,"mock":{"abort_after":2}}"#;
+    let res4 = Response::parse(&mock.raw(&post("/v1/chat/completions", "", body4)));
+    assert!(!res4.complete);
+    assert_recorded(&mock.last(), "/v1/chat/completions", body4, &res4, false);
+
+    // A hang-up has no response at all.
+    let body5 = r#"{"messages":[{"content":"marker-5"}],"mock":{"hangup":true}}"#;
+    assert!(mock.raw(&post("/v1/chat/completions", "", body5)).is_empty());
+    let rec = mock.last();
+    assert_eq!((&rec["response_status"], &rec["response_headers"]), (&Value::Null, &serde_json::json!([])));
+    assert_eq!((rec["response_body_bytes"].as_u64(), rec["complete"].as_bool()), (Some(0), Some(false)));
+
+    let log = mock.log();
+    let markers: Vec<&str> = log.iter().map(|r| r["request_body"].as_str().unwrap()).collect();
+    assert_eq!(markers, [body, body2, body3, body4, body5], "oldest first, model requests only");
+    assert_recorded(&log[0], "/v1/chat/completions", body, &res, true);
+}
+
+#[test]
+fn log_keeps_the_last_64_and_no_record_turns_it_off() {
+    let mock = MockProv::start(&["--tokens", "1"]);
+    let mut s = mock.connect();
+    for i in 0..70 {
+        let body = format!(r#"{{"messages":[{{"content":"n{i}"}}]}}"#);
+        write!(s, "POST /v1/chat/completions HTTP/1.1\r\nhost: m\r\ncontent-length: {}\r\n\r\n{body}", body.len())
+            .unwrap();
+    }
+    s.write_all(b"GET /healthz HTTP/1.1\r\nhost: m\r\nconnection: close\r\n\r\n").unwrap();
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).unwrap();
+    assert!(raw.ends_with(b"ok"));
+    let log = mock.log();
+    assert_eq!(log.len(), 64);
+    assert_eq!(log[0]["request_body"], r#"{"messages":[{"content":"n6"}]}"#);
+    assert_eq!(log[63]["id"], 70);
+    // A body above 1 MiB keeps only its digest and length.
+    let big = format!(r#"{{"messages":[{{"content":"{}"}}]}}"#, "a".repeat(1 << 20));
+    let res = Response::parse(&mock.raw(&post("/v1/chat/completions", "", &big)));
+    assert_eq!(res.head.status, 200);
+    let rec = mock.last();
+    assert_eq!((&rec["request_body"], rec["request_body_bytes"].as_u64()), (&Value::Null, Some(big.len() as u64)));
+    assert_eq!(rec["request_body_sha256"], sha_hex(big.as_bytes()));
+
+    let quiet = MockProv::start(&["--no-record"]);
+    let res = quiet.request("POST", "/v1/chat/completions", Some(r#"{"messages":[{"content":"x"}]}"#));
+    assert_eq!(res.head.status, 200);
+    assert_eq!(quiet.request("GET", "/last", None).head.status, 404);
+    assert!(quiet.log().is_empty());
+}
+
+/// POSTs `body` to `path` on a fresh connection; the answer and the `/last` record of it.
+fn exchange(mock: &MockProv, path: &str, body: &str) -> (Response, Value) {
+    let res = Response::parse(&mock.raw(&post(path, "Content-Type: application/json\r\n", body)));
+    let rec = mock.last();
+    assert_recorded(&rec, path, body, &res, true);
+    (res, rec)
+}
+
+fn sse_data(res: &Response) -> Vec<Value> {
+    res.events().iter().filter(|e| e.data != "[DONE]").map(chunk).collect()
+}
+
+fn ndjson(res: &Response) -> Vec<Value> {
+    let text = std::str::from_utf8(&res.body).unwrap();
+    assert!(text.ends_with('\n'), "{text:?}");
+    text.lines().map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}"))).collect()
+}
+
+#[test]
+fn chat_tool_calls_two_turn_loop_refusal_n_and_logprobs() {
+    let mock = MockProv::start(&["--tokens", "3"]);
+    // Turn 1: streamed parallel tool calls.
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"weather?"}],"tools":[{"type":"function","function":{"name":"get_weather"}}],"mock":{"tool_calls":2}}"#;
+    let (res, _) = exchange(&mock, "/v1/chat/completions", body);
+    let chunks = sse_data(&res);
+    let mut args = [String::new(), String::new()];
+    let mut ids = [String::new(), String::new()];
+    for c in &chunks {
+        for tc in c["choices"][0]["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            let i = tc["index"].as_u64().unwrap() as usize;
+            if let Some(id) = tc["id"].as_str() {
+                ids[i] = id.to_owned();
+                assert_eq!(tc["function"]["name"], "get_weather");
+            }
+            args[i].push_str(tc["function"]["arguments"].as_str().unwrap());
+        }
+    }
+    assert_eq!(ids, ["call_1_0", "call_1_1"]);
+    for (i, a) in args.iter().enumerate() {
+        assert_eq!(serde_json::from_str::<Value>(a).unwrap(), serde_json::json!({"city": "Paris", "n": i}));
+    }
+    assert_eq!(chunks.last().unwrap()["choices"][0]["finish_reason"], "tool_calls");
+    // Turn 2: the tool result comes back; the answer is text that echoes it.
+    let body = r#"{"model":"m","messages":[{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"call_1_0","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\",\"n\":0}"}}]},{"role":"tool","tool_call_id":"call_1_0","content":"11 degrees"}],"mock":{"tool_calls":2}}"#;
+    let (res, _) = exchange(&mock, "/v1/chat/completions", body);
+    let v = res.json();
+    assert_eq!(v["choices"][0]["message"]["content"], "tool said: 11 degrees");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    // Refusal, non-streamed and streamed.
+    let (res, _) =
+        exchange(&mock, "/v1/chat/completions", r#"{"messages":[{"content":"x"}],"mock":{"refusal":"No."}}"#);
+    let m = &res.json()["choices"][0]["message"];
+    assert_eq!((&m["content"], &m["refusal"]), (&Value::Null, &serde_json::json!("No.")));
+    let (res, _) = exchange(
+        &mock,
+        "/v1/chat/completions",
+        r#"{"stream":true,"messages":[{"content":"x"}],"mock":{"refusal":"I will not."}}"#,
+    );
+    let refusal: String =
+        sse_data(&res).iter().filter_map(|c| c["choices"][0]["delta"]["refusal"].as_str().map(str::to_owned)).collect();
+    assert_eq!(refusal, "I will not.");
+
+    // n = 2 with logprobs, streamed with usage.
+    let body = r#"{"stream":true,"n":2,"logprobs":true,"top_logprobs":2,"stream_options":{"include_usage":true},"messages":[{"content":"x"}]}"#;
+    let (res, _) = exchange(&mock, "/v1/chat/completions", body);
+    let chunks = sse_data(&res);
+    let mut text = [String::new(), String::new()];
+    let mut finishes = 0;
+    for c in &chunks[..chunks.len() - 1] {
+        assert_eq!(
+            (&c["system_fingerprint"], &c["service_tier"], &c["usage"]),
+            (&serde_json::json!("fp_mock"), &serde_json::json!("default"), &Value::Null)
+        );
+        let choice = &c["choices"][0];
+        let i = choice["index"].as_u64().unwrap() as usize;
+        if let Some(t) = choice["delta"]["content"].as_str().filter(|t| !t.is_empty()) {
+            text[i].push_str(t);
+            assert_eq!(choice["logprobs"]["content"][0]["token"], t);
+            assert_eq!(choice["logprobs"]["content"][0]["top_logprobs"].as_array().unwrap().len(), 2);
+        }
+        finishes += usize::from(choice["finish_reason"] == "stop");
+    }
+    assert_eq!(text, ["tok0 tok1 tok2 ", "tok0-c1 tok1-c1 tok2-c1 "]);
+    assert_eq!(finishes, 2);
+    assert_eq!(chunks.last().unwrap()["usage"]["completion_tokens"], 6);
+    let v = mock.request("POST", "/v1/chat/completions", Some(r#"{"n":3,"messages":[{"content":"x"}]}"#)).json();
+    assert_eq!(v["choices"].as_array().unwrap().len(), 3);
+    assert_eq!(v["usage"]["completion_tokens"], 9);
+}
+
+#[test]
+fn legacy_completions_streamed_and_not() {
+    let mock = MockProv::start(&["--tokens", "3"]);
+    let (res, rec) =
+        exchange(&mock, "/v1/completions", r#"{"model":"inst","prompt":"Say this is a test","max_tokens":2}"#);
+    assert_eq!(res.header_str("content-type"), Some("application/json"));
+    assert_eq!(res.header_str("x-request-id"), Some(format!("req_mock_{}", rec["id"]).as_str()));
+    let v = res.json();
+    assert_eq!((&v["object"], &v["model"]), (&serde_json::json!("text_completion"), &serde_json::json!("inst")));
+    assert!(v["id"].as_str().unwrap().starts_with("cmpl-mock-"));
+    assert_eq!(v["choices"][0]["text"], "tok0 tok1 ");
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(v["usage"]["completion_tokens"], 2);
+
+    let body = r#"{"prompt":["a","b"],"stream":true,"stream_options":{"include_usage":true}}"#;
+    let (res, _) = exchange(&mock, "/v1/completions", body);
+    assert_eq!(res.header_str("content-type"), Some("text/event-stream"));
+    assert_eq!(res.events().last().unwrap().data, "[DONE]");
+    let chunks = sse_data(&res);
+    assert_eq!(chunks.len(), 3 * 2 + 2 + 1);
+    let mut text = [String::new(), String::new()];
+    for c in &chunks[..8] {
+        assert_eq!(c["object"], "text_completion");
+        let ch = &c["choices"][0];
+        text[ch["index"].as_u64().unwrap() as usize].push_str(ch["text"].as_str().unwrap());
+    }
+    assert_eq!(text, ["tok0 tok1 tok2 ", "tok0-c1 tok1-c1 tok2-c1 "]);
+    assert_eq!(
+        (chunks[6]["choices"][0]["finish_reason"].as_str(), chunks[7]["choices"][0]["finish_reason"].as_str()),
+        (Some("stop"), Some("stop"))
+    );
+    assert_eq!(
+        (&chunks[8]["choices"], &chunks[8]["usage"]["completion_tokens"]),
+        (&serde_json::json!([]), &serde_json::json!(6))
+    );
+    // Without include_usage, no usage chunk; errors and bad prompts as OpenAI.
+    let (res, _) = exchange(&mock, "/v1/completions", r#"{"prompt":"x","stream":true}"#);
+    assert!(sse_data(&res).iter().all(|c| c.get("usage").is_none() && !c["choices"].as_array().unwrap().is_empty()));
+    let (res, _) = exchange(&mock, "/v1/completions", r#"{"prompt":"x","mock":{"error_status":429}}"#);
+    assert_eq!((res.head.status, res.header_str("retry-after-ms")), (429, Some("7000")));
+    let (res, _) = exchange(&mock, "/v1/completions", r#"{"model":"m"}"#);
+    assert_eq!(res.head.status, 400);
+    assert_eq!(mock.stats()["completions_requests"], 5);
+}
+
+fn base64_decode(s: &str) -> Vec<u8> {
+    let val = |c: u8| match c {
+        b'A'..=b'Z' => c - b'A',
+        b'a'..=b'z' => c - b'a' + 26,
+        b'0'..=b'9' => c - b'0' + 52,
+        b'+' => 62,
+        b'/' => 63,
+        _ => panic!("bad base64 {c}"),
+    };
+    let mut out = Vec::new();
+    for quad in s.as_bytes().chunks(4) {
+        let pad = quad.iter().filter(|&&c| c == b'=').count();
+        let n = quad.iter().filter(|&&c| c != b'=').fold(0u32, |n, &c| (n << 6) | u32::from(val(c))) << (6 * pad);
+        out.extend_from_slice(&n.to_be_bytes()[1..4 - pad]);
+    }
+    out
+}
+
+#[test]
+fn embeddings_openai_and_ollama() {
+    let mock = MockProv::start(&[]);
+    let (res, _) = exchange(&mock, "/v1/embeddings", r#"{"model":"text-embedding-3-small","input":["hello","world"]}"#);
+    let v = res.json();
+    assert_eq!((&v["object"], &v["model"]), (&serde_json::json!("list"), &serde_json::json!("text-embedding-3-small")));
+    assert_eq!(v["data"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        (&v["data"][1]["object"], &v["data"][1]["index"]),
+        (&serde_json::json!("embedding"), &serde_json::json!(1))
+    );
+    let floats: Vec<f32> = serde_json::from_value(v["data"][0]["embedding"].clone()).unwrap();
+    assert_eq!(floats.len(), 8);
+    assert!(v["usage"]["prompt_tokens"].as_u64().unwrap() >= 2);
+    assert_eq!(v["usage"]["prompt_tokens"], v["usage"]["total_tokens"]);
+    // Deterministic, and base64 carries the same little-endian f32s.
+    let (res, _) = exchange(&mock, "/v1/embeddings", r#"{"input":"hello","encoding_format":"base64"}"#);
+    let bytes = base64_decode(res.json()["data"][0]["embedding"].as_str().unwrap());
+    let decoded: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+    assert_eq!(decoded, floats);
+    let (res, _) = exchange(&mock, "/v1/embeddings", r#"{"input":[[1,2,3]],"dimensions":16}"#);
+    assert_eq!(res.json()["data"][0]["embedding"].as_array().unwrap().len(), 16);
+    let (res, _) = exchange(&mock, "/v1/embeddings", r#"{"input":""}"#);
+    assert_eq!(res.head.status, 400);
+
+    let (res, _) = exchange(&mock, "/api/embed", r#"{"model":"all-minilm","input":["hello","x"]}"#);
+    assert_eq!(res.header_str("content-type"), Some("application/json; charset=utf-8"));
+    assert!(res.header_str("x-request-id").is_none(), "Ollama sends no OpenAI headers");
+    let v = res.json();
+    assert_eq!(v["model"], "all-minilm");
+    let first: Vec<f32> = serde_json::from_value(v["embeddings"][0].clone()).unwrap();
+    assert_eq!(first, floats, "same text, same vector on both APIs");
+    assert!(v["total_duration"].as_u64().is_some() && v["load_duration"].as_u64().is_some());
+    assert_eq!(v["prompt_eval_count"], 2);
+    let (res, _) = exchange(&mock, "/api/embed", r#"{"input":"x"}"#);
+    assert_eq!((res.head.status, res.json()), (400, serde_json::json!({"error": "model is required"})));
+    let stats = mock.stats();
+    assert_eq!((stats["embeddings_requests"].as_u64(), stats["ollama_requests"].as_u64()), (Some(4), Some(2)));
+}
+
+#[test]
+fn responses_api_streamed_and_not() {
+    let mock = MockProv::start(&["--tokens", "3"]);
+    let (res, _) =
+        exchange(&mock, "/v1/responses", r#"{"model":"gpt-4.1","input":"Tell me a story","instructions":"short"}"#);
+    let v = res.json();
+    assert_eq!(
+        (&v["object"], &v["status"], &v["model"]),
+        (&serde_json::json!("response"), &serde_json::json!("completed"), &serde_json::json!("gpt-4.1"))
+    );
+    assert!(v["id"].as_str().unwrap().starts_with("resp_"));
+    let msg = &v["output"][0];
+    assert_eq!(
+        (&msg["type"], &msg["role"], &msg["status"]),
+        (&serde_json::json!("message"), &serde_json::json!("assistant"), &serde_json::json!("completed"))
+    );
+    assert!(msg["id"].as_str().unwrap().starts_with("msg_"));
+    assert_eq!(
+        msg["content"][0],
+        serde_json::json!({"type":"output_text","annotations":[],"logprobs":[],"text":"tok0 tok1 tok2 "})
+    );
+    let u = &v["usage"];
+    assert_eq!(
+        (u["output_tokens"].as_u64(), u["total_tokens"].as_u64()),
+        (Some(3), Some(u["input_tokens"].as_u64().unwrap() + 3))
+    );
+    assert_eq!(v["instructions"], "short");
+
+    let (res, _) = exchange(&mock, "/v1/responses", r#"{"input":[{"role":"user","content":"hi"}],"stream":true}"#);
+    assert_eq!(res.header_str("content-type"), Some("text/event-stream"));
+    let events = res.events();
+    assert!(events.iter().all(|e| e.data != "[DONE]"), "the Responses API sends no [DONE]");
+    let names: Vec<&str> = events.iter().map(|e| e.event.as_deref().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "response.created",
+            "response.in_progress",
+            "response.output_item.added",
+            "response.content_part.added",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.delta",
+            "response.output_text.done",
+            "response.content_part.done",
+            "response.output_item.done",
+            "response.completed"
+        ]
+    );
+    for (i, e) in events.iter().enumerate() {
+        let d = chunk(e);
+        assert_eq!((d["type"].as_str(), d["sequence_number"].as_u64()), (e.event.as_deref(), Some(i as u64)));
+    }
+    let text: String = events[4..7].iter().map(|e| chunk(e)["delta"].as_str().unwrap().to_owned()).collect();
+    assert_eq!(text, "tok0 tok1 tok2 ");
+    assert_eq!(chunk(&events[10])["response"]["output"][0]["content"][0]["text"], text);
+    // Cut by max_output_tokens: incomplete; aborted streams are recorded incomplete.
+    let (res, _) = exchange(&mock, "/v1/responses", r#"{"input":"x","stream":true,"max_output_tokens":1}"#);
+    assert_eq!(res.events().last().unwrap().event.as_deref(), Some("response.incomplete"));
+    let body = r#"{"input":"x","stream":true,"mock":{"abort_after":1}}"#;
+    let res = Response::parse(&mock.raw(&post("/v1/responses", "", body)));
+    assert!(!res.complete);
+    assert_recorded(&mock.last(), "/v1/responses", body, &res, false);
+    assert_eq!(mock.stats()["responses_requests"], 4);
+}
+
+#[test]
+fn ollama_chat_streamed_and_not() {
+    let mock = MockProv::start(&["--tokens", "3", "--model", "llama3.2"]);
+    let (res, _) = exchange(
+        &mock,
+        "/api/chat",
+        r#"{"model":"llama3.2","messages":[{"role":"user","content":"why is the sky blue?"}]}"#,
+    );
+    assert_eq!(res.head.status, 200);
+    assert_eq!(res.header_str("content-type"), Some("application/x-ndjson"));
+    assert_eq!(res.header_str("transfer-encoding"), Some("chunked"));
+    let lines = ndjson(&res);
+    assert_eq!(lines.len(), 3 + 1);
+    for (i, l) in lines[..3].iter().enumerate() {
+        assert_eq!(l["model"], "llama3.2");
+        assert!(l["created_at"].as_str().unwrap().ends_with('Z'));
+        assert_eq!(
+            (&l["message"], &l["done"]),
+            (&serde_json::json!({"role":"assistant","content":format!("tok{i} ")}), &serde_json::json!(false))
+        );
+    }
+    let last = &lines[3];
+    assert_eq!((&last["done"], &last["done_reason"]), (&serde_json::json!(true), &serde_json::json!("stop")));
+    for key in
+        ["total_duration", "load_duration", "prompt_eval_count", "prompt_eval_duration", "eval_count", "eval_duration"]
+    {
+        assert!(last[key].as_u64().is_some(), "{key}: {last}");
+    }
+    assert_eq!(last["eval_count"], 3);
+
+    // Thinking first, capped by num_predict.
+    let (res, _) = exchange(
+        &mock,
+        "/api/chat",
+        r#"{"model":"qwen3","think":true,"options":{"num_predict":5},"messages":[{"role":"user","content":"x"}],"mock":{"reasoning":2}}"#,
+    );
+    let lines = ndjson(&res);
+    let thinking: String = lines.iter().filter_map(|l| l["message"]["thinking"].as_str().map(str::to_owned)).collect();
+    let content: String = lines.iter().map(|l| l["message"]["content"].as_str().unwrap().to_owned()).collect();
+    assert_eq!((thinking.as_str(), content.as_str()), ("think0 think1 ", "tok0 tok1 tok2 "));
+    assert_eq!(lines[0]["message"]["content"], "");
+    let (res, _) =
+        exchange(&mock, "/api/chat", r#"{"model":"m","options":{"num_predict":2},"messages":[{"content":"x"}]}"#);
+    assert_eq!(ndjson(&res).last().unwrap()["done_reason"], "length");
+
+    // Tool calls, whole, when the request has tools; then the second turn.
+    let tools = r#"[{"type":"function","function":{"name":"get_weather","parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}]"#;
+    let body = format!(
+        r#"{{"model":"m","messages":[{{"role":"user","content":"weather in Paris?"}}],"tools":{tools},"mock":{{"tool_calls":2}}}}"#
+    );
+    let (res, _) = exchange(&mock, "/api/chat", &body);
+    let lines = ndjson(&res);
+    assert_eq!(lines.len(), 2);
+    let calls = lines[0]["message"]["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(
+        calls[1]["function"],
+        serde_json::json!({"index":1,"name":"get_weather","arguments":{"city":"Paris","n":1}})
+    );
+    let body = format!(
+        r#"{{"model":"m","stream":false,"tools":{tools},"mock":{{"tool_calls":2}},"messages":[{{"role":"user","content":"weather in Paris?"}},{{"role":"assistant","content":"","tool_calls":[{{"function":{{"name":"get_weather","arguments":{{"city":"Paris"}}}}}}]}},{{"role":"tool","content":"11 degrees","tool_name":"get_weather"}}]}}"#
+    );
+    let (res, _) = exchange(&mock, "/api/chat", &body);
+    assert_eq!(res.header_str("content-type"), Some("application/json; charset=utf-8"));
+    assert!(res.head.header("content-length").is_some());
+    let v = res.json();
+    assert_eq!(
+        (&v["message"]["content"], &v["done"]),
+        (&serde_json::json!("tool said: 11 degrees"), &serde_json::json!(true))
+    );
+
+    // Non-streamed plain answer, errors as Ollama sends them, an aborted stream.
+    let (res, _) =
+        exchange(&mock, "/api/chat", r#"{"model":"m","stream":false,"messages":[{"role":"user","content":"x"}]}"#);
+    let v = res.json();
+    assert_eq!(v["message"], serde_json::json!({"role":"assistant","content":"tok0 tok1 tok2 "}));
+    assert_eq!((&v["done_reason"], &v["eval_count"]), (&serde_json::json!("stop"), &serde_json::json!(3)));
+    let (res, _) =
+        exchange(&mock, "/api/chat", r#"{"model":"x","messages":[{"content":"x"}],"mock":{"error_status":404}}"#);
+    assert_eq!(
+        (res.head.status, res.json()),
+        (404, serde_json::json!({"error": "model \"x\" not found, try pulling it first"}))
+    );
+    let (res, _) = exchange(&mock, "/api/chat", r#"{"messages":[{"content":"x"}]}"#);
+    assert_eq!((res.head.status, res.json()), (400, serde_json::json!({"error": "model is required"})));
+    let body = r#"{"model":"m","messages":[{"content":"x"}],"mock":{"abort_after":1}}"#;
+    let res = Response::parse(&mock.raw(&post("/api/chat", "", body)));
+    assert!(!res.complete);
+    assert_eq!(String::from_utf8_lossy(&res.body).lines().count(), 1);
+    assert_recorded(&mock.last(), "/api/chat", body, &res, false);
+    let stats = mock.stats();
+    assert_eq!((stats["ollama_requests"].as_u64(), stats["requests"].as_u64()), (Some(9), Some(0)));
+    assert_eq!(stats["aborted"], 1);
+}
+
+#[test]
+fn ollama_model_endpoints() {
+    let mock = MockProv::start(&["--model", "llama3.2"]);
+    let res = mock.request("GET", "/api/tags", None);
+    assert_eq!((res.head.status, res.header_str("content-type")), (200, Some("application/json; charset=utf-8")));
+    let m = &res.json()["models"][0];
+    assert_eq!(
+        (&m["name"], &m["model"]),
+        (&serde_json::json!("llama3.2:latest"), &serde_json::json!("llama3.2:latest"))
+    );
+    assert!(m["size"].as_u64().is_some() && m["digest"].as_str().is_some() && m["details"]["family"].is_string());
+    assert!(m["modified_at"].as_str().is_some());
+    let m = &mock.request("GET", "/api/ps", None).json()["models"][0];
+    assert!(m["expires_at"].as_str().unwrap().ends_with('Z'));
+    assert!(m["size_vram"].as_u64().is_some());
+    let v = mock.request("POST", "/api/show", Some(r#"{"model":"llama3.2"}"#)).json();
+    assert_eq!(v["capabilities"], serde_json::json!(["completion", "tools"]));
+    for key in ["modelfile", "parameters", "template"] {
+        assert!(v[key].is_string(), "{key}");
+    }
+    assert!(v["details"].is_object() && v["model_info"].is_object());
+    let res = mock.request("POST", "/api/show", Some("{}"));
+    assert_eq!((res.head.status, res.json()), (400, serde_json::json!({"error": "model is required"})));
+    assert!(mock.request("GET", "/api/version", None).json()["version"].is_string());
+    assert_eq!(mock.request("GET", "/api/chat", None).head.status, 405);
+    assert_eq!(mock.request("GET", "/last", None).head.status, 404, "metadata requests are not recorded");
+}
+
+/// Time until the first response byte of `body` posted to `path`, and the whole response.
+fn first_byte_after(mock: &MockProv, path: &str, body: &str) -> (Duration, Response) {
+    let mut s = mock.connect();
+    let started = Instant::now();
+    s.write_all(&post(path, "", body)).unwrap();
+    let mut first = [0u8; 1];
+    s.read_exact(&mut first).unwrap();
+    let ttfb = started.elapsed();
+    let mut raw = first.to_vec();
+    s.read_to_end(&mut raw).unwrap();
+    (ttfb, Response::parse(&raw))
+}
+
+#[test]
+fn ttft_delays_ollama_heads_but_not_openai_heads() {
+    let mock = MockProv::start(&["--tokens", "2", "--ttft-ms", "300"]);
+    let (ttfb, res) =
+        first_byte_after(&mock, "/v1/chat/completions", r#"{"stream":true,"messages":[{"content":"x"}]}"#);
+    assert!(ttfb < Duration::from_millis(250), "OpenAI-style head and role chunk come at once: {ttfb:?}");
+    assert!(res.complete);
+    let (ttfb, res) = first_byte_after(&mock, "/api/chat", r#"{"model":"m","messages":[{"content":"x"}]}"#);
+    assert!(ttfb >= Duration::from_millis(300), "Ollama writes its head with the first line: {ttfb:?}");
+    assert_eq!(ndjson(&res).len(), 3);
 }

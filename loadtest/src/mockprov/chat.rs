@@ -1,35 +1,16 @@
-//! Chat-completions semantics of the mock: request validation, the response
-//! plan (how many tokens, which delays) and the JSON of every chunk. Pure
-//! functions; the connection code only paces and writes what these produce.
+//! Chat-completions semantics of the mock: request validation and the
+//! response plan (which answer, how many tokens and choices, which delays).
+//! Pure functions; [`super::chat_stream`] and [`super::chat_body`] render the
+//! plan, and the connection code only paces and writes what they produce.
 
-use std::fmt::Write as _;
 use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::MockConfig;
-
-/// Per-request behaviour overrides (`"mock": {...}` in the request body).
-#[derive(Debug, Default, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct MockOverrides {
-    /// Content tokens to produce.
-    pub tokens: Option<u64>,
-    /// Delay between tokens.
-    pub token_interval_ms: Option<u64>,
-    /// Delay before the first token.
-    pub ttft_ms: Option<u64>,
-    /// Answer with this error status instead.
-    pub error_status: Option<u16>,
-    /// Close the connection after this many content chunks.
-    pub abort_after: Option<u64>,
-    /// Reasoning tokens before the content.
-    pub reasoning: Option<u64>,
-    /// Pad every content token to at least this many bytes.
-    pub token_bytes: Option<u64>,
-    /// Read the request, then close the connection without answering.
-    pub hangup: Option<bool>,
-}
+use super::overrides::{self, content_chars, content_text, split_words, Knobs, MAX_FANOUT};
+pub use super::overrides::{BadRequest, MockOverrides};
+use super::reply::{self, Action, Env, Flavor, Reply, Stream, Timing, Whole};
+use super::{chat_body, chat_stream, logprobs, tool_calls, MockConfig};
 
 #[derive(Debug, Deserialize)]
 struct ChatRequest {
@@ -45,31 +26,54 @@ struct ChatRequest {
     #[serde(default)]
     max_completion_tokens: Option<u64>,
     #[serde(default)]
+    n: Option<u64>,
+    #[serde(default)]
+    logprobs: Option<bool>,
+    #[serde(default)]
+    top_logprobs: Option<u64>,
+    #[serde(default)]
     mock: Option<MockOverrides>,
 }
 
 #[derive(Debug, Deserialize)]
 struct Message {
     #[serde(default)]
+    role: Option<String>,
+    #[serde(default)]
     content: serde_json::Value,
 }
 
 #[derive(Debug, Deserialize)]
-struct StreamOptions {
+pub(crate) struct StreamOptions {
     #[serde(default)]
-    include_usage: Option<bool>,
+    pub(crate) include_usage: Option<bool>,
 }
 
-/// A request the mock refuses, answered as an OpenAI-shaped 400.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{0}")]
-pub struct BadRequest(pub String);
+/// What the assistant answers, in every choice.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Content tokens `tok0 `, `tok1 `, ...
+    Tokens,
+    /// Content given as pieces (the echo of a tool result).
+    Text(Vec<String>),
+    /// A refusal, as pieces.
+    Refusal(Vec<String>),
+    /// Parallel tool calls instead of content.
+    ToolCalls {
+        /// Number of calls.
+        calls: u64,
+        /// Function name.
+        name: String,
+    },
+}
 
 /// Everything needed to answer one chat request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Plan {
-    /// `chatcmpl-mock-<n>`.
+    /// `chatcmpl-mock-<seq>`.
     pub id: String,
+    /// Number of the request (tool-call ids).
+    pub seq: u64,
     /// Model echoed in every chunk.
     pub model: String,
     /// Unix seconds.
@@ -80,17 +84,24 @@ pub struct Plan {
     pub include_usage: bool,
     /// Prompt tokens reported in usage.
     pub prompt_tokens: u64,
-    /// Reasoning tokens to emit (after the `max_tokens` cap).
+    /// Reasoning tokens to emit per choice (after the `max_tokens` cap).
     pub reasoning: u64,
-    /// Content tokens to emit (after the cap).
+    /// Counted units per choice: content tokens or pieces, refusal pieces,
+    /// or tool-call argument fragments (after the cap).
     pub content: u64,
-    /// `"stop"` or `"length"`.
+    /// `"stop"`, `"length"` or `"tool_calls"`.
     pub finish_reason: &'static str,
+    /// The kind of answer.
+    pub answer: Answer,
+    /// `n`: choices in the answer.
+    pub choices: u64,
+    /// `Some(top_logprobs)` when logprobs were asked for.
+    pub logprobs: Option<u64>,
     /// Delay before the first token.
     pub ttft: Duration,
     /// Delay between tokens.
     pub interval: Duration,
-    /// Close after this many content chunks.
+    /// Close after this many counted units.
     pub abort_after: Option<u64>,
     /// Answer with this error status instead.
     pub error_status: Option<u16>,
@@ -101,20 +112,23 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// Text of content token `i`: `tok<i> `, padded with `x` before the
-    /// space up to `token_bytes`.
+    /// Text of content token `i` of the first choice.
     pub fn content_token(&self, i: u64) -> String {
-        let mut t = format!("tok{i}");
-        if self.token_bytes > t.len() + 1 {
-            t.extend(std::iter::repeat_n('x', self.token_bytes - t.len() - 1));
-        }
-        t.push(' ');
-        t
+        self.piece(0, i)
     }
 
-    /// Tokens in usage.completion_tokens.
+    /// Text of content (or refusal) unit `i` of choice `choice`.
+    pub fn piece(&self, choice: u64, i: u64) -> String {
+        let at = |pieces: &[String]| usize::try_from(i).ok().and_then(|i| pieces.get(i)).cloned().unwrap_or_default();
+        match &self.answer {
+            Answer::Text(pieces) | Answer::Refusal(pieces) => at(pieces),
+            Answer::Tokens | Answer::ToolCalls { .. } => overrides::content_token(choice, i, self.token_bytes),
+        }
+    }
+
+    /// Tokens in `usage.completion_tokens`, over all choices.
     pub fn completion_tokens(&self) -> u64 {
-        self.reasoning + self.content
+        (self.reasoning + self.content).saturating_mul(self.choices)
     }
 
     /// Whether the response ends by closing the connection after
@@ -124,203 +138,128 @@ impl Plan {
     }
 }
 
-/// Error statuses the mock agrees to produce.
-pub fn valid_error_status(status: u16) -> bool {
-    (400..=599).contains(&status)
-}
-
 /// Validates a chat request body and plans the answer. `seq` numbers the id.
 pub fn plan(body: &[u8], config: &MockConfig, seq: u64, created: u64) -> Result<Plan, BadRequest> {
     let req: ChatRequest =
         serde_json::from_slice(body).map_err(|e| BadRequest(format!("invalid request body: {e}")))?;
-    if req.messages.is_empty() {
+    let Some(last) = req.messages.last() else {
         return Err(BadRequest("'messages' must not be empty".into()));
+    };
+    let k = Knobs::resolve(req.mock, config)?;
+    let choices = req.n.unwrap_or(1);
+    if !(1..=MAX_FANOUT).contains(&choices) {
+        return Err(BadRequest(format!("'n' must be in 1..={MAX_FANOUT}, got {choices}")));
     }
-    let o = req.mock.unwrap_or_default();
-    let error_status = o.error_status.or(config.error_status);
-    if let Some(status) = error_status {
-        if !valid_error_status(status) {
-            return Err(BadRequest(format!("mock.error_status {status} is not in 400..=599")));
-        }
+    let top = req.top_logprobs.unwrap_or(0);
+    if top > logprobs::MAX_TOP {
+        return Err(BadRequest(format!("'top_logprobs' must be at most {}, got {top}", logprobs::MAX_TOP)));
     }
-    let tokens = o.tokens.unwrap_or(config.tokens);
-    let reasoning = o.reasoning.unwrap_or(config.reasoning);
-    let wanted = tokens.saturating_add(reasoning);
-    let cap = req.max_completion_tokens.or(req.max_tokens).unwrap_or(u64::MAX);
-    let (reasoning, content, finish_reason) = if wanted > cap {
-        let r = reasoning.min(cap);
-        (r, cap - r, "length")
+    let answer = if last.role.as_deref() == Some("tool") {
+        Answer::Text(split_words(&tool_calls::echo(&content_text(&last.content))))
+    } else if k.tool_calls > 0 {
+        Answer::ToolCalls { calls: k.tool_calls, name: k.tool_name.clone() }
+    } else if let Some(text) = &k.refusal {
+        Answer::Refusal(split_words(text))
     } else {
-        (reasoning, tokens, "stop")
+        Answer::Tokens
+    };
+    let (answer, reasoning, content, finish_reason) = match answer {
+        Answer::ToolCalls { calls, name } => {
+            (Answer::ToolCalls { calls, name }, k.reasoning, calls * tool_calls::FRAGMENTS, "tool_calls")
+        }
+        answer => {
+            let units = match &answer {
+                Answer::Text(p) | Answer::Refusal(p) => p.len() as u64,
+                _ => k.tokens,
+            };
+            let cap = req.max_completion_tokens.or(req.max_tokens).unwrap_or(u64::MAX);
+            if k.reasoning.saturating_add(units) > cap {
+                let r = k.reasoning.min(cap);
+                (truncate(answer, cap - r), r, cap - r, "length")
+            } else {
+                (answer, k.reasoning, units, "stop")
+            }
+        }
     };
     let chars: usize = req.messages.iter().map(|m| content_chars(&m.content)).sum();
     Ok(Plan {
         id: format!("chatcmpl-mock-{seq}"),
+        seq,
         model: req.model.filter(|m| !m.is_empty()).unwrap_or_else(|| config.model.clone()),
         created,
         stream: req.stream.unwrap_or(false),
         include_usage: req.stream_options.and_then(|s| s.include_usage).unwrap_or(false),
-        prompt_tokens: (chars as u64 / 4).max(1),
+        prompt_tokens: overrides::prompt_tokens(chars),
         reasoning,
         content,
         finish_reason,
-        ttft: Duration::from_millis(o.ttft_ms.unwrap_or(config.ttft_ms)),
-        interval: Duration::from_millis(o.token_interval_ms.unwrap_or(config.token_interval_ms)),
-        abort_after: o.abort_after.or(config.abort_after),
-        error_status,
-        token_bytes: usize::try_from(o.token_bytes.unwrap_or(config.token_bytes).min(64 << 20)).unwrap_or(0),
-        hangup: o.hangup.unwrap_or(false),
+        answer,
+        choices,
+        logprobs: (req.logprobs == Some(true) || k.logprobs).then_some(top),
+        ttft: k.ttft,
+        interval: k.interval,
+        abort_after: k.abort_after,
+        error_status: k.error_status,
+        token_bytes: k.token_bytes,
+        hangup: k.hangup,
     })
 }
 
-/// Characters of a message's content: a string, or the text of its parts.
-fn content_chars(content: &serde_json::Value) -> usize {
-    match content {
-        serde_json::Value::String(s) => s.chars().count(),
-        serde_json::Value::Array(parts) => {
-            parts.iter().filter_map(|p| p.get("text").and_then(|t| t.as_str())).map(|t| t.chars().count()).sum()
+/// Keeps the first `n` pieces of a text answer.
+fn truncate(answer: Answer, n: u64) -> Answer {
+    let n = usize::try_from(n).unwrap_or(usize::MAX);
+    match answer {
+        Answer::Text(mut p) => {
+            p.truncate(n);
+            Answer::Text(p)
         }
-        _ => 0,
-    }
-}
-
-/// Text of content token `i`.
-pub fn content_token(i: u64) -> String {
-    format!("tok{i} ")
-}
-
-/// Text of reasoning token `i`.
-pub fn reasoning_token(i: u64) -> String {
-    format!("think{i} ")
-}
-
-fn json_str(s: &str) -> String {
-    // Serializing a str cannot fail; the fallback keeps the output valid JSON regardless.
-    serde_json::to_string(s).unwrap_or_else(|_| "\"\"".to_owned())
-}
-
-/// Builds the JSON of every chunk of one streamed answer; the shared prefix
-/// is rendered once.
-#[derive(Debug)]
-pub struct Chunks {
-    /// `{"id":..,"object":"chat.completion.chunk","created":..,"model":..,`
-    head: String,
-}
-
-impl Chunks {
-    /// Chunk builder for `plan`.
-    pub fn new(plan: &Plan) -> Self {
-        let head = format!(
-            "{{\"id\":{},\"object\":\"chat.completion.chunk\",\"created\":{},\"model\":{},",
-            json_str(&plan.id),
-            plan.created,
-            json_str(&plan.model)
-        );
-        Self { head }
-    }
-
-    fn choice(&self, delta: &str, finish_reason: Option<&str>) -> String {
-        let finish = finish_reason.map_or_else(|| "null".to_owned(), json_str);
-        format!(
-            "{}\"choices\":[{{\"index\":0,\"delta\":{delta},\"logprobs\":null,\"finish_reason\":{finish}}}]}}",
-            self.head
-        )
-    }
-
-    /// The first chunk: the assistant role with empty content.
-    pub fn role(&self) -> String {
-        self.choice(r#"{"role":"assistant","content":""}"#, None)
-    }
-
-    /// A content delta.
-    pub fn content(&self, text: &str) -> String {
-        self.choice(&format!("{{\"content\":{}}}", json_str(text)), None)
-    }
-
-    /// A reasoning delta.
-    pub fn reasoning(&self, text: &str) -> String {
-        self.choice(&format!("{{\"reasoning_content\":{}}}", json_str(text)), None)
-    }
-
-    /// The finish chunk: empty delta and the finish reason.
-    pub fn finish(&self, finish_reason: &str) -> String {
-        self.choice("{}", Some(finish_reason))
-    }
-
-    /// The usage chunk (`choices: []`).
-    pub fn usage(&self, plan: &Plan) -> String {
-        format!("{}\"choices\":[],\"usage\":{}}}", self.head, usage_json(plan))
-    }
-}
-
-fn usage_json(plan: &Plan) -> String {
-    let completion = plan.completion_tokens();
-    format!(
-        "{{\"prompt_tokens\":{},\"completion_tokens\":{},\"total_tokens\":{},\
-         \"prompt_tokens_details\":{{\"cached_tokens\":0}},\
-         \"completion_tokens_details\":{{\"reasoning_tokens\":{}}}}}",
-        plan.prompt_tokens,
-        completion,
-        plan.prompt_tokens + completion,
-        plan.reasoning
-    )
-}
-
-/// The whole non-streamed `chat.completion` body.
-pub fn completion_body(plan: &Plan) -> String {
-    let mut content = String::new();
-    for i in 0..plan.content {
-        content.push_str(&plan.content_token(i));
-    }
-    let reasoning = if plan.reasoning > 0 {
-        let mut text = String::new();
-        for i in 0..plan.reasoning {
-            let _ = write!(text, "think{i} ");
+        Answer::Refusal(mut p) => {
+            p.truncate(n);
+            Answer::Refusal(p)
         }
-        format!(",\"reasoning_content\":{}", json_str(&text))
-    } else {
-        String::new()
+        other => other,
+    }
+}
+
+/// `POST /v1/chat/completions`.
+pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
+    let plan = match plan(body, env.config, env.seq, env.now.secs) {
+        Ok(plan) => plan,
+        Err(e) => return reply::bad_request(Flavor::OpenAi, &e),
     };
-    format!(
-        "{{\"id\":{},\"object\":\"chat.completion\",\"created\":{},\"model\":{},\"choices\":[{{\"index\":0,\
-         \"message\":{{\"role\":\"assistant\",\"content\":{}{reasoning}}},\"logprobs\":null,\
-         \"finish_reason\":{}}}],\"usage\":{}}}",
-        json_str(&plan.id),
-        plan.created,
-        json_str(&plan.model),
-        json_str(&content),
-        json_str(plan.finish_reason),
-        usage_json(plan)
-    )
-}
-
-/// OpenAI-shaped error body. `code` is a JSON value (number, string or null).
-pub fn error_body(message: &str, kind: &str, code: &str) -> String {
-    format!(
-        "{{\"error\":{{\"message\":{},\"type\":{},\"param\":null,\"code\":{code}}}}}",
-        json_str(message),
-        json_str(kind)
-    )
-}
-
-/// The configured provider error (`--error-status`).
-pub fn mock_error_body(status: u16) -> String {
-    format!("{{\"error\":{{\"message\":\"mock provider error\",\"type\":\"mock_error\",\"code\":{status}}}}}")
-}
-
-/// `GET /v1/models`.
-pub fn models_body(model: &str) -> String {
-    format!(
-        "{{\"object\":\"list\",\"data\":[{{\"id\":{},\"object\":\"model\",\"created\":0,\"owned_by\":\"iop-mockprov\"}}]}}",
-        json_str(model)
-    )
+    if let Some(early) = reply::early_reply(Flavor::OpenAi, plan.hangup, plan.error_status, &plan.model) {
+        return early;
+    }
+    let action = if plan.stream {
+        Action::Stream(Stream {
+            content_type: "text/event-stream",
+            headers: vec![("cache-control", "no-cache".to_owned())],
+            eager_head: true,
+            timing: Timing { ttft: plan.ttft, interval: plan.interval, abort_after: plan.abort_after },
+            script: Box::new(chat_stream::ChatScript::new(plan)),
+        })
+    } else {
+        // As long as a real server would take to produce the same tokens.
+        let gaps = u32::try_from((plan.reasoning + plan.content).saturating_sub(1)).unwrap_or(u32::MAX);
+        let delay = plan.ttft.saturating_add(plan.interval.saturating_mul(gaps));
+        let mut whole = Whole::json(200, "application/json", chat_body::completion_body(&plan));
+        whole.delay = delay;
+        whole.abort = plan.aborts();
+        Action::Whole(whole)
+    };
+    Reply { flavor: Flavor::OpenAi, action }
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use serde_json::Value;
+    use crate::mockprov::chat_body::completion_body;
+    use crate::mockprov::chat_stream::Chunks;
+    use crate::mockprov::errors::{error_body, mock_error_body};
+    use crate::mockprov::models::models_body;
+    use crate::mockprov::overrides::{content_token, reasoning_token};
+    use serde_json::{json, Value};
 
     fn config() -> MockConfig {
         MockConfig::for_tests()
@@ -375,6 +314,10 @@ mod tests {
             br#"{"messages":[{"content":"x"}],"mock":{"error_status":200}}"#,
             br#"{"messages":[{"content":"x"}],"mock":{"bogus":1}}"#,
             br#"{"messages":[{"content":"x"}],"max_tokens":-1}"#,
+            br#"{"messages":[{"content":"x"}],"n":0}"#,
+            br#"{"messages":[{"content":"x"}],"n":1000}"#,
+            br#"{"messages":[{"content":"x"}],"top_logprobs":21}"#,
+            br#"{"messages":[{"content":"x"}],"mock":{"tool_calls":129}}"#,
         ] {
             assert!(plan(bad, &config(), 1, 0).is_err(), "{}", String::from_utf8_lossy(bad));
         }
@@ -385,7 +328,7 @@ mod tests {
         let body = br#"{"model":"m\"q","messages":[{"content":"x"}],"mock":{"reasoning":1,"tokens":2}}"#;
         let p = plan(body, &config(), 9, 123).unwrap();
         let c = Chunks::new(&p);
-        let role: Value = serde_json::from_str(&c.role()).unwrap();
+        let role: Value = serde_json::from_str(&c.role(0, &p.answer)).unwrap();
         assert_eq!(role["id"], "chatcmpl-mock-9");
         assert_eq!(role["object"], "chat.completion.chunk");
         assert_eq!(role["created"], 123);
@@ -393,11 +336,13 @@ mod tests {
         assert_eq!(role["choices"][0]["index"], 0);
         assert_eq!(role["choices"][0]["delta"]["role"], "assistant");
         assert_eq!(role["choices"][0]["finish_reason"], Value::Null);
-        let tok: Value = serde_json::from_str(&c.content(&content_token(1))).unwrap();
+        assert_eq!((&role["system_fingerprint"], &role["service_tier"]), (&json!("fp_mock"), &json!("default")));
+        assert!(role.get("usage").is_none(), "no usage key without include_usage");
+        let tok: Value = serde_json::from_str(&c.content(0, &content_token(0, 1, 0), None)).unwrap();
         assert_eq!(tok["choices"][0]["delta"]["content"], "tok1 ");
-        let think: Value = serde_json::from_str(&c.reasoning(&reasoning_token(0))).unwrap();
+        let think: Value = serde_json::from_str(&c.reasoning(0, &reasoning_token(0, 0))).unwrap();
         assert_eq!(think["choices"][0]["delta"]["reasoning_content"], "think0 ");
-        let fin: Value = serde_json::from_str(&c.finish("stop")).unwrap();
+        let fin: Value = serde_json::from_str(&c.finish(0, "stop")).unwrap();
         assert_eq!(fin["choices"][0]["finish_reason"], "stop");
         assert_eq!(fin["choices"][0]["delta"], serde_json::json!({}));
         let usage: Value = serde_json::from_str(&c.usage(&p)).unwrap();
@@ -412,7 +357,7 @@ mod tests {
         assert_eq!(full["choices"][0]["message"]["content"], "tok0 tok1 ");
         assert_eq!(full["choices"][0]["message"]["reasoning_content"], "think0 ");
         let err: Value = serde_json::from_str(&mock_error_body(503)).unwrap();
-        assert_eq!(err["error"]["code"], 503);
+        assert_eq!(err["error"]["code"], "mock_error");
         let err: Value = serde_json::from_str(&error_body("a \"b\"", "invalid_request_error", "null")).unwrap();
         assert_eq!(err["error"]["message"], "a \"b\"");
         let models: Value = serde_json::from_str(&models_body("mock")).unwrap();

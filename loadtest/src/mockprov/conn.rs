@@ -1,5 +1,7 @@
-//! One client connection: HTTP/1.1 keep-alive loop, routing, and paced
-//! streaming that notices a departed client between tokens.
+//! One client connection: HTTP/1.1 keep-alive loop, routing, and the pacing
+//! primitives that notice a departed client between tokens. Model requests
+//! are turned into a [`Reply`](super::reply::Reply) by their endpoint module
+//! and played by [`super::play`].
 //!
 //! The socket is split so a read can stay in flight while chunks are written:
 //! that read is how a client close is seen within one token interval. The
@@ -14,20 +16,20 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::Poll;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
-use iop_core::http::{
-    parse_request_head, write_chunk, write_last_chunk, write_response_head, BodyDecoder, BodyKind, Framing, HttpError,
-    RequestHead,
-};
-use iop_core::sse::{write_done, write_event};
+use bytes::{Bytes, BytesMut};
+use iop_core::http::{parse_request_head, write_response_head, BodyDecoder, BodyKind, Framing, HttpError, RequestHead};
 use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
 use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
 use monoio::net::TcpStream;
 
-use super::chat::{self, Chunks, Plan};
-use super::{Ctx, Stats};
+use super::clock::Timestamp;
+use super::play::Live;
+use super::record::{Exchange, RequestHeaders};
+use super::reply::{Env, Reply, OLLAMA_JSON};
+use super::routes::{self, Endpoint, Meta, Route};
+use super::{chat, completions, embeddings, errors, models, ollama_chat, ollama_meta, responses, Ctx, Stats};
 
 /// Bytes asked of one read.
 const READ_CHUNK: usize = 16 * 1024;
@@ -93,25 +95,25 @@ impl Reader {
     }
 }
 
-enum Waited {
+pub(super) enum Waited {
     Slept,
     Read(io::Result<usize>),
 }
 
 /// What the connection does after a response.
-enum Next {
+pub(super) enum Next {
     KeepAlive,
     Close,
 }
 
 /// The client went away mid-answer.
-struct Gone;
+pub(super) struct Gone;
 
 /// Counts a stream as active for its lifetime.
-struct ActiveStream(Arc<Stats>);
+pub(super) struct ActiveStream(Arc<Stats>);
 
 impl ActiveStream {
-    fn new(stats: &Arc<Stats>) -> Self {
+    pub(super) fn new(stats: &Arc<Stats>) -> Self {
         stats.active_streams.fetch_add(1, Ordering::Relaxed);
         Self(stats.clone())
     }
@@ -123,15 +125,17 @@ impl Drop for ActiveStream {
     }
 }
 
-struct Conn {
+pub(super) struct Conn {
     reader: Reader,
     wr: TcpOwnedWriteHalf,
-    inbuf: BytesMut,
+    pub(super) inbuf: BytesMut,
     /// Our own write buffer (monoio's BufWriter is unsound in 0.2.4).
-    out: BytesMut,
-    /// One SSE event before chunk framing.
-    event: BytesMut,
-    ctx: Rc<Ctx>,
+    pub(super) out: BytesMut,
+    /// One frame (SSE event, NDJSON line) before chunk framing.
+    pub(super) event: BytesMut,
+    pub(super) ctx: Rc<Ctx>,
+    /// The model exchange being answered, while it is recorded.
+    pub(super) live: Option<Live>,
 }
 
 /// Serves one connection until it closes; errors are logged, never fatal.
@@ -144,22 +148,31 @@ pub(crate) async fn serve(stream: TcpStream, ctx: Rc<Ctx>) {
         out: BytesMut::with_capacity(READ_CHUNK),
         event: BytesMut::with_capacity(1024),
         ctx,
+        live: None,
     };
     if let Err(e) = conn.run().await {
         tracing::debug!(error = %e, "connection ended with an error");
     }
 }
 
-fn now_secs() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
-}
-
 impl Conn {
     async fn run(&mut self) -> io::Result<()> {
         loop {
-            let head = loop {
+            let (head, raw_head) = loop {
+                // The head as received (header names in their own case) for
+                // the exchange log; the parser below lower-cases names.
+                let before = self.inbuf.len();
+                let raw = if self.ctx.config.no_record {
+                    None
+                } else {
+                    memchr::memmem::find(&self.inbuf, b"\r\n\r\n")
+                        .map(|end| Bytes::copy_from_slice(&self.inbuf[..end + 4]))
+                };
                 match parse_request_head(&mut self.inbuf, &self.ctx.limits) {
-                    Ok(Some(head)) => break head,
+                    Ok(Some(head)) => {
+                        let consumed = before - self.inbuf.len();
+                        break (head, raw.filter(|r| r.len() == consumed));
+                    }
                     Ok(None) => {
                         if self.reader.read_more(&mut self.inbuf).await? == 0 {
                             return Ok(());
@@ -173,11 +186,13 @@ impl Conn {
                 self.flush().await?;
             }
             let body = match self.read_body(head.body).await? {
-                Ok(body) => body,
+                Ok(body) => body.freeze(),
                 Err(e) => return self.reject(&e).await,
             };
-            let next = self.route(&head, &body).await?;
-            if !head.keep_alive || matches!(next, Next::Close) {
+            let next = self.route(&head, raw_head, body).await;
+            // Whatever happened, the exchange is over (a no-op once recorded).
+            self.finish_record(false);
+            if !head.keep_alive || matches!(next?, Next::Close) {
                 return Ok(());
             }
         }
@@ -200,130 +215,86 @@ impl Conn {
         }
     }
 
-    async fn route(&mut self, head: &RequestHead, body: &[u8]) -> io::Result<Next> {
-        let ka = head.keep_alive;
-        match (head.method.as_str(), head.path()) {
-            ("POST", "/v1/chat/completions") => self.chat(body, ka).await,
-            ("GET", "/v1/models") => {
-                let body = chat::models_body(&self.ctx.config.model);
-                self.respond(200, "application/json", body.as_bytes(), ka).await
-            }
-            ("GET", "/healthz") => self.respond(200, "text/plain", b"ok", ka).await,
-            ("GET", "/stats") => {
-                let body = self.ctx.stats.to_json();
-                self.respond(200, "application/json", body.as_bytes(), ka).await
-            }
-            (_, "/v1/chat/completions" | "/v1/models" | "/healthz" | "/stats") => {
-                let body = chat::error_body("method not allowed", "invalid_request_error", "null");
-                self.respond(405, "application/json", body.as_bytes(), ka).await
-            }
-            _ => {
-                let body = chat::error_body("not found", "invalid_request_error", "null");
-                self.respond(404, "application/json", body.as_bytes(), ka).await
+    async fn route(&mut self, head: &RequestHead, raw_head: Option<Bytes>, body: Bytes) -> io::Result<Next> {
+        match routes::route(&head.method, head.path()) {
+            Route::Model(endpoint) => self.model(endpoint, head, raw_head, body).await,
+            other => {
+                let (status, content_type, answer) = self.meta(other, &body);
+                self.respond(status, content_type, answer.as_bytes(), head.keep_alive).await
             }
         }
     }
 
-    async fn chat(&mut self, body: &[u8], ka: bool) -> io::Result<Next> {
-        let seq = Stats::bump(&self.ctx.stats.requests) + 1;
-        let plan = match chat::plan(body, &self.ctx.config, seq, now_secs()) {
-            Ok(plan) => plan,
-            Err(e) => {
-                let body = chat::error_body(&e.0, "invalid_request_error", "null");
-                return self.respond(400, "application/json", body.as_bytes(), ka).await;
-            }
+    /// Status, content type and body of a request that is not a model request.
+    fn meta(&self, route: Route, body: &[u8]) -> (u16, &'static str, String) {
+        let json = "application/json";
+        let error = |status, message| (status, json, errors::error_body(message, "invalid_request_error", "null"));
+        let config = &self.ctx.config;
+        let Route::Meta(meta) = route else {
+            return match route {
+                Route::MethodNotAllowed => error(405, "method not allowed"),
+                _ => error(404, "not found"),
+            };
         };
-        if plan.hangup {
-            // Read, counted, never answered: a provider that dies mid-request.
-            return Ok(Next::Close);
-        }
-        if let Some(status) = plan.error_status {
-            let body = chat::mock_error_body(status);
-            return self.respond(status, "application/json", body.as_bytes(), ka).await;
-        }
-        if plan.stream {
-            self.stream(&plan, ka).await
-        } else {
-            self.complete(&plan, ka).await
-        }
-    }
-
-    async fn complete(&mut self, plan: &Plan, ka: bool) -> io::Result<Next> {
-        // As long as a real server would take to produce the same tokens.
-        let gaps = u32::try_from(plan.completion_tokens().saturating_sub(1)).unwrap_or(u32::MAX);
-        if self.pause(plan.ttft.saturating_add(plan.interval.saturating_mul(gaps))).await.is_err() {
-            Stats::bump(&self.ctx.stats.early_closed);
-            return Ok(Next::Close);
-        }
-        if plan.aborts() {
-            Stats::bump(&self.ctx.stats.aborted);
-            return Ok(Next::Close);
-        }
-        let body = chat::completion_body(plan);
-        self.respond(200, "application/json", body.as_bytes(), ka).await
-    }
-
-    async fn stream(&mut self, plan: &Plan, ka: bool) -> io::Result<Next> {
-        let stats = self.ctx.stats.clone();
-        Stats::bump(&stats.streams_started);
-        let _active = ActiveStream::new(&stats);
-        match self.stream_inner(plan, ka).await {
-            Ok(next) => Ok(next),
-            Err(Gone) => {
-                Stats::bump(&stats.early_closed);
-                Ok(Next::Close)
-            }
+        match meta {
+            Meta::Models => (200, json, models::models_body(&config.model)),
+            Meta::Tags => (200, OLLAMA_JSON, ollama_meta::tags_body(&config.model)),
+            Meta::Ps => (200, OLLAMA_JSON, ollama_meta::ps_body(&config.model, Timestamp::now())),
+            Meta::Version => (200, OLLAMA_JSON, ollama_meta::version_body()),
+            Meta::Show => match ollama_meta::show_body(body) {
+                Ok(answer) => (200, OLLAMA_JSON, answer),
+                Err(e) => (400, OLLAMA_JSON, errors::ollama_error_body(&e.0)),
+            },
+            Meta::Healthz => (200, "text/plain", "ok".to_owned()),
+            Meta::Stats => (200, json, self.ctx.stats.to_json()),
+            Meta::Last => match self.ctx.log.borrow().last_json() {
+                Some(last) => (200, json, last),
+                None => error(404, "no model request recorded yet"),
+            },
+            Meta::Log => (200, json, self.ctx.log.borrow().log_json()),
         }
     }
 
-    async fn stream_inner(&mut self, plan: &Plan, ka: bool) -> Result<Next, Gone> {
-        let chunks = Chunks::new(plan);
-        write_response_head(
-            &mut self.out,
-            200,
-            &[("content-type", "text/event-stream"), ("cache-control", "no-cache")],
-            Framing::Chunked,
-            ka,
-        );
-        self.push_event(&chunks.role());
-        self.flush().await.map_err(|_| Gone)?;
-        self.pause(plan.ttft).await?;
-        let mut sent = 0u64;
-        for i in 0..plan.reasoning {
-            self.pace(sent, plan.interval).await?;
-            self.push_event(&chunks.reasoning(&chat::reasoning_token(i)));
-            self.flush().await.map_err(|_| Gone)?;
-            sent += 1;
+    /// A model request: counted, numbered, recorded, answered.
+    async fn model(
+        &mut self,
+        endpoint: Endpoint,
+        head: &RequestHead,
+        raw_head: Option<Bytes>,
+        body: Bytes,
+    ) -> io::Result<Next> {
+        let started = Instant::now();
+        let stats = &self.ctx.stats;
+        let seq = Stats::bump(&stats.model_requests) + 1;
+        Stats::bump(match endpoint {
+            Endpoint::Chat => &stats.requests,
+            Endpoint::Completions => &stats.completions_requests,
+            Endpoint::Embeddings => &stats.embeddings_requests,
+            Endpoint::Responses => &stats.responses_requests,
+            Endpoint::OllamaChat | Endpoint::OllamaEmbed => &stats.ollama_requests,
+        });
+        let env = Env { config: &self.ctx.config, seq, now: Timestamp::now() };
+        let reply: Reply = match endpoint {
+            Endpoint::Chat => chat::reply(&body, &env),
+            Endpoint::Completions => completions::reply(&body, &env),
+            Endpoint::Embeddings => embeddings::openai_reply(&body, &env),
+            Endpoint::Responses => responses::reply(&body, &env),
+            Endpoint::OllamaChat => ollama_chat::reply(&body, &env),
+            Endpoint::OllamaEmbed => embeddings::ollama_reply(&body, &env),
+        };
+        if !self.ctx.config.no_record {
+            let headers = match raw_head {
+                Some(raw) => RequestHeaders::Raw(raw),
+                None => RequestHeaders::Parsed(head.headers.clone()),
+            };
+            self.ctx.log.borrow_mut().push(Exchange::new(seq, &head.method, &head.target, headers, body));
+            self.live = Some(Live::new(seq));
         }
-        for i in 0..plan.content {
-            if plan.abort_after == Some(i) {
-                Stats::bump(&self.ctx.stats.aborted);
-                return Ok(Next::Close);
-            }
-            self.pace(sent, plan.interval).await?;
-            self.push_event(&chunks.content(&plan.content_token(i)));
-            self.flush().await.map_err(|_| Gone)?;
-            sent += 1;
-        }
-        if plan.abort_after == Some(plan.content) {
-            Stats::bump(&self.ctx.stats.aborted);
-            return Ok(Next::Close);
-        }
-        self.push_event(&chunks.finish(plan.finish_reason));
-        if plan.include_usage {
-            self.push_event(&chunks.usage(plan));
-        }
-        self.event.clear();
-        write_done(&mut self.event);
-        write_chunk(&mut self.out, &self.event);
-        write_last_chunk(&mut self.out);
-        self.flush().await.map_err(|_| Gone)?;
-        Stats::bump(&self.ctx.stats.streams_completed);
-        Ok(Next::KeepAlive)
+        self.play(reply, seq, started, head.keep_alive).await
     }
 
     /// Waits the token interval before every token but the first.
-    async fn pace(&mut self, sent: u64, interval: Duration) -> Result<(), Gone> {
+    pub(super) async fn pace(&mut self, sent: u64, interval: Duration) -> Result<(), Gone> {
         if sent == 0 {
             return Ok(());
         }
@@ -336,16 +307,9 @@ impl Conn {
         self.pause(interval).await
     }
 
-    /// Appends one SSE event as one HTTP chunk.
-    fn push_event(&mut self, json: &str) {
-        self.event.clear();
-        write_event(&mut self.event, json.as_bytes());
-        write_chunk(&mut self.out, &self.event);
-    }
-
     /// Sleeps `d` while watching the socket: EOF or a read error means the
     /// client left. Bytes it pipelined meanwhile are kept for the next request.
-    async fn pause(&mut self, d: Duration) -> Result<(), Gone> {
+    pub(super) async fn pause(&mut self, d: Duration) -> Result<(), Gone> {
         let deadline = Instant::now() + d;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -365,7 +329,7 @@ impl Conn {
     }
 
     /// Waits for `d` to pass or the in-flight read to finish, whichever is first.
-    async fn wait(&mut self, d: Duration) -> Waited {
+    pub(super) async fn wait(&mut self, d: Duration) -> Waited {
         let mut sleep = std::pin::pin!(monoio::time::sleep(d));
         let Some(fut) = self.reader.inflight() else {
             sleep.await;
@@ -397,7 +361,7 @@ impl Conn {
     /// Answers an unparsable request and closes the connection.
     async fn reject(&mut self, e: &HttpError) -> io::Result<()> {
         tracing::debug!(error = %e, "rejecting request");
-        let body = chat::error_body(&e.to_string(), "invalid_request_error", "null");
+        let body = errors::error_body(&e.to_string(), "invalid_request_error", "null");
         write_response_head(
             &mut self.out,
             e.status(),
@@ -424,7 +388,7 @@ impl Conn {
         Ok(())
     }
 
-    async fn flush(&mut self) -> io::Result<()> {
+    pub(super) async fn flush(&mut self) -> io::Result<()> {
         if self.out.is_empty() {
             return Ok(());
         }

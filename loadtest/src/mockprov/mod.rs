@@ -1,18 +1,49 @@
-//! `iop-mockprov`: an OpenAI-compatible upstream model server shaped like
-//! vLLM / llama.cpp server output, for end-to-end and load tests.
+//! `iop-mockprov`: an upstream model server for end-to-end and load tests,
+//! shaped like OpenAI (and vLLM / llama.cpp server) and like Ollama's native
+//! API, on one listener.
 //!
 //! - [`MockConfig`]: CLI defaults; a request may override them with a
-//!   `"mock": {...}` object in its JSON body ([`chat::MockOverrides`]).
+//!   `"mock": {...}` object in its JSON body ([`overrides::MockOverrides`]),
+//!   on every model endpoint.
 //! - [`MockProv`]: the server on one monoio runtime; [`run_blocking`] builds
 //!   the runtime, [`spawn`] runs it on a background thread for in-process tests.
 //! - [`Stats`]: counters served at `GET /stats`.
+//! - [`record`]: the exchange log served at `GET /last` and `GET /log`.
 //!
-//! Endpoints: `POST /v1/chat/completions` (streamed or not), `GET /v1/models`,
-//! `GET /healthz`, `GET /stats`.
+//! Endpoints. Model endpoints (numbered, recorded, `mock` overrides apply):
+//! `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
+//! `POST /v1/responses` (streamed as SSE or whole JSON), `POST /api/chat`
+//! (NDJSON or whole JSON), `POST /api/embed`. Metadata: `GET /v1/models`,
+//! `GET /api/tags`, `GET /api/ps`, `POST /api/show`, `GET /api/version`.
+//! The mock's own: `GET /healthz`, `GET /stats`, `GET /last`, `GET /log`.
+//!
+//! Layout: each endpoint module turns a body into a [`reply::Reply`] with no
+//! I/O (`chat` + `chat_stream` + `chat_body`, `completions`, `embeddings`,
+//! `responses`, `ollama_chat`, `ollama_meta`); `routes` picks the endpoint,
+//! `conn` reads requests, `play` paces, writes and records a reply.
 
 pub mod chat;
+pub mod chat_body;
+pub mod chat_stream;
+pub mod clock;
+pub mod completions;
 mod conn;
+pub mod embeddings;
+pub mod errors;
+pub mod json;
+pub mod logprobs;
+pub mod models;
+pub mod ollama_chat;
+pub mod ollama_meta;
+pub mod overrides;
+mod play;
+pub mod record;
+pub mod reply;
+pub mod responses;
+pub mod routes;
+pub mod tool_calls;
 
+use std::cell::RefCell;
 use std::io;
 use std::net::SocketAddr;
 use std::rc::Rc;
@@ -22,14 +53,29 @@ use std::time::Duration;
 
 use iop_core::http::Limits;
 
+/// `--help` epilogue: what the flags do not say.
+const AFTER_HELP: &str = "\
+Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
+/api/chat, /api/embed; GET /v1/models, /api/tags, /api/ps, /api/version; POST /api/show;
+GET /healthz, /stats, /last (the most recent model exchange), /log (the last 64).
+
+Per request, a \"mock\" object in the JSON body overrides the flags: tokens,
+token_interval_ms, ttft_ms, error_status, abort_after, reasoning, token_bytes,
+tool_calls, tool_name, refusal, logprobs, and hangup (read the request, close
+without answering). Unknown keys are refused with a 400.";
+
 /// Defaults for every request (each can be overridden per request).
 #[derive(Debug, Clone, clap::Parser)]
-#[command(name = "iop-mockprov", about = "Mock OpenAI-compatible model server for iop tests")]
+#[command(
+    name = "iop-mockprov",
+    about = "Mock OpenAI-compatible and Ollama model server for iop tests",
+    after_help = AFTER_HELP
+)]
 pub struct MockConfig {
     /// Address to listen on (port 0 picks a free port).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
-    /// Content tokens per answer.
+    /// Content tokens per answer (every endpoint).
     #[arg(long, default_value_t = 16)]
     pub tokens: u64,
     /// Delay between tokens, in milliseconds.
@@ -38,13 +84,16 @@ pub struct MockConfig {
     /// Delay before the first token, in milliseconds.
     #[arg(long, default_value_t = 0)]
     pub ttft_ms: u64,
-    /// Answer chat requests with this HTTP status and an OpenAI-shaped error.
+    /// Answer model requests with this HTTP status and an error in the
+    /// endpoint's shape (OpenAI's, with `retry-after` on 429/503, or Ollama's).
     #[arg(long, value_parser = clap::value_parser!(u16).range(400..=599))]
     pub error_status: Option<u16>,
-    /// Close the connection after this many content chunks (no finish, no `[DONE]`).
+    /// Close the connection after this many content chunks (no finish, no
+    /// `[DONE]`); a whole answer that would be cut closes without answering.
     #[arg(long)]
     pub abort_after: Option<u64>,
-    /// Reasoning (`reasoning_content`) chunks before the content.
+    /// Reasoning chunks before the content (chat `reasoning_content`, Ollama
+    /// `thinking`).
     #[arg(long, default_value_t = 0)]
     pub reasoning: u64,
     /// Pad every content token to at least this many bytes (large deltas).
@@ -53,6 +102,23 @@ pub struct MockConfig {
     /// Model name reported when a request names none, and in /v1/models.
     #[arg(long, default_value = "mock")]
     pub model: String,
+    /// Answer chat requests with this many parallel tool calls instead of
+    /// content (Ollama: only when the request has `tools`). A request whose
+    /// last message is a tool result gets text: `tool said: <result>`.
+    #[arg(long, default_value_t = 0)]
+    pub tool_calls: u64,
+    /// Function name of the tool calls (default `get_weather`).
+    #[arg(long)]
+    pub tool_name: Option<String>,
+    /// Answer chat requests with this refusal instead of content.
+    #[arg(long)]
+    pub refusal: Option<String>,
+    /// Attach logprobs to every chat content token, asked for or not.
+    #[arg(long)]
+    pub logprobs: bool,
+    /// Do not record exchanges for /last and /log (load tests).
+    #[arg(long)]
+    pub no_record: bool,
 }
 
 impl MockConfig {
@@ -68,6 +134,11 @@ impl MockConfig {
             reasoning: 0,
             token_bytes: 0,
             model: "mock".to_owned(),
+            tool_calls: 0,
+            tool_name: None,
+            refusal: None,
+            logprobs: false,
+            no_record: false,
         }
     }
 }
@@ -75,13 +146,23 @@ impl MockConfig {
 /// Server counters, readable from any thread.
 #[derive(Debug, Default)]
 pub struct Stats {
-    /// Chat-completion requests received (other endpoints are not counted).
+    /// Chat-completion requests received (other endpoints have their own counters).
     pub requests: AtomicU64,
-    /// Streamed answers begun.
+    /// Requests to any model endpoint (the sequence behind ids and `x-request-id`).
+    pub model_requests: AtomicU64,
+    /// `POST /v1/completions` requests.
+    pub completions_requests: AtomicU64,
+    /// `POST /v1/embeddings` requests.
+    pub embeddings_requests: AtomicU64,
+    /// `POST /v1/responses` requests.
+    pub responses_requests: AtomicU64,
+    /// Ollama model requests (`POST /api/chat`, `POST /api/embed`).
+    pub ollama_requests: AtomicU64,
+    /// Streamed answers begun (SSE and NDJSON, every endpoint).
     pub streams_started: AtomicU64,
     /// Streamed answers that reached `[DONE]`.
     pub streams_completed: AtomicU64,
-    /// Chat answers (streamed or not) whose client closed the connection
+    /// Model answers (streamed or not) whose client closed the connection
     /// before the answer was complete.
     pub early_closed: AtomicU64,
     /// Answers ended on purpose by `abort_after`.
@@ -97,9 +178,15 @@ impl Stats {
     pub fn to_json(&self) -> String {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
-            "{{\"requests\":{},\"streams_started\":{},\"streams_completed\":{},\"early_closed\":{},\
-             \"aborted\":{},\"active_streams\":{},\"connections_accepted\":{}}}",
+            "{{\"requests\":{},\"model_requests\":{},\"completions_requests\":{},\"embeddings_requests\":{},\
+             \"responses_requests\":{},\"ollama_requests\":{},\"streams_started\":{},\"streams_completed\":{},\
+             \"early_closed\":{},\"aborted\":{},\"active_streams\":{},\"connections_accepted\":{}}}",
             g(&self.requests),
+            g(&self.model_requests),
+            g(&self.completions_requests),
+            g(&self.embeddings_requests),
+            g(&self.responses_requests),
+            g(&self.ollama_requests),
             g(&self.streams_started),
             g(&self.streams_completed),
             g(&self.early_closed),
@@ -120,6 +207,8 @@ pub(crate) struct Ctx {
     pub(crate) config: MockConfig,
     pub(crate) stats: Arc<Stats>,
     pub(crate) limits: Limits,
+    /// The exchanges behind `/last` and `/log` (one runtime thread, so a `RefCell`).
+    pub(crate) log: RefCell<record::ExchangeLog>,
 }
 
 /// A bound mock provider. Create and run it inside a monoio runtime.
@@ -135,7 +224,12 @@ impl MockProv {
     pub fn bind(config: MockConfig) -> io::Result<Self> {
         let opts = monoio::net::ListenerOpts::new().reuse_port(false);
         let listener = monoio::net::TcpListener::bind_with_config(config.listen, &opts)?;
-        let ctx = Rc::new(Ctx { config, stats: Arc::new(Stats::default()), limits: Limits::default() });
+        let ctx = Rc::new(Ctx {
+            config,
+            stats: Arc::new(Stats::default()),
+            limits: Limits::default(),
+            log: RefCell::new(record::ExchangeLog::default()),
+        });
         Ok(Self { listener, ctx })
     }
 
