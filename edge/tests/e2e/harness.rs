@@ -150,6 +150,7 @@ pub fn edge_config(upstream: &str, extra: &str) -> String {
     format!(
         r#"
 workers = 2
+admin_token = "{ADMIN_TOKEN}"
 [http]
 listen = "127.0.0.1:0"
 max_header_bytes = 4096

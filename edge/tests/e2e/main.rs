@@ -15,3 +15,4 @@ mod lifecycle;
 mod pool;
 mod real_upstream;
 mod robustness;
+mod tunnel;

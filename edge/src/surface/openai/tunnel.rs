@@ -56,7 +56,13 @@ pub async fn run(
     admitted: Admitted,
 ) -> bool {
     let keep = head.keep_alive;
-    let (body, hide_usage_chunk) = top.rewrite(&bytes, &admitted.target.upstream_model);
+    let target = &admitted.target.upstream_model;
+    // Chat and legacy completions stream usage only when asked; the
+    // Responses API always reports it (and has no stream_options).
+    let (body, hide_usage_chunk) = match route {
+        Route::Chat | Route::Completions => top.rewrite(&bytes, target),
+        Route::Embeddings | Route::Responses => (top.with_model(&bytes, target), false),
+    };
     drop(bytes);
     let req = pb::ProviderTunnelRequest {
         method: "POST".into(),
