@@ -15,4 +15,5 @@ mod lifecycle;
 mod pool;
 mod real_upstream;
 mod robustness;
+mod sdk_fidelity;
 mod tunnel;

@@ -4,7 +4,8 @@
 //! provider would (`max_tokens`/`max_completion_tokens`, `n`, `logprobs`,
 //! `top_logprobs`, the last message) and, like iop-mockprov, a `"mock"`
 //! object for shapes a test wants: `tool_calls` (n parallel calls),
-//! `tool_name`, `refusal`.
+//! `tool_name`, `refusal`. Embeddings are deterministic unit vectors
+//! derived from each input (8 dimensions unless `dimensions` says).
 
 use std::time::Duration;
 
@@ -136,6 +137,9 @@ impl MockAdapter {
     }
 
     async fn run<S: EventSink>(&self, spec: &RunSpec, sink: &mut S) -> Result<(), SinkClosed> {
+        if spec.operation == Operation::Embeddings {
+            return embed(spec, sink).await;
+        }
         let req = match parse(spec) {
             Ok(r) => r,
             Err(f) => return sink.emit(ExecEvent::Error(f)).await,
@@ -260,14 +264,6 @@ impl MockAdapter {
 /// Reads the request; refuses what a provider would refuse.
 fn parse(spec: &RunSpec) -> Result<Request, RunFailure> {
     let invalid = |msg: String| RunFailure::new(codes::INVALID_REQUEST, 400, FailureSource::Client, msg);
-    if spec.operation == Operation::Embeddings {
-        return Err(RunFailure::new(
-            codes::INVALID_REQUEST,
-            400,
-            FailureSource::Provider,
-            "the mock provider does not compute embeddings",
-        ));
-    }
     let req: Request = serde_json::from_slice(&spec.body).map_err(|e| invalid(format!("invalid request body: {e}")))?;
     if req.messages.is_empty() {
         return Err(invalid("`messages` must not be empty".into()));
@@ -277,6 +273,73 @@ fn parse(spec: &RunSpec) -> Result<Request, RunFailure> {
         Some(n) if n > MAX_CHOICES => Err(invalid(format!("`n` must be at most {MAX_CHOICES}"))),
         _ => Ok(req),
     }
+}
+
+/// What the mock reads of an embeddings request.
+#[derive(Debug, Deserialize)]
+struct EmbedRequest {
+    input: serde_json::Value,
+    dimensions: Option<u32>,
+}
+
+/// Most dimensions the mock computes.
+const MAX_DIMENSIONS: u32 = 4096;
+
+/// Answers an embeddings request: one vector per input (a string, an
+/// array of strings, a token array or an array of token arrays).
+async fn embed<S: EventSink>(spec: &RunSpec, sink: &mut S) -> Result<(), SinkClosed> {
+    let invalid =
+        |msg: String| ExecEvent::Error(RunFailure::new(codes::INVALID_REQUEST, 400, FailureSource::Client, msg));
+    let req: EmbedRequest = match serde_json::from_slice(&spec.body) {
+        Ok(r) => r,
+        Err(e) => return sink.emit(invalid(format!("invalid request body: {e}"))).await,
+    };
+    let dims = match req.dimensions {
+        None => 8,
+        Some(d @ 1..=MAX_DIMENSIONS) => d,
+        Some(d) => return sink.emit(invalid(format!("`dimensions` must be 1..={MAX_DIMENSIONS}, not {d}"))).await,
+    };
+    let inputs: Vec<String> = match &req.input {
+        serde_json::Value::String(s) => vec![s.clone()],
+        serde_json::Value::Array(items) if !items.is_empty() && items.iter().all(|i| i.is_number()) => {
+            vec![req.input.to_string()]
+        }
+        serde_json::Value::Array(items) if !items.is_empty() => {
+            let text =
+                |i: &serde_json::Value| i.as_str().map(str::to_owned).or_else(|| i.is_array().then(|| i.to_string()));
+            match items.iter().map(text).collect::<Option<Vec<_>>>() {
+                Some(v) => v,
+                None => return sink.emit(invalid("`input` items must be strings or token arrays".into())).await,
+            }
+        }
+        _ => return sink.emit(invalid("`input` must be a string or a non-empty array".into())).await,
+    };
+    sink.emit(ExecEvent::Start { model: spec.target.clone() }).await?;
+    let chars: usize = inputs.iter().map(|i| i.chars().count()).sum();
+    let vectors = inputs.iter().map(|i| unit_vector(i, dims)).collect();
+    sink.emit(ExecEvent::Embeddings(vectors)).await?;
+    let tokens = u64::try_from(chars / 4).unwrap_or(u64::MAX).max(1);
+    let usage = Usage { input_tokens: tokens, output_tokens: 0, reasoning_tokens: None, cached_input_tokens: None };
+    sink.emit(ExecEvent::Complete { finish_reason: "stop".into(), usage: Some(usage) }).await
+}
+
+/// A unit vector of `dims` values that depends only on `text`.
+fn unit_vector(text: &str, dims: u32) -> Vec<f32> {
+    // FNV-1a seeds a xorshift stream: cheap, stable across runs.
+    let mut h = text.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    // xorshift never leaves zero.
+    h = h.max(1);
+    let v: Vec<f32> = (0..dims)
+        .map(|_| {
+            h ^= h << 13;
+            h ^= h >> 7;
+            h ^= h << 17;
+            // The top 24 bits, as a value in [-1, 1).
+            ((h >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+        })
+        .collect();
+    let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(f32::MIN_POSITIVE);
+    v.into_iter().map(|x| x / norm).collect()
 }
 
 /// OpenAI's `logprobs` object for one content token, with `k` alternatives.
@@ -438,6 +501,32 @@ mod tests {
         assert_eq!(text, "I can't help");
         for bad in [r#"{"model":"m","messages":[]}"#, r#"{"model":"m","n":0,"messages":[{"role":"user"}]}"#, "nope"] {
             let evs = run(&mock(3, false), spec_body("m", bad));
+            assert!(matches!(&evs[..], [ExecEvent::Error(f)] if f.status == 400), "{bad}: {evs:?}");
+        }
+    }
+
+    #[test]
+    fn embeddings_are_stable_unit_vectors_per_input() {
+        let embed = |body: &str| {
+            let mut spec = spec_body("m", body);
+            spec.operation = Operation::Embeddings;
+            run(&mock(3, false), spec)
+        };
+        let evs = embed(r#"{"model":"m","input":["a","bb","a"],"dimensions":16}"#);
+        let [ExecEvent::Start { .. }, ExecEvent::Embeddings(v), ExecEvent::Complete { usage: Some(u), .. }] = &evs[..]
+        else {
+            panic!("{evs:?}")
+        };
+        assert_eq!(v.len(), 3);
+        assert!(v.iter().all(|e| e.len() == 16 && (e.iter().map(|x| x * x).sum::<f32>() - 1.0).abs() < 1e-4));
+        assert_eq!(v[0], v[2]);
+        assert_ne!(v[0], v[1]);
+        assert_eq!((u.input_tokens, u.output_tokens), (1, 0));
+        let evs = embed(r#"{"model":"m","input":[1,2,3]}"#);
+        assert!(matches!(&evs[1], ExecEvent::Embeddings(v) if v.len() == 1 && v[0].len() == 8), "{evs:?}");
+        for bad in [r#"{"model":"m"}"#, r#"{"input":[]}"#, r#"{"input":[{}]}"#, r#"{"input":"x","dimensions":0}"#, "["]
+        {
+            let evs = embed(bad);
             assert!(matches!(&evs[..], [ExecEvent::Error(f)] if f.status == 400), "{bad}: {evs:?}");
         }
     }

@@ -52,6 +52,7 @@ pub async fn normalized(
         _ => pb::RunOperation::Chat,
     };
     let body = top.with_model(&bytes, &admitted.target.upstream_model);
+    let asked_model = admitted.target.upstream_model.clone();
     drop(bytes);
     let run_req = pb::RunRequest { body, operation: operation as i32, ..Default::default() };
     let submitted = dispatch::submit(worker, &group.name, admitted, run_req);
@@ -60,7 +61,9 @@ pub async fn normalized(
         Ok(run) => run,
         Err(e) => return reply::dispatch_error(conn, &e, keep).await,
     };
-    let meta = Meta { model: top.model.clone(), id: format!("chatcmpl-{}", run.run_id()), created: unix_now() };
+    // The answer names the model that answered (as the tunnel's does): the
+    // provider's own name when it reported one, else the one asked for.
+    let meta = Meta { model: asked_model, id: format!("chatcmpl-{}", run.run_id()), created: unix_now() };
     if route == Route::Embeddings {
         return embeddings(conn, run, &meta, top.encoding_base64(), keep).await;
     }
@@ -78,6 +81,17 @@ struct Meta {
     model: String,
     id: String,
     created: u64,
+}
+
+impl Meta {
+    /// The model to name: `reported` by the provider's start, if any.
+    fn model<'a>(&'a self, reported: &'a str) -> &'a str {
+        if reported.is_empty() {
+            &self.model
+        } else {
+            reported
+        }
+    }
 }
 
 fn unix_now() -> u64 {
@@ -114,7 +128,9 @@ async fn stream(
         Framing::Chunked,
         keep,
     );
-    let mut render = StreamRender::new(ChunkEncoder::new(&meta.id, &meta.model, meta.created), include_usage);
+    let reported = if let ExecEvent::Start { model } = &first { model.as_str() } else { "" };
+    let enc = ChunkEncoder::new(&meta.id, meta.model(reported), meta.created);
+    let mut render = StreamRender::new(enc, include_usage);
     let body = stream_body(wr, out, &mut run, &mut render, first, write_timeout);
     match with_disconnect_watch(rd, buf, body).await {
         Some(Ok(())) => keep,
@@ -279,7 +295,12 @@ impl Choice {
     fn to_json(&self, index: u32) -> Value {
         let mut message = json!({
             "role": "assistant",
-            "content": if self.content.is_empty() && !self.tool_calls.is_empty() { Value::Null } else { json!(self.content) },
+            // OpenAI's content is null beside tool calls or a refusal.
+            "content": if self.content.is_empty() && (!self.tool_calls.is_empty() || !self.refusal.is_empty()) {
+                Value::Null
+            } else {
+                json!(self.content)
+            },
             "refusal": if self.refusal.is_empty() { Value::Null } else { json!(self.refusal) },
         });
         if !self.reasoning.is_empty() {
@@ -307,13 +328,15 @@ impl Choice {
 }
 
 struct Aggregate {
+    /// The model the provider said it runs (empty: it did not say).
+    model: String,
     choices: BTreeMap<u32, Choice>,
     usage: Option<Usage>,
     bytes: usize,
 }
 
 async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
-    let mut agg = Aggregate { choices: BTreeMap::new(), usage: None, bytes: 0 };
+    let mut agg = Aggregate { model: String::new(), choices: BTreeMap::new(), usage: None, bytes: 0 };
     agg.choices.insert(0, Choice::default());
     while let Some(ev) = run.next().await {
         if agg.bytes > MAX_AGGREGATE_BYTES {
@@ -322,7 +345,7 @@ async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
             return Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Edge, msg));
         }
         match ev {
-            ExecEvent::Start { .. } => {}
+            ExecEvent::Start { model } => agg.model = model,
             ExecEvent::Delta(d) => {
                 let choice = agg.choices.entry(d.choice).or_default();
                 if let Some(lp) = &d.logprobs {
@@ -388,7 +411,7 @@ async fn aggregate(conn: &mut Conn, mut run: RunStream, meta: &Meta, keep: bool)
         "id": meta.id,
         "object": "chat.completion",
         "created": meta.created,
-        "model": meta.model,
+        "model": meta.model(&agg.model),
         "choices": choices,
     });
     if let Some(u) = &agg.usage {
@@ -411,12 +434,15 @@ async fn embeddings(conn: &mut Conn, mut run: RunStream, meta: &Meta, base64: bo
     let result = {
         let Conn { rd, buf, .. } = &mut *conn;
         with_disconnect_watch(rd, buf, async {
-            let mut vectors = None;
+            let (mut vectors, mut model) = (None, String::new());
             while let Some(ev) = run.next().await {
                 match ev {
+                    ExecEvent::Start { model: m } => model = m,
                     ExecEvent::Embeddings(v) => vectors = Some(v),
                     ExecEvent::Complete { usage, .. } => {
-                        return vectors.map(|v| (v, usage)).ok_or_else(|| protocol("the provider sent no embeddings"))
+                        return vectors
+                            .map(|v| (v, usage, model))
+                            .ok_or_else(|| protocol("the provider sent no embeddings"))
                     }
                     ExecEvent::Error(f) => return Err(f),
                     ExecEvent::Cancelled { reason } => return Err(node_cancelled(&reason)),
@@ -427,7 +453,7 @@ async fn embeddings(conn: &mut Conn, mut run: RunStream, meta: &Meta, base64: bo
         })
         .await
     };
-    let (vectors, usage) = match result {
+    let (vectors, usage, model) = match result {
         None => return false,
         Some(Err(f)) => return reply::failure(conn, &f, keep).await,
         Some(Ok(r)) => r,
@@ -440,7 +466,7 @@ async fn embeddings(conn: &mut Conn, mut run: RunStream, meta: &Meta, base64: bo
             json!({"object": "embedding", "index": i, "embedding": embedding})
         })
         .collect();
-    let mut v = json!({"object": "list", "data": data, "model": meta.model});
+    let mut v = json!({"object": "list", "data": data, "model": meta.model(&model)});
     if let Some(u) = usage {
         v["usage"] = json!({"prompt_tokens": u.input_tokens, "total_tokens": u.input_tokens});
     }

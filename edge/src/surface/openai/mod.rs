@@ -62,13 +62,12 @@ impl Route {
     }
 
     /// Whether a provider of `kind` serves this route: OpenAI-compatible
-    /// ones every route (through the tunnel); the others chat, and Ollama
-    /// embeddings too (normalized).
+    /// ones every route (through the tunnel); the others (normalized) chat
+    /// and embeddings.
     fn served_by(self, kind: &iop_core::config::ProviderKind) -> bool {
         kind.is_openai_compatible()
             || match self {
-                Route::Chat => true,
-                Route::Embeddings => matches!(kind, iop_core::config::ProviderKind::Ollama { .. }),
+                Route::Chat | Route::Embeddings => true,
                 Route::Completions | Route::Responses => false,
             }
     }
