@@ -39,7 +39,7 @@ fn tunnel_body(size: usize) -> pb::Envelope {
     pb::Envelope {
         correlation_id: 0,
         body: Some(Body::ProviderTunnelFrame(pb::ProviderTunnelFrame {
-            tunnel_id: "tun-0123456789abcdef".into(),
+            tunnel_id: Bytes::from_static(b"tun-0123456789abcdef"),
             seq: 42,
             kind: Some(pb::provider_tunnel_frame::Kind::Body(Bytes::from(vec![b'x'; size]))),
             usage: None,

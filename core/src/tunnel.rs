@@ -67,7 +67,12 @@ impl TunnelItem {
             }
             TunnelItem::Error(f) => Kind::Error(f.into()),
         };
-        pb::ProviderTunnelFrame { tunnel_id: tunnel_id.to_owned(), seq, kind: Some(kind), usage }
+        pb::ProviderTunnelFrame {
+            tunnel_id: Bytes::copy_from_slice(tunnel_id.as_bytes()),
+            seq,
+            kind: Some(kind),
+            usage,
+        }
     }
 
     /// The item of a frame; `None` for a frame without a kind or a status
@@ -143,18 +148,18 @@ mod tests {
         ];
         for (i, item) in items.into_iter().enumerate() {
             let frame = item.clone().into_wire("t1", i as u64);
-            assert_eq!((frame.tunnel_id.as_str(), frame.seq), ("t1", i as u64));
+            assert_eq!((&frame.tunnel_id[..], frame.seq), (&b"t1"[..], i as u64));
             assert_eq!(TunnelItem::from_wire(frame), Some(item));
         }
     }
 
     #[test]
     fn bad_frames_are_refused() {
-        let empty = pb::ProviderTunnelFrame { tunnel_id: "t".into(), seq: 0, kind: None, usage: None };
+        let empty = pb::ProviderTunnelFrame { tunnel_id: Bytes::from_static(b"t"), seq: 0, kind: None, usage: None };
         assert_eq!(TunnelItem::from_wire(empty), None);
         let start = pb::TunnelResponseStart { status: 99, headers: vec![] };
         let frame = pb::ProviderTunnelFrame {
-            tunnel_id: "t".into(),
+            tunnel_id: Bytes::from_static(b"t"),
             seq: 0,
             kind: Some(pb::provider_tunnel_frame::Kind::Status(start)),
             usage: None,

@@ -264,14 +264,16 @@ fn command(cmd: &pb::NodeCommandRequest, manager: &RunManager) -> pb::NodeComman
             return pb::NodeCommandResponse {
                 ok: false,
                 error: "unsupported command".into(),
-                result_json: Default::default(),
+                status: 400,
+                ..Default::default()
             }
         }
     };
     pb::NodeCommandResponse {
         ok: true,
-        error: String::new(),
+        status: 200,
         result_json: serde_json::to_vec(&result).unwrap_or_default().into(),
+        ..Default::default()
     }
 }
 

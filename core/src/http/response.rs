@@ -58,6 +58,20 @@ pub fn write_chunk(out: &mut BytesMut, data: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Queues one chunk with its payload as a segment of its own (no copy;
+/// no-op for empty `data`).
+pub fn gather_chunk(out: &mut crate::rt::gather::Gather, data: bytes::Bytes) {
+    if data.is_empty() {
+        return;
+    }
+    out.put_with(|b| {
+        put_hex(b, data.len());
+        b.extend_from_slice(b"\r\n");
+    });
+    out.push(data);
+    out.put_slice(b"\r\n");
+}
+
 /// Appends the terminating zero-length chunk.
 pub fn write_last_chunk(out: &mut BytesMut) {
     out.extend_from_slice(b"0\r\n\r\n");
@@ -159,6 +173,18 @@ mod tests {
         assert!(dec.is_done());
         assert_eq!(body.len(), 9 + 300);
         assert!(out.is_empty());
+    }
+
+    #[test]
+    fn gathered_chunks_are_the_same_bytes_as_copied_ones() {
+        let mut copied = BytesMut::new();
+        let mut gathered = crate::rt::gather::Gather::new();
+        for data in [&b"data: x\n\n"[..], b"", &[b'a'; 300]] {
+            write_chunk(&mut copied, data);
+            gather_chunk(&mut gathered, bytes::Bytes::copy_from_slice(data));
+        }
+        assert_eq!(gathered.to_vec(), &copied[..]);
+        assert_eq!(gathered.pushed(), 2);
     }
 
     #[test]

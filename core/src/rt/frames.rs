@@ -13,16 +13,21 @@ use std::{
     task::{Poll, Waker},
 };
 
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use monoio::{
     buf::IoBufMut,
-    io::{AsyncWriteRentExt, CancelHandle, CancelableAsyncReadRent, Canceller},
+    io::{AsyncWriteRent, CancelHandle, CancelableAsyncReadRent, Canceller},
 };
 
-use super::signal::LocalNotify;
+use super::{gather::Gather, signal::LocalNotify};
 use crate::wire::{self, pb::Envelope, WireError};
 
 const READ_CHUNK: usize = 64 * 1024;
+/// A read into less spare room than this first makes room for
+/// `READ_CHUNK`. Reads fill one buffer until then: decoded frames keep
+/// slices of it alive (zero-copy bodies), so a fresh buffer per read would
+/// keep a mostly empty 64 KiB alive per small queued frame.
+const MIN_READ_SPARE: usize = 4 * 1024;
 
 /// Why the frame reader stopped.
 #[derive(Debug, thiserror::Error)]
@@ -111,7 +116,9 @@ impl<R: CancelableAsyncReadRent> FrameReader<R> {
             }
             let handle: CancelHandle = self.canceller.borrow().handle();
             let mut buf = std::mem::take(&mut self.buf);
-            buf.reserve(READ_CHUNK);
+            if buf.capacity() - buf.len() < MIN_READ_SPARE {
+                buf.reserve(READ_CHUNK);
+            }
             let len = buf.len();
             let cap = buf.capacity();
             // monoio reads overwrite from index 0: read into the spare tail.
@@ -141,7 +148,7 @@ pub enum SendError {
 }
 
 struct WriterInner {
-    buf: RefCell<BytesMut>,
+    buf: RefCell<Gather>,
     max_frame: usize,
     high_water: usize,
     hard_limit: usize,
@@ -150,7 +157,9 @@ struct WriterInner {
     closed: super::signal::LocalCancel,
 }
 
-/// Shared handle to a connection's outbound frame buffer.
+/// Shared handle to a connection's outbound frame buffer. Frames are
+/// encoded into it; tunnel body payloads are queued beside their frame
+/// heads and written with vectored writes (see [`Gather`]), never copied.
 #[derive(Clone)]
 pub struct FrameWriter {
     inner: Rc<WriterInner>,
@@ -163,7 +172,7 @@ impl FrameWriter {
     pub fn new(max_frame: usize, high_water: usize, hard_limit: usize) -> Self {
         Self {
             inner: Rc::new(WriterInner {
-                buf: RefCell::new(BytesMut::with_capacity(16 * 1024)),
+                buf: RefCell::new(Gather::new()),
                 max_frame,
                 high_water,
                 hard_limit: hard_limit.max(high_water + max_frame),
@@ -176,13 +185,27 @@ impl FrameWriter {
 
     /// Queues one frame without waiting.
     pub fn send(&self, env: &Envelope) -> Result<(), SendError> {
+        self.queue(|buf, max| buf.put_with(|b| wire::encode(env, b, max)))
+    }
+
+    /// Queues the frame of tunnel body chunk `seq` of `tunnel_id`; the
+    /// payload is written from its own memory.
+    pub fn send_tunnel_body(&self, tunnel_id: &str, seq: u64, payload: Bytes) -> Result<(), SendError> {
+        self.queue(|buf, max| {
+            buf.put_with(|b| wire::encode_tunnel_body_head(tunnel_id, seq, &payload, b, max))?;
+            buf.push(payload);
+            Ok(())
+        })
+    }
+
+    fn queue(&self, put: impl FnOnce(&mut Gather, usize) -> Result<(), WireError>) -> Result<(), SendError> {
         let inner = &self.inner;
         if inner.closed.is_cancelled() {
             return Err(SendError::Closed);
         }
         {
             let mut buf = inner.buf.borrow_mut();
-            wire::encode(env, &mut buf, inner.max_frame)?;
+            put(&mut buf, inner.max_frame)?;
             if buf.len() > inner.hard_limit {
                 drop(buf);
                 tracing::warn!(limit = inner.hard_limit, "peer stopped reading; closing the connection");
@@ -230,32 +253,29 @@ impl FrameWriter {
     }
 
     /// Drains the buffer into `io` until closed and empty, or a write fails.
-    pub async fn run<W: AsyncWriteRentExt>(self, mut io: W) -> io::Result<()> {
-        let mut spare = BytesMut::with_capacity(16 * 1024);
+    pub async fn run<W: AsyncWriteRent>(self, mut io: W) -> io::Result<()> {
+        let mut batch = Gather::new();
         loop {
-            let chunk = {
+            {
                 let mut buf = self.inner.buf.borrow_mut();
-                if buf.is_empty() {
-                    None
-                } else {
-                    spare.clear();
-                    Some(std::mem::replace(&mut *buf, std::mem::take(&mut spare)))
+                if !buf.is_empty() {
+                    // Take what is queued; producers refill the emptied buffer.
+                    std::mem::swap(&mut *buf, &mut batch);
                 }
-            };
-            match chunk {
-                Some(chunk) => {
-                    let (res, chunk) = io.write_all(chunk).await;
-                    spare = chunk;
-                    for w in self.inner.drained.take() {
-                        w.wake();
-                    }
-                    if let Err(e) = res {
-                        self.close();
-                        return Err(e);
-                    }
+            }
+            if !batch.is_empty() {
+                let res = batch.write_to(&mut io).await;
+                for w in self.inner.drained.take() {
+                    w.wake();
                 }
-                None if self.inner.closed.is_cancelled() => return Ok(()),
-                None => self.inner.data.notified().await,
+                if let Err(e) = res {
+                    self.close();
+                    return Err(e);
+                }
+            } else if self.inner.closed.is_cancelled() {
+                return Ok(());
+            } else {
+                self.inner.data.notified().await;
             }
         }
     }

@@ -8,6 +8,7 @@
 pub mod alloc;
 pub mod blocking;
 pub mod frames;
+pub mod gather;
 pub mod io;
 pub mod listener;
 pub mod mailbox;

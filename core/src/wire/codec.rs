@@ -56,6 +56,54 @@ pub fn encode(msg: &Envelope, out: &mut BytesMut, max_frame_bytes: usize) -> Res
     Ok(())
 }
 
+/// Appends the frame of a tunnel body chunk (`ProviderTunnelFrame` with
+/// `body`, no usage, correlation id 0) up to but without `payload`, which
+/// the caller writes right after it: the same bytes as [`encode`] of that
+/// envelope, without copying the payload into the buffer.
+pub fn encode_tunnel_body_head(
+    tunnel_id: &str,
+    seq: u64,
+    payload: &[u8],
+    out: &mut BytesMut,
+    max_frame_bytes: usize,
+) -> Result<(), WireError> {
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
+    // Field numbers of runtime.proto: Envelope.provider_tunnel_frame = 41;
+    // ProviderTunnelFrame.tunnel_id = 1, .seq = 2, .body = 11.
+    const FRAME: u32 = 41;
+    const ID: u32 = 1;
+    const SEQ: u32 = 2;
+    const BODY: u32 = 11;
+    let id_len = if tunnel_id.is_empty() {
+        0
+    } else {
+        key_len(ID) + encoded_len_varint(tunnel_id.len() as u64) + tunnel_id.len()
+    };
+    let seq_len = if seq == 0 { 0 } else { key_len(SEQ) + encoded_len_varint(seq) };
+    let inner = id_len + seq_len + key_len(BODY) + encoded_len_varint(payload.len() as u64) + payload.len();
+    let len = key_len(FRAME) + encoded_len_varint(inner as u64) + inner;
+    let prefix = match u32::try_from(len) {
+        Ok(prefix) if len <= max_frame_bytes => prefix,
+        _ => return Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
+    };
+    out.reserve(PREFIX_LEN + len - payload.len());
+    out.put_u32(prefix);
+    encode_key(FRAME, WireType::LengthDelimited, out);
+    encode_varint(inner as u64, out);
+    if !tunnel_id.is_empty() {
+        encode_key(ID, WireType::LengthDelimited, out);
+        encode_varint(tunnel_id.len() as u64, out);
+        out.put_slice(tunnel_id.as_bytes());
+    }
+    if seq != 0 {
+        encode_key(SEQ, WireType::Varint, out);
+        encode_varint(seq, out);
+    }
+    encode_key(BODY, WireType::LengthDelimited, out);
+    encode_varint(payload.len() as u64, out);
+    Ok(())
+}
+
 /// Decodes one frame from the front of `buf`: `Ok(None)` (buf untouched) when
 /// more bytes are needed; on success the frame's bytes are removed from `buf`.
 ///
@@ -166,7 +214,7 @@ mod tests {
 
     fn tunnel_frame(kind: pb::provider_tunnel_frame::Kind) -> Body {
         Body::ProviderTunnelFrame(pb::ProviderTunnelFrame {
-            tunnel_id: "t-1".into(),
+            tunnel_id: Bytes::from_static(b"t-1"),
             seq: 9,
             kind: Some(kind),
             usage: None,
@@ -227,6 +275,7 @@ mod tests {
                 ok: true,
                 error: String::new(),
                 result_json: Bytes::from_static(b"[1,2]"),
+                status: 200,
             }),
             Body::ProviderTunnelRequest(pb::ProviderTunnelRequest {
                 tunnel_id: "t-1".into(),
@@ -276,6 +325,32 @@ mod tests {
         }
         assert!(buf.is_empty(), "leftover bytes: {}", buf.len());
         out
+    }
+
+    #[test]
+    fn tunnel_body_head_plus_payload_is_the_prost_encoding() {
+        for (id, seq, len) in
+            [("t-1", 0u64, 0usize), ("", 7, 3), ("tunnel-abc", 300, 127), ("x", u64::MAX, 128), ("y", 1, 70_000)]
+        {
+            let payload = Bytes::from(vec![b'p'; len]);
+            let frame = pb::ProviderTunnelFrame {
+                tunnel_id: Bytes::copy_from_slice(id.as_bytes()),
+                seq,
+                kind: Some(pb::provider_tunnel_frame::Kind::Body(payload.clone())),
+                usage: None,
+            };
+            let env = Envelope { correlation_id: 0, body: Some(Body::ProviderTunnelFrame(frame)) };
+            let mut expected = BytesMut::new();
+            encode(&env, &mut expected, MAX).unwrap();
+            let mut got = BytesMut::new();
+            encode_tunnel_body_head(id, seq, &payload, &mut got, MAX).unwrap();
+            got.extend_from_slice(&payload);
+            assert_eq!(got, expected, "id {id:?} seq {seq} len {len}");
+        }
+        let mut out = BytesMut::new();
+        let err = encode_tunnel_body_head("t", 1, &[0u8; 100], &mut out, 64).unwrap_err();
+        assert!(matches!(err, WireError::FrameTooLarge { max: 64, .. }), "{err:?}");
+        assert!(out.is_empty());
     }
 
     #[test]
@@ -506,7 +581,7 @@ mod tests {
     fn arb_tunnel_body() -> impl Strategy<Value = Body> {
         (".{0,40}", any::<u64>(), arb_bytes()).prop_map(|(tunnel_id, seq, body)| {
             Body::ProviderTunnelFrame(pb::ProviderTunnelFrame {
-                tunnel_id,
+                tunnel_id: Bytes::from(tunnel_id),
                 seq,
                 kind: Some(pb::provider_tunnel_frame::Kind::Body(body)),
                 usage: None,

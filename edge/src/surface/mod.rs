@@ -27,10 +27,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
             let Some(route) = route else { return false };
             return openai::handle(worker, conn, head, body, route).await;
         }
-        (_, p) if admin::is_admin_path(p) => {
-            drop(body);
-            return admin::handle(worker, conn, head).await;
-        }
+        (_, p) if admin::is_admin_path(p) => return admin::handle(worker, conn, head, body).await,
         ("GET", "/v1/models") => {
             let body = openai::models::list(&worker.config.borrow());
             conn.respond(200, "application/json", &[], &body, keep).await

@@ -3,17 +3,55 @@
 //! a node that respects the stream's credit window never fills it, so a
 //! full channel means the node broke the window, and that stream alone
 //! fails (`slow_consumer`) instead of stalling the node connection.
+//!
+//! Body bytes arrive as slices of the link's read buffer (no copy), and a
+//! queued slice keeps that whole buffer alive. Bursts are normal (a session
+//! routes many frames before its client's task runs), stalls are not: a
+//! stream with at least [`COMPACT_AFTER`] queued whose client took nothing
+//! for [`STALL`] gets its new items copied out ("compacted"), so a stalled
+//! client cannot keep read buffers alive beyond what arrived in [`STALL`].
 
-use std::sync::{
-    atomic::{AtomicUsize, Ordering},
-    Arc,
+use std::{
+    sync::{
+        atomic::{AtomicU64, AtomicUsize, Ordering},
+        Arc, OnceLock,
+    },
+    time::{Duration, Instant},
 };
 
-use iop_core::{exec::ExecEvent, flow, rt::mailbox, tunnel::TunnelItem};
+use bytes::Bytes;
+use iop_core::{
+    exec::{Delta, ExecEvent},
+    flow,
+    rt::mailbox,
+    tunnel::TunnelItem,
+};
 
 /// Capacity of one stream's mailbox, in items: everything the window
 /// allows, plus room for the terminal (memory is allocated as it fills).
 pub const RUN_EVENT_CAPACITY: usize = flow::MAX_QUEUED_ITEMS + 8;
+
+/// Queued cost from which a stalled stream's new items are compacted.
+pub const COMPACT_AFTER: usize = 8 * 1024;
+/// A client that took nothing for this long while its stream had at least
+/// [`COMPACT_AFTER`] queued is stalled.
+pub const STALL: Duration = Duration::from_millis(20);
+
+/// Nanoseconds on a process-wide monotonic clock.
+fn now_nanos() -> u64 {
+    static EPOCH: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// What both sides of a stream channel see.
+#[derive(Default)]
+struct Shared {
+    /// Cost of what is queued.
+    queued: AtomicUsize,
+    /// Since when the queue has been at least [`COMPACT_AFTER`] without
+    /// the client taking anything (nanoseconds, [`now_nanos`]).
+    deep_since: AtomicU64,
+}
 
 /// An item that travels in a stream channel.
 pub trait Queued {
@@ -21,6 +59,15 @@ pub trait Queued {
     fn payload_bytes(&self) -> usize;
     /// Whether it ends the stream.
     fn is_terminal(&self) -> bool;
+    /// Copies the bytes it shares with a larger buffer into its own.
+    fn compact(&mut self);
+}
+
+/// `b`, in memory of its own.
+fn compacted(b: &mut Bytes) {
+    if !b.is_empty() {
+        *b = Bytes::copy_from_slice(b);
+    }
 }
 
 impl Queued for ExecEvent {
@@ -30,6 +77,13 @@ impl Queued for ExecEvent {
 
     fn is_terminal(&self) -> bool {
         ExecEvent::is_terminal(self)
+    }
+
+    fn compact(&mut self) {
+        // Everything else a run event holds was decoded into owned values.
+        if let ExecEvent::Delta(Delta { logprobs: Some(lp), .. }) = self {
+            compacted(lp);
+        }
     }
 }
 
@@ -41,25 +95,33 @@ impl Queued for TunnelItem {
     fn is_terminal(&self) -> bool {
         TunnelItem::is_terminal(self)
     }
+
+    fn compact(&mut self) {
+        match self {
+            TunnelItem::Body(b) => compacted(b),
+            TunnelItem::Start { headers, .. } => headers.iter_mut().for_each(|(_, v)| compacted(v)),
+            TunnelItem::End { .. } | TunnelItem::Error(_) => {}
+        }
+    }
 }
 
 /// The session's side of a stream channel.
 pub struct StreamTx<T> {
     tx: mailbox::Sender<T>,
-    queued: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
 }
 
 /// The client's side of a stream channel.
 pub struct StreamRx<T> {
     rx: mailbox::Receiver<T>,
-    queued: Arc<AtomicUsize>,
+    shared: Arc<Shared>,
 }
 
 /// A stream's channel.
 pub fn channel<T>() -> (StreamTx<T>, StreamRx<T>) {
     let (tx, rx) = mailbox::mailbox(RUN_EVENT_CAPACITY);
-    let queued = Arc::new(AtomicUsize::new(0));
-    (StreamTx { tx, queued: queued.clone() }, StreamRx { rx, queued })
+    let shared = Arc::new(Shared::default());
+    (StreamTx { tx, shared: shared.clone() }, StreamRx { rx, shared })
 }
 
 /// Why an item was not queued.
@@ -77,15 +139,30 @@ impl<T: Queued> StreamTx<T> {
     /// stays below the window); `reserve` keeps that many item slots free
     /// (for the error telling why the stream failed).
     pub fn try_send(&self, item: T, reserve: usize) -> Result<(), Undelivered> {
+        self.send_at(item, reserve, now_nanos)
+    }
+
+    /// [`Self::try_send`] on the clock `now` (read only for deep queues).
+    fn send_at(&self, mut item: T, reserve: usize, now: impl Fn() -> u64) -> Result<(), Undelivered> {
         let size = cost_of(&item);
-        let queued = self.queued.load(Ordering::Acquire);
+        let shared = &*self.shared;
+        let queued = shared.queued.load(Ordering::Acquire);
+        if queued >= COMPACT_AFTER {
+            let since = shared.deep_since.load(Ordering::Acquire);
+            if now().saturating_sub(since) > STALL.as_nanos() as u64 {
+                item.compact();
+            }
+        } else if queued + size >= COMPACT_AFTER {
+            // This item makes the queue deep: the stall clock starts.
+            shared.deep_since.store(now(), Ordering::Release);
+        }
         let over_window = queued >= flow::WINDOW_BYTES as usize;
         if reserve > 0 && (over_window || self.tx.len() + reserve >= RUN_EVENT_CAPACITY) {
             return Err(Undelivered::Full);
         }
-        self.queued.fetch_add(size, Ordering::AcqRel);
+        shared.queued.fetch_add(size, Ordering::AcqRel);
         self.tx.try_send(item).map_err(|e| {
-            self.queued.fetch_sub(size, Ordering::AcqRel);
+            shared.queued.fetch_sub(size, Ordering::AcqRel);
             match e {
                 mailbox::SendError::Full(_) => Undelivered::Full,
                 mailbox::SendError::Closed(_) => Undelivered::Closed,
@@ -108,19 +185,71 @@ impl<T: Queued> StreamRx<T> {
     /// Next item without waiting.
     pub fn try_recv(&self) -> Option<T> {
         let item = self.rx.try_recv()?;
-        self.queued.fetch_sub(cost_of(&item), Ordering::AcqRel);
+        self.took(&item, now_nanos);
         Some(item)
     }
 
     /// Next item; `None` once the sender is gone and the queue is empty.
     pub async fn recv(&self) -> Option<T> {
         let item = self.rx.recv().await?;
-        self.queued.fetch_sub(cost_of(&item), Ordering::AcqRel);
+        self.took(&item, now_nanos);
         Some(item)
+    }
+
+    fn took(&self, item: &T, now: impl Fn() -> u64) {
+        let left = self.shared.queued.fetch_sub(cost_of(item), Ordering::AcqRel) - cost_of(item);
+        if left >= COMPACT_AFTER {
+            // Still deep, but the client is moving: restart the stall clock.
+            self.shared.deep_since.store(now(), Ordering::Release);
+        }
     }
 
     /// Cost of what is queued now.
     pub fn queued_bytes(&self) -> usize {
-        self.queued.load(Ordering::Acquire)
+        self.shared.queued.load(Ordering::Acquire)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn body(item: &TunnelItem) -> &Bytes {
+        match item {
+            TunnelItem::Body(b) => b,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn items_share_the_read_buffer_unless_the_client_stalls() {
+        let read_buffer = Bytes::from(vec![7u8; 64 * 1024]);
+        let inside = |b: &Bytes| read_buffer.as_ptr_range().contains(&b.as_ptr());
+        let piece = |i: usize| TunnelItem::Body(read_buffer.slice(i * 1000..(i + 1) * 1000));
+        let (tx, rx) = channel::<TunnelItem>();
+        let stall = STALL.as_nanos() as u64;
+        // A burst far past COMPACT_AFTER, all within STALL: shared.
+        for i in 0..40 {
+            tx.send_at(piece(i), 1, || 1_000 + i as u64).unwrap();
+        }
+        // The client takes one item: progress, the clock restarts.
+        let first = rx.rx.try_recv().unwrap();
+        rx.took(&first, || 2_000);
+        assert!(inside(body(&first)));
+        // Within STALL of that: still shared; past it: copied.
+        tx.send_at(piece(40), 1, || 2_000 + stall).unwrap();
+        tx.send_at(piece(41), 1, || 2_001 + stall).unwrap();
+        let mut got = Vec::new();
+        while let Some(item) = rx.try_recv() {
+            got.push(item);
+        }
+        assert_eq!(got.len(), 41);
+        assert!(got[..40].iter().all(|i| inside(body(i))), "burst and in-time items share the buffer");
+        assert!(!inside(body(&got[40])), "an item sent to a stalled client is compacted");
+        assert_eq!(&body(&got[40])[..], &read_buffer[41_000..42_000]);
+        // Drained: shallow again, shared whatever the clock says.
+        tx.send_at(piece(42), 1, || u64::MAX).unwrap();
+        assert!(inside(body(&rx.try_recv().unwrap())));
     }
 }

@@ -1,8 +1,9 @@
 //! Node transport: the listener nodes dial, the registration/ready
 //! handshake, and one session task per node connection.
 
+mod commands;
 mod events;
-mod runs;
+pub mod runs;
 mod session;
 
 use std::{rc::Rc, time::Duration};
@@ -12,7 +13,7 @@ use iop_core::{exec::ExecEvent, limits::LogThrottle, tunnel::TunnelItem, wire::p
 use crate::worker::Worker;
 
 pub use events::{channel, cost_of, Queued, StreamRx, StreamTx, Undelivered, RUN_EVENT_CAPACITY};
-pub use runs::Failing;
+pub use runs::{Failing, Routed, RunTable};
 
 /// Events of one run, delivered to the core serving its client.
 pub type RunEvents = StreamTx<ExecEvent>;
@@ -70,6 +71,14 @@ pub enum SessionCmd {
         run_id: String,
         /// Why, for the node's logs.
         reason: &'static str,
+    },
+    /// Send a node command; the node's response goes to `reply` (dropped
+    /// when the session ends or has too many waiting).
+    Command {
+        /// The command.
+        req: pb::NodeCommandRequest,
+        /// Gets the response.
+        reply: iop_core::rt::oneshot::OneshotSender<pb::NodeCommandResponse>,
     },
     /// Push a changed node config (live reload).
     Refresh {

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use iop_core::{
     exec::{codes, ExecEvent, FailureSource, RunFailure},
     tunnel::TunnelItem,
+    wire::pb,
 };
 
 use super::{Queued, RunEvents, StreamTx, TunnelEvents, Undelivered};
@@ -88,6 +89,11 @@ impl RunTable {
         self.runs.len()
     }
 
+    /// Whether no stream is in flight.
+    pub fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
     /// Delivers one event of run `run_id` with sequence `seq`.
     pub fn route(&mut self, run_id: &str, seq: u64, ev: ExecEvent) -> Routed {
         self.route_item(run_id, seq, ev, |s| match s {
@@ -102,6 +108,27 @@ impl RunTable {
             Sink::Tunnel(tx) => Some(tx),
             Sink::Run(_) => None,
         })
+    }
+
+    /// Delivers one tunnel frame as the session received it; returns the
+    /// outcome with the tunnel's id. The id stays a slice of the frame (no
+    /// allocation per body chunk); one that is not UTF-8 names no tunnel.
+    pub fn route_tunnel_frame(&mut self, mut frame: pb::ProviderTunnelFrame) -> (bytes::Bytes, Routed) {
+        let (raw_id, seq) = (std::mem::take(&mut frame.tunnel_id), frame.seq);
+        let Ok(id) = std::str::from_utf8(&raw_id) else {
+            self.ignored_events += 1;
+            return (raw_id, Routed::Done);
+        };
+        let item = TunnelItem::from_wire(frame).unwrap_or_else(|| {
+            TunnelItem::Error(RunFailure::new(
+                codes::INTERNAL,
+                502,
+                FailureSource::Node,
+                "node sent a malformed tunnel frame",
+            ))
+        });
+        let routed = self.route_tunnel(id, seq, item);
+        (raw_id, routed)
     }
 
     /// Keeps per-stream order and exactly one terminal; a client too far

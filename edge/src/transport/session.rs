@@ -79,6 +79,7 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr, hand
         generation,
         writer: writer.clone(),
         runs: Rc::new(RefCell::new(RunTable::default())),
+        commands: Rc::default(),
         closed: LocalCancel::new(),
         last_seen: Rc::new(std::cell::Cell::new(Instant::now())),
         stop_reason,
@@ -209,6 +210,7 @@ struct Session {
     generation: Generation,
     writer: FrameWriter,
     runs: Rc<RefCell<RunTable>>,
+    commands: Rc<super::commands::PendingCommands>,
     closed: LocalCancel,
     last_seen: Rc<std::cell::Cell<Instant>>,
     /// Why the session stopped its own reader (heartbeat timeout, close command).
@@ -231,6 +233,7 @@ impl Session {
         monoio::spawn(pump_commands(
             cmd_rx,
             self.runs.clone(),
+            self.commands.clone(),
             self.writer.clone(),
             self.closed.clone(),
             Stop { stopper: reader.stopper(), reason: self.stop_reason.clone() },
@@ -321,8 +324,10 @@ impl Session {
                 Some(Body::ConfigRefreshAck(ack)) => {
                     tracing::info!(node = %self.node_id, revision = ack.revision, applied = ack.applied, error = %ack.error, "node config refresh acknowledged");
                 }
-                Some(Body::NodeCommandResponse(_)) => {
-                    tracing::debug!(node = %self.node_id, "ignoring response to a request this edge did not send");
+                Some(Body::NodeCommandResponse(resp)) => {
+                    if !self.commands.answer(cid, resp) {
+                        tracing::debug!(node = %self.node_id, cid, "response to no waiting command ignored");
+                    }
                 }
                 other => {
                     let what = other.as_ref().map(body_name).unwrap_or("empty");
@@ -399,18 +404,9 @@ impl Session {
     }
 
     fn on_tunnel_frame(&self, frame: pb::ProviderTunnelFrame) {
-        let (id, seq) = (frame.tunnel_id.clone(), frame.seq);
-        let item = iop_core::tunnel::TunnelItem::from_wire(frame).unwrap_or_else(|| {
-            iop_core::tunnel::TunnelItem::Error(RunFailure::new(
-                codes::INTERNAL,
-                502,
-                FailureSource::Node,
-                "node sent a malformed tunnel frame",
-            ))
-        });
-        let routed = self.runs.borrow_mut().route_tunnel(&id, seq, item);
+        let (id, routed) = self.runs.borrow_mut().route_tunnel_frame(frame);
         if let Routed::CancelOnNode(reason) = routed {
-            send_cancel(&self.writer, id, reason);
+            send_cancel(&self.writer, String::from_utf8_lossy(&id).into_owned(), reason);
         }
     }
 
@@ -474,6 +470,7 @@ fn send_cancel(writer: &FrameWriter, run_id: String, reason: &str) {
 async fn pump_commands(
     rx: mailbox::Receiver<SessionCmd>,
     runs: Rc<RefCell<RunTable>>,
+    commands: Rc<super::commands::PendingCommands>,
     writer: FrameWriter,
     closed: LocalCancel,
     stop: Stop,
@@ -508,6 +505,15 @@ async fn pump_commands(
             SessionCmd::Cancel { run_id, reason } => {
                 if runs.borrow_mut().remove(&run_id) {
                     send_cancel(&writer, run_id, reason);
+                }
+            }
+            SessionCmd::Command { req, reply } => {
+                // Too many waiting: dropping `reply` tells the caller.
+                if let Some(id) = commands.register(reply) {
+                    if writer.send(&envelope(id, Body::NodeCommandRequest(req))).is_err() {
+                        commands.forget(id);
+                        break;
+                    }
                 }
             }
             SessionCmd::Refresh { payload } => {

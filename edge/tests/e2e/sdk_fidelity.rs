@@ -70,8 +70,7 @@ fn the_sdk_sees_the_same_through_the_tunnel_as_from_the_provider() {
 
 fn normalized_edge() -> Edge {
     let nodes = [mock_node("n1", 8, 8, 3, 0)];
-    let edge = Edge::start(&pool_config(&nodes, &[mock_model("m", &["n1"], "")], ""));
-    edge
+    Edge::start(&pool_config(&nodes, &[mock_model("m", &["n1"], "")], ""))
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::{marker::PhantomData, rc::Rc};
 
 use iop_core::{
     exec::ExecEvent,
-    rt::frames::FrameWriter,
+    rt::frames::{FrameWriter, SendError},
     tunnel::TunnelItem,
     wire::pb::{envelope::Body, Envelope},
 };
@@ -22,8 +22,12 @@ pub trait Outgoing {
     fn is_terminal(&self) -> bool;
     /// Its payload, for the stream's credit window.
     fn payload_bytes(&self) -> usize;
-    /// Its frame body, numbered `seq` in stream `id`.
-    fn into_body(self, id: &str, seq: u64) -> Body;
+    /// Queues its frame, numbered `seq` in stream `id`, on `writer`.
+    fn queue(self, writer: &FrameWriter, id: &str, seq: u64) -> Result<(), SendError>;
+}
+
+fn queue_body(writer: &FrameWriter, body: Body) -> Result<(), SendError> {
+    writer.send(&Envelope { correlation_id: 0, body: Some(body) })
 }
 
 impl Outgoing for ExecEvent {
@@ -35,8 +39,8 @@ impl Outgoing for ExecEvent {
         ExecEvent::payload_bytes(self)
     }
 
-    fn into_body(self, id: &str, seq: u64) -> Body {
-        Body::RunEvent(self.into_wire(id, seq))
+    fn queue(self, writer: &FrameWriter, id: &str, seq: u64) -> Result<(), SendError> {
+        queue_body(writer, Body::RunEvent(self.into_wire(id, seq)))
     }
 }
 
@@ -49,8 +53,13 @@ impl Outgoing for TunnelItem {
         TunnelItem::payload_bytes(self)
     }
 
-    fn into_body(self, id: &str, seq: u64) -> Body {
-        Body::ProviderTunnelFrame(self.into_wire(id, seq))
+    fn queue(self, writer: &FrameWriter, id: &str, seq: u64) -> Result<(), SendError> {
+        match self {
+            // The provider's bytes go to the socket from the buffer they
+            // were read into.
+            TunnelItem::Body(b) => writer.send_tunnel_body(id, seq, b),
+            item => queue_body(writer, Body::ProviderTunnelFrame(item.into_wire(id, seq))),
+        }
     }
 }
 
@@ -101,8 +110,7 @@ impl<T: Outgoing> Emitter<T> {
             credit.take(iop_core::flow::cost(item.payload_bytes())).await;
         }
         self.writer.wait_writable().await.map_err(|_| SinkClosed)?;
-        let env = Envelope { correlation_id: 0, body: Some(item.into_body(&self.id, self.seq)) };
-        self.writer.send(&env).map_err(|_| SinkClosed)?;
+        item.queue(&self.writer, &self.id, self.seq).map_err(|_| SinkClosed)?;
         self.seq += 1;
         if terminal {
             self.terminal = true;

@@ -8,6 +8,7 @@
 //! - `GET /admin/v1/events`: SSE of [`crate::events::EdgeEvent`]s ([`events`]).
 
 pub mod auth;
+pub mod commands;
 pub mod events;
 pub mod snapshot;
 
@@ -15,7 +16,11 @@ use std::rc::Rc;
 
 use iop_core::http::RequestHead;
 
-use crate::{server::Conn, surface::openai::error, worker::Worker};
+use crate::{
+    server::{Body, Conn},
+    surface::openai::error,
+    worker::Worker,
+};
 
 use self::auth::Auth;
 
@@ -36,7 +41,7 @@ pub fn is_admin_path(path: &str) -> bool {
 /// Failed token checks are limited per client address
 /// ([`crate::auth_limit`]): past the limit every attempt gets 429 before
 /// the token is compared.
-pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead) -> bool {
+pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, body: Body) -> bool {
     let keep = head.keep_alive;
     let config = worker.config.borrow().clone();
     let limiter = &worker.shared.auth_failures;
@@ -71,6 +76,11 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead) ->
             conn.respond(200, "application/json", &headers, &body, keep).await.is_ok() && keep
         }
         ("GET", EVENTS_PATH) => events::stream(worker, conn).await,
+        (_, p) if commands::CommandRoute::parse(p).is_some() => {
+            let Some(route) = commands::CommandRoute::parse(p) else { return false };
+            let (bytes, _permit) = body.into_parts();
+            commands::handle(worker, conn, head, route, bytes).await
+        }
         (_, NODES_PATH | EVENTS_PATH) => {
             crate::surface::method_not_allowed(conn, head, crate::surface::ALLOW_GET, keep).await.is_ok() && keep
         }
@@ -81,7 +91,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead) ->
     }
 }
 
-async fn respond_error(
+pub(crate) async fn respond_error(
     conn: &mut Conn,
     status: u16,
     msg: &str,

@@ -13,6 +13,7 @@ pub mod chat;
 mod chunk;
 pub mod error;
 pub mod models;
+pub mod relay;
 mod reply;
 mod tunnel;
 

@@ -5,26 +5,25 @@
 
 use std::{rc::Rc, time::Duration};
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use iop_core::{
     http::{self, Framing, RequestHead},
+    request::Top,
+    rt::gather::Gather,
     tunnel::{self, TunnelItem},
     wire::pb,
 };
-use monoio::io::AsyncWriteRentExt;
 
-use iop_core::request::Top;
-
-use super::{error, reply, Route};
+use super::{
+    relay::{relay_body, BodyEnd, Frame},
+    reply, Route,
+};
 use crate::{
     dispatch::{self, TunnelStream},
     pool::Admitted,
     server::{with_disconnect_watch, BodyPermit, Conn},
     worker::Worker,
 };
-
-/// Most body bytes gathered from queued items into one client write.
-const MAX_WRITE_BATCH: usize = 256 * 1024;
 
 /// The client's headers that go to the provider, plus `x-request-id` when
 /// the client sent none (the run id, so both ends log the same id).
@@ -81,13 +80,6 @@ pub async fn run(
     relay(conn, stream, keep, write_timeout).await
 }
 
-/// How the client's response body is framed.
-enum Frame {
-    Chunked,
-    /// The provider's Content-Length: exactly this many bytes are left.
-    Length(u64),
-}
-
 async fn relay(conn: &mut Conn, mut stream: TunnelStream, keep: bool, write_timeout: Duration) -> bool {
     let first = {
         let Conn { rd, buf, .. } = &mut *conn;
@@ -120,112 +112,13 @@ async fn relay(conn: &mut Conn, mut stream: TunnelStream, keep: bool, write_time
         Some(n) => (Framing::Length(usize::try_from(n).unwrap_or(usize::MAX)), Frame::Length(n)),
         None => (Framing::Chunked, Frame::Chunked),
     };
-    http::write_response_head(&mut conn.out, status, &out_headers, framing, keep);
+    let mut out = Gather::new();
+    out.put_with(|b| http::write_response_head(b, status, &out_headers, framing, keep));
     drop(out_headers);
-    let Conn { rd, wr, buf, out, .. } = conn;
-    let body = relay_body(wr, out, &mut stream, &mut frame, sse, write_timeout);
+    let Conn { rd, wr, buf, .. } = conn;
+    let body = relay_body(wr, &mut out, &mut stream, &mut frame, sse, write_timeout);
     match with_disconnect_watch(rd, buf, body).await {
         Some(Ok(BodyEnd::Complete)) => keep,
         _ => false,
-    }
-}
-
-/// How a relayed body ended.
-enum BodyEnd {
-    /// Every byte arrived and the framing was closed properly.
-    Complete,
-    /// The tunnel failed mid-body: the client got what arrived (and, for an
-    /// SSE stream, a final error event); the connection must close.
-    Broken,
-}
-
-async fn relay_body<W: AsyncWriteRentExt>(
-    wr: &mut W,
-    out: &mut BytesMut,
-    stream: &mut TunnelStream,
-    frame: &mut Frame,
-    sse: bool,
-    write_timeout: Duration,
-) -> std::io::Result<BodyEnd> {
-    loop {
-        // Gather what is queued into one write (bounded).
-        let mut end = None;
-        let mut next = stream.next().await;
-        while let Some(item) = next.take() {
-            match item {
-                TunnelItem::Body(b) => {
-                    if !append(out, frame, &b) {
-                        end = Some(BodyEnd::Broken);
-                        break;
-                    }
-                }
-                TunnelItem::End { .. } => {
-                    end = Some(match frame {
-                        Frame::Chunked => {
-                            http::write_last_chunk(out);
-                            BodyEnd::Complete
-                        }
-                        Frame::Length(0) => BodyEnd::Complete,
-                        // Fewer bytes than announced: the client must see a cut.
-                        Frame::Length(_) => BodyEnd::Broken,
-                    });
-                    break;
-                }
-                TunnelItem::Error(f) => {
-                    tracing::debug!(run = %stream.run_id(), code = f.code, "tunnel failed mid-body");
-                    if sse && matches!(frame, Frame::Chunked) {
-                        // Said in the stream's own language, then a clean end,
-                        // so an SDK raises instead of ending quietly.
-                        let mut event = BytesMut::new();
-                        iop_core::sse::write_event(&mut event, &error::failure_body(&f));
-                        http::write_chunk(out, &event);
-                        http::write_last_chunk(out);
-                    }
-                    end = Some(BodyEnd::Broken);
-                    break;
-                }
-                TunnelItem::Start { .. } => {
-                    end = Some(BodyEnd::Broken);
-                    break;
-                }
-            }
-            if out.len() >= MAX_WRITE_BATCH {
-                break;
-            }
-            next = stream.try_next();
-        }
-        if !out.is_empty() {
-            // A timed-out write closes the connection, so dropping it loses nothing.
-            let Ok((res, mut written)) = monoio::time::timeout(write_timeout, wr.write_all(std::mem::take(out))).await
-            else {
-                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading"));
-            };
-            written.clear();
-            *out = written;
-            res?;
-        }
-        if let Some(end) = end {
-            return Ok(end);
-        }
-    }
-}
-
-/// Appends body bytes under the framing; false when the provider sent more
-/// than its Content-Length announced.
-fn append(out: &mut BytesMut, frame: &mut Frame, b: &[u8]) -> bool {
-    match frame {
-        Frame::Chunked => {
-            http::write_chunk(out, b);
-            true
-        }
-        Frame::Length(left) => {
-            let n = b.len() as u64;
-            if n > *left {
-                return false;
-            }
-            *left -= n;
-            out.extend_from_slice(b);
-            true
-        }
     }
 }

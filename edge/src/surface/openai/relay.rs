@@ -1,0 +1,150 @@
+//! Writes a tunnel's body to the client: the provider's bytes, framed
+//! (chunked, or under the provider's Content-Length), gathered from what is
+//! queued into vectored writes. Body bytes are never copied: each chunk
+//! the node link decoded is written from the buffer it was read into.
+
+use std::{future::Future, time::Duration};
+
+use iop_core::{http, rt::gather::Gather, tunnel::TunnelItem};
+use monoio::io::AsyncWriteRent;
+
+use super::error;
+use crate::dispatch::TunnelStream;
+
+/// Most body bytes gathered from queued items into one client write.
+pub const MAX_WRITE_BATCH: usize = 256 * 1024;
+
+/// Where a relayed body's items come from (a tunnel's stream).
+pub trait Source {
+    /// The next item, waiting; `None` after the terminal.
+    fn next(&mut self) -> impl Future<Output = Option<TunnelItem>>;
+    /// The next item already queued.
+    fn try_next(&mut self) -> Option<TunnelItem>;
+    /// The stream's id, for logs.
+    fn id(&self) -> &str;
+}
+
+impl Source for TunnelStream {
+    fn next(&mut self) -> impl Future<Output = Option<TunnelItem>> {
+        TunnelStream::next(self)
+    }
+
+    fn try_next(&mut self) -> Option<TunnelItem> {
+        TunnelStream::try_next(self)
+    }
+
+    fn id(&self) -> &str {
+        self.run_id()
+    }
+}
+
+/// How the client's response body is framed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Frame {
+    /// `transfer-encoding: chunked`.
+    Chunked,
+    /// The provider's Content-Length: exactly this many bytes are left.
+    Length(u64),
+}
+
+/// How a relayed body ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BodyEnd {
+    /// Every byte arrived and the framing was closed properly.
+    Complete,
+    /// The tunnel failed mid-body: the client got what arrived (and, for an
+    /// SSE stream, a final error event); the connection must close.
+    Broken,
+}
+
+/// Relays the body items of `src` to `wr` under `frame`, after what `out`
+/// already holds (the response head). `sse`: the body is an event stream,
+/// so a failure mid-body is told as an error event. A write that makes no
+/// progress for `write_timeout` fails with `TimedOut`.
+pub async fn relay_body<W: AsyncWriteRent, S: Source>(
+    wr: &mut W,
+    out: &mut Gather,
+    src: &mut S,
+    frame: &mut Frame,
+    sse: bool,
+    write_timeout: Duration,
+) -> std::io::Result<BodyEnd> {
+    loop {
+        // Gather what is queued into one write (bounded).
+        let mut end = None;
+        let mut next = src.next().await;
+        while let Some(item) = next.take() {
+            match item {
+                TunnelItem::Body(b) => {
+                    if !append(out, frame, b) {
+                        end = Some(BodyEnd::Broken);
+                        break;
+                    }
+                }
+                TunnelItem::End { .. } => {
+                    end = Some(match frame {
+                        Frame::Chunked => {
+                            out.put_with(http::write_last_chunk);
+                            BodyEnd::Complete
+                        }
+                        Frame::Length(0) => BodyEnd::Complete,
+                        // Fewer bytes than announced: the client must see a cut.
+                        Frame::Length(_) => BodyEnd::Broken,
+                    });
+                    break;
+                }
+                TunnelItem::Error(f) => {
+                    tracing::debug!(run = %src.id(), code = f.code, "tunnel failed mid-body");
+                    if sse && *frame == Frame::Chunked {
+                        // Said in the stream's own language, then a clean end,
+                        // so an SDK raises instead of ending quietly.
+                        let mut event = bytes::BytesMut::new();
+                        iop_core::sse::write_event(&mut event, &error::failure_body(&f));
+                        http::gather_chunk(out, event.freeze());
+                        out.put_with(http::write_last_chunk);
+                    }
+                    end = Some(BodyEnd::Broken);
+                    break;
+                }
+                TunnelItem::Start { .. } => {
+                    end = Some(BodyEnd::Broken);
+                    break;
+                }
+            }
+            if out.len() >= MAX_WRITE_BATCH {
+                break;
+            }
+            next = src.try_next();
+        }
+        if !out.is_empty() {
+            // A timed-out write closes the connection, so dropping it loses nothing.
+            let Ok(res) = monoio::time::timeout(write_timeout, out.write_to(wr)).await else {
+                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading"));
+            };
+            res?;
+        }
+        if let Some(end) = end {
+            return Ok(end);
+        }
+    }
+}
+
+/// Queues body bytes under the framing; false when the provider sent more
+/// than its Content-Length announced.
+fn append(out: &mut Gather, frame: &mut Frame, b: bytes::Bytes) -> bool {
+    match frame {
+        Frame::Chunked => {
+            http::gather_chunk(out, b);
+            true
+        }
+        Frame::Length(left) => {
+            let n = b.len() as u64;
+            if n > *left {
+                return false;
+            }
+            *left -= n;
+            out.push(b);
+            true
+        }
+    }
+}
