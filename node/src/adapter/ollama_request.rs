@@ -39,7 +39,7 @@
 use std::collections::HashMap;
 
 use bytes::Bytes;
-use iop_core::exec::{codes, FailureSource, RunFailure};
+use iop_core::exec::{codes, FailureSource, ProviderError, RunFailure};
 use serde_json::{Map, Value};
 
 /// Fields that do not change the answer: read and dropped.
@@ -65,9 +65,11 @@ fn invalid(message: impl Into<String>) -> RunFailure {
     RunFailure::new(codes::INVALID_REQUEST, 400, FailureSource::Client, message)
 }
 
-/// A 400 for a parameter Ollama cannot honour.
+/// A 400 for a parameter Ollama cannot honour; the client's error names it
+/// in `param`, as OpenAI's do.
 fn unsupported(param: &str, what: &str) -> RunFailure {
-    invalid(format!("`{param}`: {what} is not supported by this provider (Ollama)"))
+    let p = ProviderError { param: Some(param.to_owned()), ..Default::default() };
+    invalid(format!("`{param}`: {what} is not supported by this provider (Ollama)")).with_provider(Some(p), None)
 }
 
 /// The body as a JSON object.
@@ -593,6 +595,7 @@ mod tests {
                 "{key}"
             );
             assert!(f.message.contains(param) && f.message.contains("not supported"), "{key}: {}", f.message);
+            assert_eq!(f.provider.unwrap().param.map(|p| format!("`{p}`")).as_deref(), Some(param));
         }
         assert_eq!(chat_err(json!({"model": "m", "messages": user("x"), "n": 0})).status, 400);
         // The harmless values pass and are not sent.
