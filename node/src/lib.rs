@@ -2,7 +2,7 @@
 //! receives its provider config and executes runs.
 //!
 //! - [`run()`](fn@run): the node's root future ([`supervisor`] → [`session`]).
-//! - [`adapter`]: provider adapters (`mock`, `openai_compat`) over the
+//! - [`adapter`]: provider adapters (`mock`, `openai_compat`, `ollama`) over the
 //!   [`upstream`] HTTP client.
 //! - [`run`](mod@run): admission by provider concurrency, event sinks, cancellation.
 

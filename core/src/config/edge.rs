@@ -1033,6 +1033,42 @@ heartbeat_wait_ms = 25
             &format!("{p}.base_url"),
             "is required when kind = \"vllm\"",
         );
+        let ollama = ok(&BASE.replacen(PROVIDER_KIND, "kind = \"ollama\"", 1).replacen(
+            PROVIDER_URL,
+            "base_url = \"http://127.0.0.1:11434\"",
+            1,
+        ));
+        let entry = &ollama.nodes[0].providers[0];
+        assert!(matches!(&entry.kind, ProviderKind::Ollama { base_url } if base_url.port == 11434));
+        assert!(!entry.kind.is_openai_compatible(), "ollama runs on the normalized path");
+        let wire = entry.to_wire();
+        assert_eq!(
+            (wire.kind, wire.base_url.as_str()),
+            (crate::wire::pb::ProviderKind::Ollama as i32, "http://127.0.0.1:11434")
+        );
+        ok(&BASE.replacen(PROVIDER_KIND, "kind = \"ollama\"", 1).replacen(
+            PROVIDER_URL,
+            "base_url = \"http://10.0.0.2/ollama/\"",
+            1,
+        ));
+        rejects(
+            &[(PROVIDER_KIND, "kind = \"ollama\""), (PROVIDER_URL, "")],
+            &format!("{p}.base_url"),
+            "is required when kind = \"ollama\"",
+        );
+        rejects(
+            &[(PROVIDER_KIND, "kind = \"ollama\"")],
+            &format!("{p}.base_url"),
+            "invalid value `http://127.0.0.1:9000/v1`: must be the Ollama server root",
+        );
+        rejects(
+            &[
+                (PROVIDER_KIND, "kind = \"ollama\""),
+                (PROVIDER_URL, "base_url = \"http://h:1\"\n[nodes.providers.mock]"),
+            ],
+            &format!("{p}.mock"),
+            "only allowed when kind = \"mock\"",
+        );
         rejects(&[(PROVIDER_URL, "")], &format!("{p}.base_url"), "is required when kind = \"openai_compat\"");
         rejects(&[(PROVIDER_KIND, "kind = \"mock\"")], &format!("{p}.base_url"), "not allowed when kind = \"mock\"");
         rejects(

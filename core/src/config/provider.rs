@@ -214,7 +214,17 @@ pub(crate) fn provider_entry(key: &str, raw: RawProvider) -> Result<ProviderEntr
             match http {
                 RawProviderKind::Vllm => ProviderKind::Vllm { base_url },
                 RawProviderKind::Ollama => {
-                    return Err(ConfigError::invalid(format!("{key}.kind"), "ollama", "not supported yet"))
+                    // The node appends `/api/chat`; `…/v1` is Ollama's OpenAI
+                    // endpoint, a likely mix-up with `openai_compat`.
+                    if base_url.path_prefix.ends_with("/v1") {
+                        return Err(ConfigError::invalid(
+                            &url_key,
+                            &url,
+                            "must be the Ollama server root (e.g. http://127.0.0.1:11434): the node appends \
+                             /api/chat; for Ollama's /v1 endpoint use kind = \"openai_compat\"",
+                        ));
+                    }
+                    ProviderKind::Ollama { base_url }
                 }
                 _ => ProviderKind::OpenAiCompat { base_url },
             }

@@ -12,6 +12,7 @@ mod faults;
 mod hostile_http;
 mod hostile_peers;
 mod lifecycle;
+mod ollama;
 mod pool;
 mod real_upstream;
 mod robustness;

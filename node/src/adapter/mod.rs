@@ -13,17 +13,29 @@
 //!
 //! - [`mock`]: in-process deterministic mock.
 //! - [`openai_compat`]: any OpenAI-compatible `/chat/completions` server.
+//! - [`ollama`]: Ollama's native API (`/api/chat`, `/api/embed`), with the
+//!   request translated by `ollama_request` and the answer mapped by
+//!   `ollama_stream` (both sans-IO).
 
 pub mod mock;
+pub mod ollama;
+mod ollama_request;
+mod ollama_stream;
 pub mod openai_compat;
 mod openai_stream;
 mod openai_tunnel;
 
 use std::time::Duration;
 
-use iop_core::{config::UpstreamUrl, wire::pb};
+use bytes::Bytes;
+use iop_core::{
+    config::UpstreamUrl,
+    exec::{codes, FailureSource, RunFailure},
+    wire::pb,
+};
 
 pub use mock::MockAdapter;
+pub use ollama::OllamaAdapter;
 pub use openai_compat::OpenAiCompatAdapter;
 
 use crate::{
@@ -72,6 +84,8 @@ pub enum Adapter {
     Mock(MockAdapter),
     /// OpenAI-compatible HTTP server.
     OpenAiCompat(OpenAiCompatAdapter),
+    /// Ollama's native API.
+    Ollama(OllamaAdapter),
 }
 
 impl Adapter {
@@ -114,9 +128,13 @@ impl Adapter {
                     client.clone(),
                 )))
             }
-            Ok(pb::ProviderKind::Unspecified | pb::ProviderKind::Ollama) | Err(_) => {
-                Err(AdapterConfigError::Kind { id, value: cfg.kind })
+            Ok(pb::ProviderKind::Ollama) => {
+                let url = UpstreamUrl::parse(&cfg.base_url)
+                    .map_err(|reason| AdapterConfigError::BaseUrl { id: id.clone(), reason })?;
+                let api_key = (!cfg.api_key.is_empty()).then_some(cfg.api_key.as_str());
+                Ok(Adapter::Ollama(OllamaAdapter::new(id, url, api_key, cfg.max_concurrency, timeout, client.clone())))
             }
+            Ok(pb::ProviderKind::Unspecified) | Err(_) => Err(AdapterConfigError::Kind { id, value: cfg.kind }),
         }
     }
 
@@ -125,6 +143,7 @@ impl Adapter {
         match self {
             Adapter::Mock(a) => a.id(),
             Adapter::OpenAiCompat(a) => a.id(),
+            Adapter::Ollama(a) => a.id(),
         }
     }
 
@@ -133,6 +152,7 @@ impl Adapter {
         match self {
             Adapter::Mock(a) => a.max_concurrency(),
             Adapter::OpenAiCompat(a) => a.max_concurrency(),
+            Adapter::Ollama(a) => a.max_concurrency(),
         }
     }
 
@@ -146,11 +166,11 @@ impl Adapter {
     pub async fn tunnel<S: crate::tunnel::TunnelSink>(&self, spec: crate::tunnel::TunnelSpec, sink: &mut S) {
         match self {
             Adapter::OpenAiCompat(a) => a.tunnel(spec, sink).await,
-            Adapter::Mock(_) => {
-                let f = iop_core::exec::RunFailure::new(
-                    iop_core::exec::codes::INVALID_REQUEST,
+            Adapter::Mock(_) | Adapter::Ollama(_) => {
+                let f = RunFailure::new(
+                    codes::INVALID_REQUEST,
                     501,
-                    iop_core::exec::FailureSource::Node,
+                    FailureSource::Node,
                     format!("provider `{}` does not speak the OpenAI HTTP API", self.id()),
                 );
                 let _ = sink.send(iop_core::tunnel::TunnelItem::Error(f)).await;
@@ -164,6 +184,22 @@ impl Adapter {
         match self {
             Adapter::Mock(a) => a.execute(spec, sink).await,
             Adapter::OpenAiCompat(a) => a.execute(spec, sink).await,
+            Adapter::Ollama(a) => a.execute(spec, sink).await,
+        }
+    }
+
+    /// One of the provider's own read-only API calls, for operators (see
+    /// [`OllamaAdapter::native_api`]): the provider's status and body.
+    /// Providers without such an API answer with a 400.
+    pub async fn native_api(&self, method: &str, path: &str, body: Option<Bytes>) -> Result<(u16, Bytes), RunFailure> {
+        match self {
+            Adapter::Ollama(a) => a.native_api(method, path, body).await,
+            Adapter::Mock(_) | Adapter::OpenAiCompat(_) => Err(RunFailure::new(
+                codes::INVALID_REQUEST,
+                400,
+                FailureSource::Client,
+                format!("provider `{}` has no native API (only kind = \"ollama\" has one)", self.id()),
+            )),
         }
     }
 }
@@ -233,6 +269,22 @@ pub(crate) mod tests {
         assert!(matches!(a, Adapter::OpenAiCompat(_)));
         assert_eq!((a.id(), a.max_concurrency()), ("p1", 2));
         assert!(!format!("{a:?}").contains("very-secret"), "Debug leaks the api key: {a:?}");
+        assert!(a.tunnels());
+        let a = Adapter::from_config(&cfg(pb::ProviderKind::Ollama, "http://127.0.0.1:11434", 5)).unwrap();
+        assert!(matches!(a, Adapter::Ollama(_)));
+        assert_eq!((a.id(), a.max_concurrency(), a.tunnels()), ("p1", 5, false));
+        assert!(!format!("{a:?}").contains("very-secret"), "Debug leaks the api key: {a:?}");
+    }
+
+    #[test]
+    fn only_ollama_has_a_native_api() {
+        let a = Adapter::from_config(&cfg(pb::ProviderKind::Mock, "", 1)).unwrap();
+        let f = iop_core::rt::block_on_current(a.native_api("GET", "/api/tags", None)).unwrap().unwrap_err();
+        assert_eq!((f.code, f.status, f.source), (codes::INVALID_REQUEST, 400, FailureSource::Client));
+        assert!(f.message.contains("p1"), "{}", f.message);
+        let a = Adapter::from_config(&cfg(pb::ProviderKind::OpenaiCompat, "http://127.0.0.1:1/v1", 1)).unwrap();
+        let f = iop_core::rt::block_on_current(a.native_api("GET", "/api/tags", None)).unwrap().unwrap_err();
+        assert_eq!(f.status, 400);
     }
 
     #[test]
@@ -244,6 +296,8 @@ pub(crate) mod tests {
         assert!(matches!(Adapter::from_config(&c), Err(AdapterConfigError::Kind { value: 99, .. })));
         let e = Adapter::from_config(&cfg(pb::ProviderKind::Mock, "", 0)).unwrap_err();
         assert_eq!(e, AdapterConfigError::MaxConcurrency { id: "p1".into() });
+        let e = Adapter::from_config(&cfg(pb::ProviderKind::Ollama, "", 1)).unwrap_err();
+        assert!(matches!(&e, AdapterConfigError::BaseUrl { id, .. } if id == "p1"), "{e:?}");
         let e = Adapter::from_config(&cfg(pb::ProviderKind::OpenaiCompat, "ftp://x", 1)).unwrap_err();
         assert!(matches!(&e, AdapterConfigError::BaseUrl { id, .. } if id == "p1"), "{e:?}");
         let msg = e.to_string();

@@ -42,7 +42,7 @@ pub struct OpenAiCompatAdapter {
 }
 
 /// Why the attempt stopped without its own terminal.
-enum Halt {
+pub(super) enum Halt {
     /// The sink is gone: stop without a terminal.
     Sink,
     /// Emit this failure as the terminal.
@@ -175,7 +175,7 @@ impl OpenAiCompatAdapter {
 }
 
 /// Sends and clears `out`.
-async fn emit_all<S: EventSink>(sink: &mut S, out: &mut Vec<ExecEvent>) -> Result<(), Halt> {
+pub(super) async fn emit_all<S: EventSink>(sink: &mut S, out: &mut Vec<ExecEvent>) -> Result<(), Halt> {
     for ev in out.drain(..) {
         sink.emit(ev).await?;
     }
@@ -185,7 +185,7 @@ async fn emit_all<S: EventSink>(sink: &mut S, out: &mut Vec<ExecEvent>) -> Resul
 /// Reads what is left of the body (normally just the last chunk marker) so
 /// the connection returns to the pool; gives up quickly and closes it
 /// otherwise.
-async fn drain(resp: &mut Response) {
+pub(super) async fn drain(resp: &mut Response) {
     let rest = async {
         let mut left = MAX_ERROR_BODY;
         while let Ok(Some(chunk)) = resp.chunk().await {
@@ -198,7 +198,7 @@ async fn drain(resp: &mut Response) {
     let _ = monoio::time::timeout(DRAIN_AFTER_DONE, rest).await;
 }
 
-fn is_json(resp: &Response) -> bool {
+pub(super) fn is_json(resp: &Response) -> bool {
     resp.header("content-type").is_some_and(|ct| {
         let ct = String::from_utf8_lossy(ct).to_ascii_lowercase();
         ct.trim_start().starts_with("application/json")

@@ -306,7 +306,7 @@ pub(crate) fn retry_after_ms(ms: Option<&[u8]>, secs: Option<&[u8]>) -> Option<u
 }
 
 /// An `{"error": ...}` chunk inside a 2xx stream.
-fn error_chunk_failure(err: &Value) -> RunFailure {
+pub(crate) fn error_chunk_failure(err: &Value) -> RunFailure {
     let message = json_message(err)
         .or_else(|| err.as_str().map(str::to_owned))
         .unwrap_or_else(|| "upstream reported an error".to_owned());

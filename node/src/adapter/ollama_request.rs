@@ -1,0 +1,777 @@
+//! Sans-IO translation of OpenAI request bodies into Ollama's native API:
+//! a chat completion into a `POST /api/chat` body, an embeddings request
+//! into a `POST /api/embed` body.
+//!
+//! Nothing is lost silently. Each top-level field of the client's body is
+//! either translated (table below), refused with a 400 `invalid_request`
+//! naming it (a parameter Ollama cannot honour), dropped because it does not
+//! change the answer (`stream_options`, `user`, `metadata`, `store`,
+//! `service_tier`, `parallel_tool_calls`, `prediction`, `prompt_cache_key`,
+//! `safety_identifier`), or passed to Ollama unchanged (any other key:
+//! Ollama's own `keep_alive`, `format`, `think`, `options`, and whatever a
+//! test upstream reads). `null` counts as absent, as OpenAI treats it.
+//!
+//! | OpenAI | Ollama |
+//! |---|---|
+//! | `model` | `model` (the target) |
+//! | `messages` | `messages` (below) |
+//! | `stream` | `stream: true` always (the edge aggregates) |
+//! | `tools` (function tools) | `tools`, as sent |
+//! | `tool_choice` | `"auto"`: nothing; `"none"`: `tools` not sent; others refused |
+//! | `response_format` | `json_object`: `format: "json"`; `json_schema`: `format: <schema>`; `text`: nothing |
+//! | `stop` | `options.stop` (a string becomes a one-item list) |
+//! | `seed`, `temperature`, `top_p`, `frequency_penalty`, `presence_penalty` | `options.<same name>` |
+//! | `max_tokens`, `max_completion_tokens` (wins) | `options.num_predict` |
+//! | `reasoning_effort` | `think`: `none` → false, `minimal`/`low` → "low", `medium`, `high`/`xhigh` → "high" |
+//!
+//! An OpenAI parameter wins over its Ollama counterpart sent beside it
+//! (`options.temperature`, `format`, `think`).
+//!
+//! Messages: `content` strings as they are, `null` as "", content parts
+//! joined with "\n" (text and refusal parts), `image_url` data URLs into
+//! `images` (base64, other URLs refused); role `developer` becomes
+//! `system`; assistant `tool_calls` become Ollama's calls with the
+//! arguments as an object (OpenAI sends their JSON text), assistant
+//! `reasoning_content` its `thinking`; a `tool` message keeps its content
+//! and `tool_call_id`, and gets `tool_name` from the earlier call with that
+//! id (else from its `name`). `name` on other messages is dropped.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use iop_core::exec::{codes, FailureSource, ProviderError, RunFailure};
+use serde_json::{Map, Value};
+
+/// Fields that do not change the answer: read and dropped.
+const DROPPED: &[&str] = &[
+    "stream",
+    "stream_options",
+    "user",
+    "metadata",
+    "store",
+    "service_tier",
+    "parallel_tool_calls",
+    "prediction",
+    "prompt_cache_key",
+    "safety_identifier",
+];
+
+/// Fields of an embeddings request that do not change the vectors (the
+/// edge renders `encoding_format`).
+const EMBED_DROPPED: &[&str] = &["user"];
+
+/// A 400 for the client's request.
+fn invalid(message: impl Into<String>) -> RunFailure {
+    RunFailure::new(codes::INVALID_REQUEST, 400, FailureSource::Client, message)
+}
+
+/// A 400 for a parameter Ollama cannot honour; the client's error names it
+/// in `param`, as OpenAI's do.
+fn unsupported(param: &str, what: &str) -> RunFailure {
+    let p = ProviderError { param: Some(param.to_owned()), ..Default::default() };
+    invalid(format!("`{param}`: {what} is not supported by this provider (Ollama)")).with_provider(Some(p), None)
+}
+
+/// The body as a JSON object.
+fn object(body: &[u8]) -> Result<Map<String, Value>, RunFailure> {
+    match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(invalid("invalid request body: expected a JSON object")),
+        Err(e) => Err(invalid(format!("invalid request body: {e}"))),
+    }
+}
+
+/// Removes `key`; `null` counts as absent.
+fn take(m: &mut Map<String, Value>, key: &str) -> Option<Value> {
+    m.remove(key).filter(|v| !v.is_null())
+}
+
+/// The value of `key` when it is a number.
+fn number(m: &mut Map<String, Value>, key: &str) -> Result<Option<Value>, RunFailure> {
+    match take(m, key) {
+        None => Ok(None),
+        Some(v @ Value::Number(_)) => Ok(Some(v)),
+        Some(_) => Err(invalid(format!("`{key}` must be a number"))),
+    }
+}
+
+/// The value of `key` when it is a non-negative integer.
+fn count(m: &mut Map<String, Value>, key: &str) -> Result<Option<u64>, RunFailure> {
+    match take(m, key) {
+        None => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| invalid(format!("`{key}` must be a non-negative integer"))),
+    }
+}
+
+/// `POST /api/chat` body for an OpenAI chat completion request, with
+/// `model` = `target` and `"stream": true`.
+pub(crate) fn chat_body(body: &[u8], target: &str) -> Result<Bytes, RunFailure> {
+    let mut req = object(body)?;
+    refuse_unsupported(&mut req)?;
+    let mut out = Map::new();
+    out.insert("model".into(), Value::String(target.to_owned()));
+    let messages = take(&mut req, "messages").ok_or_else(|| invalid("`messages` is required"))?;
+    out.insert("messages".into(), Value::Array(messages_of(messages)?));
+    out.insert("stream".into(), Value::Bool(true));
+
+    let tool_choice = take(&mut req, "tool_choice");
+    let send_tools = match tool_choice.as_ref() {
+        None => true,
+        Some(Value::String(s)) if s == "auto" => true,
+        Some(Value::String(s)) if s == "none" => false,
+        Some(Value::String(s)) if s == "required" => {
+            return Err(unsupported("tool_choice", "\"required\" (forcing a tool call)"))
+        }
+        Some(Value::Object(_)) => return Err(unsupported("tool_choice", "naming the function to call")),
+        Some(_) => return Err(invalid("`tool_choice` must be \"none\", \"auto\", \"required\" or an object")),
+    };
+    if let Some(tools) = take(&mut req, "tools") {
+        let tools = tools_of(tools)?;
+        if send_tools && !tools.is_empty() {
+            out.insert("tools".into(), Value::Array(tools));
+        }
+    }
+
+    let native_format = take(&mut req, "format");
+    match take(&mut req, "response_format") {
+        Some(rf) => {
+            if let Some(format) = format_of(rf)? {
+                out.insert("format".into(), format);
+            }
+        }
+        None => {
+            if let Some(f) = native_format {
+                out.insert("format".into(), f);
+            }
+        }
+    }
+
+    let mut options = match take(&mut req, "options") {
+        None => Map::new(),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(invalid("`options` must be an object")),
+    };
+    if let Some(stop) = take(&mut req, "stop") {
+        let list = match stop {
+            Value::String(s) => vec![Value::String(s)],
+            Value::Array(items) if items.iter().all(Value::is_string) => items,
+            _ => return Err(invalid("`stop` must be a string or an array of strings")),
+        };
+        if !list.is_empty() {
+            options.insert("stop".into(), Value::Array(list));
+        }
+    }
+    match take(&mut req, "seed") {
+        None => {}
+        Some(v @ Value::Number(_)) if v.is_i64() || v.is_u64() => {
+            options.insert("seed".into(), v);
+        }
+        Some(_) => return Err(invalid("`seed` must be an integer")),
+    }
+    for key in ["temperature", "top_p", "frequency_penalty", "presence_penalty"] {
+        if let Some(v) = number(&mut req, key)? {
+            options.insert(key.into(), v);
+        }
+    }
+    let max_tokens = count(&mut req, "max_tokens")?;
+    let max_completion_tokens = count(&mut req, "max_completion_tokens")?;
+    if let Some(n) = max_completion_tokens.or(max_tokens) {
+        options.insert("num_predict".into(), Value::from(n));
+    }
+    if !options.is_empty() {
+        out.insert("options".into(), Value::Object(options));
+    }
+
+    let native_think = take(&mut req, "think");
+    let think = match take(&mut req, "reasoning_effort") {
+        Some(effort) => Some(think_of(&effort)?),
+        None => native_think,
+    };
+    if let Some(t) = think {
+        out.insert("think".into(), t);
+    }
+
+    for (key, value) in req {
+        if !DROPPED.contains(&key.as_str()) {
+            out.entry(key).or_insert(value);
+        }
+    }
+    Ok(Bytes::from(serde_json::to_vec(&Value::Object(out)).unwrap_or_default()))
+}
+
+/// Refuses the parameters Ollama cannot honour (removing the harmless
+/// values of them: `n: 1`, `logprobs: false`, ...).
+fn refuse_unsupported(req: &mut Map<String, Value>) -> Result<(), RunFailure> {
+    match take(req, "n") {
+        None => {}
+        Some(v) => match v.as_u64() {
+            Some(1) => {}
+            Some(n) if n > 1 => return Err(unsupported("n", "more than one choice")),
+            _ => return Err(invalid("`n` must be a positive integer")),
+        },
+    }
+    match take(req, "logprobs") {
+        None | Some(Value::Bool(false)) => {}
+        Some(Value::Bool(true)) => return Err(unsupported("logprobs", "returning log probabilities")),
+        Some(_) => return Err(invalid("`logprobs` must be a boolean")),
+    }
+    match take(req, "top_logprobs") {
+        None => {}
+        Some(v) => match v.as_u64() {
+            Some(0) => {}
+            Some(_) => return Err(unsupported("top_logprobs", "returning log probabilities")),
+            None => return Err(invalid("`top_logprobs` must be a non-negative integer")),
+        },
+    }
+    match take(req, "logit_bias") {
+        None => {}
+        Some(Value::Object(m)) if m.is_empty() => {}
+        Some(_) => return Err(unsupported("logit_bias", "biasing tokens")),
+    }
+    for key in ["functions", "function_call"] {
+        if take(req, key).is_some() {
+            return Err(unsupported(key, "the deprecated function-calling API (use `tools`)"));
+        }
+    }
+    if take(req, "audio").is_some() {
+        return Err(unsupported("audio", "audio output"));
+    }
+    match take(req, "modalities") {
+        None => {}
+        Some(Value::Array(items)) if items.iter().all(|m| m == "text") => {}
+        Some(_) => return Err(unsupported("modalities", "output other than text")),
+    }
+    Ok(())
+}
+
+/// `reasoning_effort` as Ollama's `think`.
+fn think_of(effort: &Value) -> Result<Value, RunFailure> {
+    Ok(match effort.as_str() {
+        Some("none") => Value::Bool(false),
+        Some("minimal" | "low") => Value::from("low"),
+        Some("medium") => Value::from("medium"),
+        Some("high" | "xhigh") => Value::from("high"),
+        Some(_) | None => {
+            return Err(invalid("`reasoning_effort` must be one of none, minimal, low, medium, high, xhigh"))
+        }
+    })
+}
+
+/// `response_format` as Ollama's `format` (`None`: plain text).
+fn format_of(rf: Value) -> Result<Option<Value>, RunFailure> {
+    let Value::Object(mut rf) = rf else { return Err(invalid("`response_format` must be an object")) };
+    let kind = rf.get("type").and_then(Value::as_str).unwrap_or_default().to_owned();
+    match kind.as_str() {
+        "text" => Ok(None),
+        "json_object" => Ok(Some(Value::from("json"))),
+        "json_schema" => match rf.remove("json_schema").and_then(|mut s| s.get_mut("schema").map(Value::take)) {
+            Some(schema @ Value::Object(_)) => Ok(Some(schema)),
+            _ => Err(invalid("`response_format.json_schema.schema` must be an object")),
+        },
+        "" => Err(invalid("`response_format.type` is required")),
+        _ => Err(unsupported("response_format.type", "this format")),
+    }
+}
+
+/// `tools`: function tools, each passed as sent.
+fn tools_of(tools: Value) -> Result<Vec<Value>, RunFailure> {
+    let Value::Array(tools) = tools else { return Err(invalid("`tools` must be an array")) };
+    for (i, tool) in tools.iter().enumerate() {
+        let kind = tool.get("type").and_then(Value::as_str);
+        if kind != Some("function") {
+            return Err(unsupported(&format!("tools[{i}].type"), "a tool that is not a function"));
+        }
+        if tool.get("function").and_then(|f| f.get("name")).and_then(Value::as_str).is_none() {
+            return Err(invalid(format!("`tools[{i}].function.name` must be a string")));
+        }
+    }
+    Ok(tools)
+}
+
+/// The messages in Ollama's shape.
+fn messages_of(messages: Value) -> Result<Vec<Value>, RunFailure> {
+    let Value::Array(messages) = messages else { return Err(invalid("`messages` must be an array")) };
+    if messages.is_empty() {
+        return Err(invalid("`messages` must not be empty"));
+    }
+    // Function name of each tool call id seen so far (for `tool_name`).
+    let mut call_names: HashMap<String, String> = HashMap::new();
+    let mut out = Vec::with_capacity(messages.len());
+    for (i, m) in messages.into_iter().enumerate() {
+        let Value::Object(mut m) = m else { return Err(invalid(format!("`messages[{i}]` must be an object"))) };
+        let role = match m.get("role").and_then(Value::as_str) {
+            Some("developer") => "system".to_owned(),
+            Some("function") => {
+                return Err(unsupported(&format!("messages[{i}].role"), "role \"function\" (use \"tool\")"))
+            }
+            Some(r) if !r.is_empty() => r.to_owned(),
+            _ => return Err(invalid(format!("`messages[{i}].role` must be a non-empty string"))),
+        };
+        let (mut text, images) = content_of(take(&mut m, "content"), i)?;
+        let mut msg = Map::new();
+        if role == "assistant" {
+            if text.is_empty() {
+                if let Some(Value::String(r)) = take(&mut m, "refusal") {
+                    text = r;
+                }
+            }
+            let thinking = take(&mut m, "reasoning_content").or_else(|| take(&mut m, "reasoning"));
+            if let Some(Value::String(t)) = thinking.filter(|t| t.as_str().is_some_and(|s| !s.is_empty())) {
+                msg.insert("thinking".into(), Value::String(t));
+            }
+            if let Some(calls) = take(&mut m, "tool_calls") {
+                let calls = assistant_calls(calls, i, &mut call_names)?;
+                if !calls.is_empty() {
+                    msg.insert("tool_calls".into(), Value::Array(calls));
+                }
+            }
+        }
+        if role == "tool" {
+            let id = match take(&mut m, "tool_call_id") {
+                None => None,
+                Some(Value::String(id)) => Some(id),
+                Some(_) => return Err(invalid(format!("`messages[{i}].tool_call_id` must be a string"))),
+            };
+            let name = id
+                .as_ref()
+                .and_then(|id| call_names.get(id).cloned())
+                .or_else(|| take(&mut m, "name").and_then(|n| n.as_str().map(str::to_owned)).filter(|n| !n.is_empty()));
+            if let Some(name) = name {
+                msg.insert("tool_name".into(), Value::String(name));
+            }
+            if let Some(id) = id {
+                msg.insert("tool_call_id".into(), Value::String(id));
+            }
+        }
+        msg.insert("role".into(), Value::String(role));
+        msg.insert("content".into(), Value::String(text));
+        if !images.is_empty() {
+            msg.insert("images".into(), Value::Array(images.into_iter().map(Value::String).collect()));
+        }
+        out.push(Value::Object(msg));
+    }
+    Ok(out)
+}
+
+/// A message's content: its text and its images (base64).
+fn content_of(content: Option<Value>, i: usize) -> Result<(String, Vec<String>), RunFailure> {
+    let parts = match content {
+        None => return Ok((String::new(), Vec::new())),
+        Some(Value::String(s)) => return Ok((s, Vec::new())),
+        Some(Value::Array(parts)) => parts,
+        Some(_) => return Err(invalid(format!("`messages[{i}].content` must be a string, an array or null"))),
+    };
+    let mut texts = Vec::new();
+    let mut images = Vec::new();
+    for (j, part) in parts.into_iter().enumerate() {
+        let key = format!("messages[{i}].content[{j}]");
+        let kind = part.get("type").and_then(Value::as_str).unwrap_or_default();
+        match kind {
+            "text" | "refusal" => match part.get(kind).and_then(Value::as_str) {
+                Some(t) => texts.push(t.to_owned()),
+                None => return Err(invalid(format!("`{key}.{kind}` must be a string"))),
+            },
+            "image_url" => {
+                let url = part.get("image_url").and_then(|u| u.get("url").or(Some(u))).and_then(Value::as_str);
+                let Some(url) = url else { return Err(invalid(format!("`{key}.image_url.url` must be a string"))) };
+                images.push(data_url_base64(url).ok_or_else(|| {
+                    unsupported(&format!("{key}.image_url.url"), "an image that is not a base64 data: URL")
+                })?);
+            }
+            "" => return Err(invalid(format!("`{key}.type` is required"))),
+            _ => return Err(unsupported(&format!("{key}.type"), "this content part type")),
+        }
+    }
+    Ok((texts.join("\n"), images))
+}
+
+/// The base64 payload of a `data:<type>;base64,<payload>` URL.
+fn data_url_base64(url: &str) -> Option<String> {
+    let rest = url.strip_prefix("data:")?;
+    let (meta, payload) = rest.split_once(',')?;
+    (meta.ends_with(";base64") && !payload.is_empty()).then(|| payload.to_owned())
+}
+
+/// An assistant message's OpenAI tool calls as Ollama's; records each id's
+/// function name.
+fn assistant_calls(calls: Value, i: usize, names: &mut HashMap<String, String>) -> Result<Vec<Value>, RunFailure> {
+    let Value::Array(calls) = calls else {
+        return Err(invalid(format!("`messages[{i}].tool_calls` must be an array")));
+    };
+    let mut out = Vec::with_capacity(calls.len());
+    for (j, call) in calls.into_iter().enumerate() {
+        let key = format!("messages[{i}].tool_calls[{j}]");
+        let Value::Object(mut call) = call else { return Err(invalid(format!("`{key}` must be an object"))) };
+        if let Some(kind) = take(&mut call, "type") {
+            if kind != "function" {
+                return Err(unsupported(&format!("{key}.type"), "a tool call that is not a function call"));
+            }
+        }
+        let Some(Value::Object(mut function)) = take(&mut call, "function") else {
+            return Err(invalid(format!("`{key}.function` must be an object")));
+        };
+        let Some(Value::String(name)) = take(&mut function, "name") else {
+            return Err(invalid(format!("`{key}.function.name` must be a string")));
+        };
+        let arguments = match take(&mut function, "arguments") {
+            None => Value::Object(Map::new()),
+            Some(Value::String(s)) if s.trim().is_empty() => Value::Object(Map::new()),
+            Some(Value::String(s)) => match serde_json::from_str::<Value>(&s) {
+                Ok(v @ Value::Object(_)) => v,
+                _ => return Err(invalid(format!("`{key}.function.arguments` must be the JSON text of an object"))),
+            },
+            Some(v @ Value::Object(_)) => v,
+            Some(_) => return Err(invalid(format!("`{key}.function.arguments` must be a string"))),
+        };
+        let mut f = Map::new();
+        f.insert("name".into(), Value::String(name.clone()));
+        f.insert("arguments".into(), arguments);
+        let mut c = Map::new();
+        if let Some(Value::String(id)) = take(&mut call, "id") {
+            names.insert(id.clone(), name);
+            c.insert("id".into(), Value::String(id));
+        }
+        c.insert("function".into(), Value::Object(f));
+        out.push(Value::Object(c));
+    }
+    Ok(out)
+}
+
+/// `POST /api/embed` body for an OpenAI embeddings request, with `model` =
+/// `target`; also the number of inputs (vectors expected).
+pub(crate) fn embed_body(body: &[u8], target: &str) -> Result<(Bytes, usize), RunFailure> {
+    let mut req = object(body)?;
+    let mut out = Map::new();
+    out.insert("model".into(), Value::String(target.to_owned()));
+    let input = take(&mut req, "input").ok_or_else(|| invalid("`input` is required"))?;
+    let token_arrays = || unsupported("input", "token arrays (send text)");
+    let inputs = match &input {
+        Value::String(s) if !s.is_empty() => 1,
+        Value::String(_) => return Err(invalid("`input` must not be empty")),
+        Value::Array(items) if items.is_empty() => return Err(invalid("`input` must not be empty")),
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                match item {
+                    Value::String(s) if !s.is_empty() => {}
+                    Value::String(_) => return Err(invalid(format!("`input[{i}]` must not be empty"))),
+                    Value::Number(_) | Value::Array(_) => return Err(token_arrays()),
+                    _ => return Err(invalid(format!("`input[{i}]` must be a string"))),
+                }
+            }
+            items.len()
+        }
+        _ => return Err(invalid("`input` must be a string or an array of strings")),
+    };
+    out.insert("input".into(), input);
+    if let Some(d) = take(&mut req, "dimensions") {
+        match d.as_u64() {
+            Some(n) if n > 0 => out.insert("dimensions".into(), Value::from(n)),
+            _ => return Err(invalid("`dimensions` must be a positive integer")),
+        };
+    }
+    match take(&mut req, "truncate") {
+        None => {}
+        Some(v @ Value::Bool(_)) => {
+            out.insert("truncate".into(), v);
+        }
+        Some(_) => return Err(invalid("`truncate` must be a boolean")),
+    }
+    match take(&mut req, "encoding_format") {
+        None => {}
+        Some(Value::String(f)) if f == "float" || f == "base64" => {}
+        Some(_) => return Err(invalid("`encoding_format` must be \"float\" or \"base64\"")),
+    }
+    for (key, value) in req {
+        if !EMBED_DROPPED.contains(&key.as_str()) {
+            out.entry(key).or_insert(value);
+        }
+    }
+    Ok((Bytes::from(serde_json::to_vec(&Value::Object(out)).unwrap_or_default()), inputs))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn chat(body: Value) -> Value {
+        let out = chat_body(body.to_string().as_bytes(), "llama3.2").unwrap();
+        serde_json::from_slice(&out).unwrap()
+    }
+
+    fn chat_err(body: Value) -> RunFailure {
+        chat_body(body.to_string().as_bytes(), "llama3.2").unwrap_err()
+    }
+
+    fn user(content: &str) -> Value {
+        json!([{"role": "user", "content": content}])
+    }
+
+    #[test]
+    fn minimal_request() {
+        let out = chat(json!({"model": "public", "messages": user("hi")}));
+        assert_eq!(out, json!({"model": "llama3.2", "stream": true, "messages": [{"role": "user", "content": "hi"}]}));
+        // stream: false from the client changes nothing: the adapter reads NDJSON.
+        let out = chat(
+            json!({"model": "m", "stream": false, "stream_options": {"include_usage": true}, "messages": user("hi")}),
+        );
+        assert_eq!(out["stream"], true);
+        assert!(out.get("stream_options").is_none());
+    }
+
+    #[test]
+    fn every_sampling_field_lands_in_options() {
+        let out = chat(json!({
+            "model": "m", "messages": user("x"),
+            "temperature": 0.25, "top_p": 0.5, "frequency_penalty": 1.5, "presence_penalty": -0.5,
+            "seed": 42, "stop": "END", "max_tokens": 7,
+        }));
+        assert_eq!(
+            out["options"],
+            json!({"temperature": 0.25, "top_p": 0.5, "frequency_penalty": 1.5, "presence_penalty": -0.5,
+                   "seed": 42, "stop": ["END"], "num_predict": 7})
+        );
+        for key in ["temperature", "top_p", "seed", "stop", "max_tokens"] {
+            assert!(out.get(key).is_none(), "{key} stays out of the top level");
+        }
+        // max_completion_tokens wins; a stop list stays a list.
+        let out = chat(json!({"model": "m", "messages": user("x"), "max_tokens": 7, "max_completion_tokens": 9,
+                              "stop": ["a", "b"]}));
+        assert_eq!(out["options"], json!({"num_predict": 9, "stop": ["a", "b"]}));
+        // Nulls are absent; the client's own options are kept, the OpenAI field wins.
+        let out = chat(json!({"model": "m", "messages": user("x"), "temperature": null, "max_tokens": null,
+                              "top_p": 0.1, "options": {"num_ctx": 8192, "top_p": 0.9}}));
+        assert_eq!(out["options"], json!({"num_ctx": 8192, "top_p": 0.1}));
+        assert!(chat(json!({"model": "m", "messages": user("x"), "stop": []})).get("options").is_none());
+    }
+
+    #[test]
+    fn bad_parameter_types_are_refused() {
+        for (key, value) in [
+            ("temperature", json!("hot")),
+            ("seed", json!(1.5)),
+            ("stop", json!([1])),
+            ("max_tokens", json!(-1)),
+            ("max_completion_tokens", json!("9")),
+            ("options", json!([])),
+            ("reasoning_effort", json!("extreme")),
+            ("tool_choice", json!(3)),
+        ] {
+            let mut body = json!({"model": "m", "messages": user("x")});
+            body[key] = value;
+            let f = chat_err(body);
+            assert_eq!((f.code, f.status, f.source), (codes::INVALID_REQUEST, 400, FailureSource::Client));
+            assert!(f.message.contains(&format!("`{key}`")), "{key}: {}", f.message);
+        }
+        for body in [json!([1]), json!({"model": "m"}), json!({"model": "m", "messages": []})] {
+            assert_eq!(chat_err(body).status, 400);
+        }
+        assert_eq!(chat_body(b"{nope", "m").unwrap_err().status, 400);
+    }
+
+    #[test]
+    fn refused_parameters_are_named() {
+        for (key, value, param) in [
+            ("n", json!(2), "`n`"),
+            ("logprobs", json!(true), "`logprobs`"),
+            ("top_logprobs", json!(3), "`top_logprobs`"),
+            ("logit_bias", json!({"42": 10}), "`logit_bias`"),
+            ("tool_choice", json!("required"), "`tool_choice`"),
+            ("tool_choice", json!({"type": "function", "function": {"name": "f"}}), "`tool_choice`"),
+            ("functions", json!([{"name": "f"}]), "`functions`"),
+            ("function_call", json!("auto"), "`function_call`"),
+            ("audio", json!({"voice": "alloy"}), "`audio`"),
+            ("modalities", json!(["text", "audio"]), "`modalities`"),
+            ("response_format", json!({"type": "grammar"}), "`response_format.type`"),
+        ] {
+            let mut body = json!({"model": "m", "messages": user("x")});
+            body[key] = value;
+            let f = chat_err(body);
+            assert_eq!(
+                (f.code, f.status, f.source, f.retryable),
+                (codes::INVALID_REQUEST, 400, FailureSource::Client, false),
+                "{key}"
+            );
+            assert!(f.message.contains(param) && f.message.contains("not supported"), "{key}: {}", f.message);
+            assert_eq!(f.provider.unwrap().param.map(|p| format!("`{p}`")).as_deref(), Some(param));
+        }
+        assert_eq!(chat_err(json!({"model": "m", "messages": user("x"), "n": 0})).status, 400);
+        // The harmless values pass and are not sent.
+        let out = chat(json!({"model": "m", "messages": user("x"), "n": 1, "logprobs": false, "top_logprobs": 0,
+                              "logit_bias": {}, "modalities": ["text"], "functions": null}));
+        for key in ["n", "logprobs", "top_logprobs", "logit_bias", "modalities", "functions"] {
+            assert!(out.get(key).is_none(), "{key}");
+        }
+    }
+
+    #[test]
+    fn response_format_and_think() {
+        let rf = |v: Value| chat(json!({"model": "m", "messages": user("x"), "response_format": v}));
+        assert_eq!(rf(json!({"type": "json_object"}))["format"], "json");
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]});
+        let out = rf(json!({"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": schema}}));
+        assert_eq!(out["format"], schema);
+        assert!(rf(json!({"type": "text"})).get("format").is_none());
+        let f = chat_err(json!({"model": "m", "messages": user("x"), "response_format": {"type": "json_schema"}}));
+        assert!(f.message.contains("json_schema.schema"), "{}", f.message);
+        // Ollama's own format passes; response_format wins over it.
+        let out = chat(json!({"model": "m", "messages": user("x"), "format": "json"}));
+        assert_eq!(out["format"], "json");
+        let out =
+            chat(json!({"model": "m", "messages": user("x"), "format": "json", "response_format": {"type": "text"}}));
+        assert!(out.get("format").is_none());
+
+        let think = |effort: &str| {
+            chat(json!({"model": "m", "messages": user("x"), "reasoning_effort": effort}))["think"].clone()
+        };
+        assert_eq!(think("none"), false);
+        assert_eq!(think("minimal"), "low");
+        assert_eq!(think("low"), "low");
+        assert_eq!(think("medium"), "medium");
+        assert_eq!(think("high"), "high");
+        assert_eq!(think("xhigh"), "high");
+        assert_eq!(chat(json!({"model": "m", "messages": user("x"), "think": true}))["think"], true);
+        assert_eq!(
+            chat(json!({"model": "m", "messages": user("x"), "think": true, "reasoning_effort": "none"}))["think"],
+            false
+        );
+        assert!(chat(json!({"model": "m", "messages": user("x")})).get("think").is_none());
+    }
+
+    #[test]
+    fn unknown_fields_pass_and_metadata_is_dropped() {
+        let out = chat(json!({
+            "model": "m", "messages": user("x"), "keep_alive": "10m", "mock": {"tool_calls": 2},
+            "user": "u1", "metadata": {"a": "b"}, "store": true, "service_tier": "auto",
+            "parallel_tool_calls": false, "prediction": {"type": "content", "content": "x"},
+            "prompt_cache_key": "k", "safety_identifier": "s",
+        }));
+        assert_eq!(out["keep_alive"], "10m");
+        assert_eq!(out["mock"], json!({"tool_calls": 2}));
+        for key in DROPPED {
+            assert!(out.get(*key).is_none() || *key == "stream", "{key}");
+        }
+    }
+
+    const TOOLS: &str = r#"[{"type":"function","function":{"name":"get_weather","description":"Weather",
+        "parameters":{"type":"object","properties":{"city":{"type":"string"}}},"strict":true}}]"#;
+
+    #[test]
+    fn tools_and_tool_choice() {
+        let tools: Value = serde_json::from_str(TOOLS).unwrap();
+        let out = chat(json!({"model": "m", "messages": user("x"), "tools": tools}));
+        assert_eq!(out["tools"], tools);
+        let out = chat(json!({"model": "m", "messages": user("x"), "tools": tools, "tool_choice": "auto"}));
+        assert_eq!(out["tools"], tools);
+        let out = chat(json!({"model": "m", "messages": user("x"), "tools": tools, "tool_choice": "none"}));
+        assert!(out.get("tools").is_none() && out.get("tool_choice").is_none());
+        let f = chat_err(json!({"model": "m", "messages": user("x"), "tools": [{"type": "custom", "custom": {}}]}));
+        assert!(f.message.contains("`tools[0].type`"), "{}", f.message);
+        let f = chat_err(json!({"model": "m", "messages": user("x"), "tools": [{"type": "function", "function": {}}]}));
+        assert!(f.message.contains("`tools[0].function.name`"), "{}", f.message);
+    }
+
+    #[test]
+    fn a_tool_round_trip_conversation() {
+        let out = chat(json!({"model": "m", "messages": [
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": "weather?", "name": "alice"},
+            {"role": "assistant", "content": null, "reasoning_content": "let me look", "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}},
+                {"id": "call_2", "type": "function", "function": {"name": "get_time", "arguments": ""}},
+            ]},
+            {"role": "tool", "tool_call_id": "call_2", "content": "noon"},
+            {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "11 degrees"}]},
+            {"role": "tool", "tool_call_id": "unknown", "name": "legacy_name", "content": "?"},
+        ]}));
+        assert_eq!(
+            out["messages"],
+            json!([
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": "weather?"},
+                {"role": "assistant", "content": "", "thinking": "let me look", "tool_calls": [
+                    {"id": "call_1", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}},
+                    {"id": "call_2", "function": {"name": "get_time", "arguments": {}}},
+                ]},
+                {"role": "tool", "content": "noon", "tool_call_id": "call_2", "tool_name": "get_time"},
+                {"role": "tool", "content": "11 degrees", "tool_call_id": "call_1", "tool_name": "get_weather"},
+                {"role": "tool", "content": "?", "tool_call_id": "unknown", "tool_name": "legacy_name"},
+            ])
+        );
+        let bad_args = json!({"model": "m", "messages": [{"role": "assistant", "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]});
+        let f = chat_err(bad_args);
+        assert!(f.message.contains("`messages[0].tool_calls[0].function.arguments`"), "{}", f.message);
+        let f = chat_err(json!({"model": "m", "messages": [{"role": "function", "content": "x"}]}));
+        assert!(f.message.contains("`messages[0].role`"), "{}", f.message);
+        assert_eq!(chat_err(json!({"model": "m", "messages": [{"content": "x"}]})).status, 400);
+    }
+
+    #[test]
+    fn content_parts_and_images() {
+        let out = chat(json!({"model": "m", "messages": [{"role": "user", "content": [
+            {"type": "text", "text": "what is"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo=", "detail": "low"}},
+            {"type": "text", "text": "in this picture?"},
+            {"type": "image_url", "image_url": {"url": "data:image/jpeg;base64,/9j/4AAQ"}},
+        ]}]}));
+        assert_eq!(
+            out["messages"][0],
+            json!({"role": "user", "content": "what is\nin this picture?", "images": ["iVBORw0KGgo=", "/9j/4AAQ"]})
+        );
+        let part = |p: Value| chat_err(json!({"model": "m", "messages": [{"role": "user", "content": [p]}]}));
+        let f = part(json!({"type": "image_url", "image_url": {"url": "https://example.com/cat.png"}}));
+        assert!(f.message.contains("`messages[0].content[0].image_url.url`") && f.message.contains("not supported"));
+        let f = part(json!({"type": "input_audio", "input_audio": {"data": "x", "format": "wav"}}));
+        assert!(f.message.contains("`messages[0].content[0].type`"), "{}", f.message);
+        assert_eq!(part(json!({"type": "text"})).status, 400);
+        assert_eq!(part(json!({"text": "no type"})).status, 400);
+        // Refusal parts and a refusal field are text for Ollama.
+        let out = chat(json!({"model": "m", "messages": [
+            {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]},
+            {"role": "assistant", "content": null, "refusal": "not that"},
+        ]}));
+        assert_eq!(out["messages"][0]["content"], "no");
+        assert_eq!(out["messages"][1]["content"], "not that");
+    }
+
+    fn embed(body: Value) -> (Value, usize) {
+        let (out, n) = embed_body(body.to_string().as_bytes(), "nomic").unwrap();
+        (serde_json::from_slice(&out).unwrap(), n)
+    }
+
+    #[test]
+    fn embeddings_requests() {
+        let (out, n) = embed(json!({"model": "public", "input": "hello", "encoding_format": "base64", "user": "u"}));
+        assert_eq!((out, n), (json!({"model": "nomic", "input": "hello"}), 1));
+        let (out, n) = embed(json!({"model": "p", "input": ["a", "b"], "dimensions": 4, "truncate": false,
+                                    "keep_alive": 0, "encoding_format": "float"}));
+        assert_eq!(
+            (out, n),
+            (json!({"model": "nomic", "input": ["a", "b"], "dimensions": 4, "truncate": false, "keep_alive": 0}), 2)
+        );
+        for (input, needle) in [
+            (json!([1, 2, 3]), "token arrays"),
+            (json!([[1, 2], [3]]), "token arrays"),
+            (json!(""), "must not be empty"),
+            (json!([]), "must not be empty"),
+            (json!(["a", ""]), "`input[1]`"),
+            (json!([{"a": 1}]), "`input[0]`"),
+            (json!(7), "`input`"),
+        ] {
+            let f = embed_body(json!({"model": "p", "input": input}).to_string().as_bytes(), "t").unwrap_err();
+            assert_eq!((f.code, f.status, f.source), (codes::INVALID_REQUEST, 400, FailureSource::Client));
+            assert!(f.message.contains(needle), "{input}: {}", f.message);
+        }
+        for body in [
+            json!({"model": "p"}),
+            json!({"model": "p", "input": "a", "dimensions": 0}),
+            json!({"model": "p", "input": "a", "truncate": "yes"}),
+            json!({"model": "p", "input": "a", "encoding_format": "int8"}),
+        ] {
+            assert_eq!(embed_body(body.to_string().as_bytes(), "t").unwrap_err().status, 400, "{body}");
+        }
+    }
+}
