@@ -4,9 +4,14 @@
 //! - [`run()`](fn@run): the node's root future ([`supervisor`] → [`session`]).
 //! - [`adapter`]: provider adapters (`mock`, `openai_compat`, `ollama`) over the
 //!   [`upstream`] HTTP client.
-//! - [`run`](mod@run): admission by provider concurrency, event sinks, cancellation.
+//! - [`run`](mod@run): admission by provider concurrency (one gate for runs
+//!   and tunnels), event sinks, credit windows, cancellation.
+//! - [`tunnel`]: provider tunnels (the provider's bytes, usage read beside them).
+//! - [`command`]: node commands from the edge (capabilities, transport
+//!   status, a provider's own API).
 
 pub mod adapter;
+pub mod command;
 pub mod run;
 pub mod session;
 pub mod supervisor;

@@ -240,10 +240,7 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
                 };
                 let _ = writer.send(&envelope(cid, Body::ConfigRefreshAck(ack)));
             }
-            Some(Body::NodeCommandRequest(cmd)) => {
-                let resp = command(&cmd, manager);
-                let _ = writer.send(&envelope(cid, Body::NodeCommandResponse(resp)));
-            }
+            Some(Body::NodeCommandRequest(cmd)) => crate::command::handle(cid, cmd, manager, writer),
             Some(Body::ProviderTunnelRequest(t)) => manager.start_tunnel(t),
             Some(Body::NodeReadyResponse(_)) | Some(Body::RegisterResponse(_)) => {
                 tracing::debug!("ignoring a late handshake response");
@@ -253,27 +250,6 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
         if writer.is_closed() {
             return "write to edge failed".into();
         }
-    }
-}
-
-fn command(cmd: &pb::NodeCommandRequest, manager: &RunManager) -> pb::NodeCommandResponse {
-    let result = match pb::NodeCommandKind::try_from(cmd.kind) {
-        Ok(pb::NodeCommandKind::Capabilities) => serde_json::json!({ "providers": manager.adapter_ids() }),
-        Ok(pb::NodeCommandKind::TransportStatus) => serde_json::json!({ "active_runs": manager.active() }),
-        _ => {
-            return pb::NodeCommandResponse {
-                ok: false,
-                error: "unsupported command".into(),
-                status: 400,
-                ..Default::default()
-            }
-        }
-    };
-    pb::NodeCommandResponse {
-        ok: true,
-        status: 200,
-        result_json: serde_json::to_vec(&result).unwrap_or_default().into(),
-        ..Default::default()
     }
 }
 

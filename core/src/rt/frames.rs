@@ -241,6 +241,11 @@ impl FrameWriter {
         }
     }
 
+    /// Bytes queued and not yet written.
+    pub fn queued_bytes(&self) -> usize {
+        self.inner.buf.borrow().len()
+    }
+
     /// Whether the writer was closed.
     pub fn is_closed(&self) -> bool {
         self.inner.closed.is_cancelled()

@@ -7,6 +7,7 @@ mod harness;
 
 mod admin;
 mod chat;
+mod commands;
 mod errors;
 mod faults;
 mod hostile_http;

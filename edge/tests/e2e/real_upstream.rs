@@ -96,6 +96,25 @@ fn real_llama_cpp_upstream_streams_and_completes() {
     let v = ask(false).json();
     assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), streamed);
     assert_eq!(v["usage"]["completion_tokens"], 8);
+
+    // Through the tunnel the answer is llama.cpp's own: the same fields
+    // as asking it directly (ids and timings aside).
+    let direct = post_json(
+        format!("127.0.0.1:{port}").parse().unwrap(),
+        "/v1/chat/completions",
+        &json!({"model": "mock-upstream", "stream": false, "temperature": 0, "max_tokens": 8,
+                "messages": [{"role": "user", "content": "Name three colors."}]}),
+    )
+    .json();
+    let keys = |o: &serde_json::Value| {
+        let mut k: Vec<String> = o.as_object().unwrap().keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&v), keys(&direct), "through: {v:#}\ndirect: {direct:#}");
+    assert_eq!(v["choices"], direct["choices"]);
+    assert_eq!(v["usage"], direct["usage"]);
+    assert_eq!((&v["model"], &v["system_fingerprint"]), (&direct["model"], &direct["system_fingerprint"]));
 }
 
 #[test]

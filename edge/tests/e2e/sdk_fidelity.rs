@@ -83,12 +83,44 @@ fn the_sdk_finds_every_part_on_the_normalized_path() {
         "tools_stream,tools,agent_loop,choices,choices_stream,refusal,refusal_stream,embeddings,embeddings_base64";
     let v = sdk_flows(&format!("http://{}/v1", edge.http), "m", flows);
     assert_no_exceptions("normalized", &v);
-    assert_normalized_flows(&v, "mock-m");
+    assert_tool_flows(&v, "mock-m");
+    assert_choice_and_refusal_flows(&v);
+    assert_embedding_flows(&v);
 }
 
-/// What the normalized flows must show, whichever adapter served them
+#[test]
+#[ignore = "needs python3 with the openai SDK, installed by scripts/fetch-test-model.sh; CI runs it"]
+fn the_sdk_finds_every_part_through_the_ollama_adapter() {
+    let mock = MockProv::start(&["--tokens", "3"]);
+    let node = format!(
+        "\n[[nodes]]\nid = \"n1\"\ntoken = \"{}\"\n[[nodes.providers]]\nid = \"ol\"\nkind = \"ollama\"\nbase_url = \"http://{}\"\ncapacity = 4\n",
+        node_token("n1"),
+        mock.addr
+    );
+    let model = "\n[[models]]\nname = \"llama\"\nnode = \"n1\"\nprovider = \"ol\"\nupstream_model = \"mock-llama\"\n";
+    let edge = Edge::start(&pool_config(&[node], &[model.into()], ""));
+    let _node = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+    let flows = "tools_stream,tools,agent_loop,embeddings,embeddings_base64,error_429";
+    let v = sdk_flows(&format!("http://{}/v1", edge.http), "llama", flows);
+    assert_no_exceptions("ollama", &v);
+    assert_tool_flows(&v, "mock-llama");
+    assert_embedding_flows(&v);
+    let e = &v["error_429"];
+    assert_eq!((&e["raised"], &e["status"]), (&json!("RateLimitError"), &json!(429)), "{e:#}");
+    assert!(e["body"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{e:#}");
+    // Ollama has no n, logprobs or refusals: asked for, they are refused
+    // in OpenAI's words, never silently dropped.
+    let v = sdk_flows(&format!("http://{}/v1", edge.http), "llama", "choices,choices_stream");
+    for flow in ["choices", "choices_stream"] {
+        let e = v[flow]["exception"].as_str().unwrap_or_default();
+        assert!(e.starts_with("BadRequestError") && e.contains("`n`"), "{flow}: {e}");
+    }
+}
+
+/// What the tool-call flows must show, whichever adapter served them
 /// (`model` is the name the provider answered with).
-pub fn assert_normalized_flows(v: &Value, model: &str) {
+pub fn assert_tool_flows(v: &Value, model: &str) {
     let args = json!([{"city": "Paris", "n": 0}, {"city": "Paris", "n": 1}]);
     // Streamed tool calls, accumulated by the SDK's helper.
     let ts = &v["tools_stream"];
@@ -110,6 +142,10 @@ pub fn assert_normalized_flows(v: &Value, model: &str) {
     assert_eq!((&a["first_finish"], &a["calls"]), (&json!("tool_calls"), &json!(2)), "{a:#}");
     assert_eq!(a["answer"], "tool said: sunny 1", "{a:#}");
     assert_eq!(a["second"]["choices"][0]["finish_reason"], "stop", "{a:#}");
+}
+
+/// `n = 2` with logprobs and refusals, streamed and not.
+pub fn assert_choice_and_refusal_flows(v: &Value) {
     // n = 2 with logprobs, aggregated.
     let c = &v["choices"]["response"];
     let choices = c["choices"].as_array().unwrap();
@@ -133,7 +169,10 @@ pub fn assert_normalized_flows(v: &Value, model: &str) {
     assert_eq!(r["refusal"], "I can't help with that", "{r:#}");
     assert_eq!(r["content"], Value::Null, "{r:#}");
     assert_eq!(v["refusal_stream"]["refusal"], "I can't help with that");
-    // Embeddings as floats and as base64.
+}
+
+/// Embeddings as floats and as base64.
+pub fn assert_embedding_flows(v: &Value) {
     let e = &v["embeddings"]["response"];
     let data = e["data"].as_array().unwrap();
     assert_eq!(data.len(), 2, "{e:#}");

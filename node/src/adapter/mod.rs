@@ -119,14 +119,11 @@ impl Adapter {
                 let url = UpstreamUrl::parse(&cfg.base_url)
                     .map_err(|reason| AdapterConfigError::BaseUrl { id: id.clone(), reason })?;
                 let api_key = (!cfg.api_key.is_empty()).then_some(cfg.api_key.as_str());
-                Ok(Adapter::OpenAiCompat(OpenAiCompatAdapter::new(
-                    id,
-                    url,
-                    api_key,
-                    cfg.max_concurrency,
-                    timeout,
-                    client.clone(),
-                )))
+                let kind = if cfg.kind == pb::ProviderKind::Vllm as i32 { "vllm" } else { "openai_compat" };
+                Ok(Adapter::OpenAiCompat(
+                    OpenAiCompatAdapter::new(id, url, api_key, cfg.max_concurrency, timeout, client.clone())
+                        .with_kind(kind),
+                ))
             }
             Ok(pb::ProviderKind::Ollama) => {
                 let url = UpstreamUrl::parse(&cfg.base_url)
@@ -153,6 +150,34 @@ impl Adapter {
             Adapter::Mock(a) => a.max_concurrency(),
             Adapter::OpenAiCompat(a) => a.max_concurrency(),
             Adapter::Ollama(a) => a.max_concurrency(),
+        }
+    }
+
+    /// The configured kind, as the config names it.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Adapter::Mock(_) => "mock",
+            Adapter::OpenAiCompat(a) => a.kind(),
+            Adapter::Ollama(_) => "ollama",
+        }
+    }
+
+    /// The OpenAI routes this provider serves, and how: through the tunnel
+    /// (the provider's own bytes) or the normalized run path.
+    pub fn routes(&self) -> (&'static str, &'static [&'static str]) {
+        match self {
+            Adapter::OpenAiCompat(_) => {
+                ("tunnel", &["/v1/chat/completions", "/v1/completions", "/v1/embeddings", "/v1/responses"])
+            }
+            Adapter::Mock(_) | Adapter::Ollama(_) => ("normalized", &["/v1/chat/completions", "/v1/embeddings"]),
+        }
+    }
+
+    /// The provider's own API calls the node relays (`method path`).
+    pub fn native_api_calls(&self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Adapter::Ollama(_) => ollama::NATIVE_API_ALLOWED,
+            Adapter::Mock(_) | Adapter::OpenAiCompat(_) => &[],
         }
     }
 

@@ -39,7 +39,9 @@ const MAX_EMBED_BODY: usize = 32 * 1024 * 1024;
 const MAX_NATIVE_BODY: usize = 4 * 1024 * 1024;
 /// Upper bound of a native API call (also bounded by the provider's
 /// `request_timeout_sec`).
-const NATIVE_API_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bound for one native API call: under the edge's 10 s command timeout,
+/// so a slow Ollama gets its own 504 rather than the edge's.
+const NATIVE_API_TIMEOUT: Duration = Duration::from_secs(8);
 /// The native API calls operators may make: read-only ones.
 pub const NATIVE_API_ALLOWED: &[(&str, &str)] = &[("GET", "/api/tags"), ("GET", "/api/ps"), ("POST", "/api/show")];
 

@@ -39,6 +39,8 @@ pub struct OpenAiCompatAdapter {
     max_concurrency: u32,
     pub(super) request_timeout: Duration,
     pub(super) client: UpstreamClient,
+    /// The configured kind (`openai_compat` or `vllm`), for capabilities.
+    kind: &'static str,
 }
 
 /// Why the attempt stopped without its own terminal.
@@ -67,7 +69,18 @@ impl OpenAiCompatAdapter {
     ) -> Self {
         let path = format!("{}/chat/completions", url.path_prefix.trim_end_matches('/'));
         let authorization = api_key.map(|k| Secret::new(format!("Bearer {k}")));
-        Self { id, url, path, authorization, max_concurrency, request_timeout, client }
+        Self { id, url, path, authorization, max_concurrency, request_timeout, client, kind: "openai_compat" }
+    }
+
+    /// The same adapter, reporting `kind` (e.g. `vllm`) in capabilities.
+    pub fn with_kind(mut self, kind: &'static str) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    /// The configured kind.
+    pub fn kind(&self) -> &'static str {
+        self.kind
     }
 
     /// Provider id.

@@ -45,6 +45,7 @@ struct Held {
     adapter: String,
     cancel: LocalCancel,
     credit: Option<Rc<Credit>>,
+    tunnel: bool,
 }
 
 /// A run's admission slot. Freed exactly once: when the terminal event is
@@ -92,11 +93,79 @@ impl RunManager {
         self.runs.borrow().len()
     }
 
+    /// The adapter `id`.
+    pub fn adapter(&self, id: &str) -> Option<Rc<Adapter>> {
+        self.adapters.borrow().get(id).cloned()
+    }
+
+    /// What each provider (or only `only`, when not empty) is and serves,
+    /// as JSON for the edge's admin API; `None`: no provider `only`.
+    pub fn capabilities(&self, only: &str) -> Option<serde_json::Value> {
+        let adapters = self.adapters.borrow();
+        let mut ids: Vec<&String> = adapters.keys().filter(|id| only.is_empty() || *id == only).collect();
+        if ids.is_empty() && !only.is_empty() {
+            return None;
+        }
+        ids.sort();
+        let inflight = self.inflight.borrow();
+        let providers: Vec<serde_json::Value> = ids
+            .into_iter()
+            .map(|id| {
+                let a = &adapters[id];
+                let (relay, routes) = a.routes();
+                let native: Vec<String> = a.native_api_calls().iter().map(|(m, p)| format!("{m} {p}")).collect();
+                serde_json::json!({
+                    "id": id,
+                    "kind": a.kind_name(),
+                    "relay": relay,
+                    "routes": routes,
+                    "native_api": native,
+                    "max_concurrency": a.max_concurrency(),
+                    "in_flight": inflight.get(id).copied().unwrap_or(0),
+                })
+            })
+            .collect();
+        Some(serde_json::json!({
+            "node_version": env!("CARGO_PKG_VERSION"),
+            "draining": self.draining.get(),
+            "providers": providers,
+        }))
+    }
+
+    /// The streams in flight on this edge connection, as JSON.
+    pub fn transport_status(&self) -> serde_json::Value {
+        let runs = self.runs.borrow();
+        let tunnels = runs.values().filter(|h| h.tunnel).count();
+        let waiting = runs.values().filter(|h| h.credit.as_ref().is_some_and(|c| c.available() <= 0)).count();
+        let mut per: std::collections::BTreeMap<&str, (u32, u32)> = std::collections::BTreeMap::new();
+        for h in runs.values() {
+            let e = per.entry(h.adapter.as_str()).or_default();
+            if h.tunnel {
+                e.1 += 1;
+            } else {
+                e.0 += 1;
+            }
+        }
+        let providers: Vec<serde_json::Value> = per
+            .into_iter()
+            .map(|(id, (runs, tunnels))| serde_json::json!({"id": id, "runs": runs, "tunnels": tunnels}))
+            .collect();
+        serde_json::json!({
+            "streams": runs.len(),
+            "runs": runs.len() - tunnels,
+            "tunnels": tunnels,
+            "waiting_for_credit": waiting,
+            "queued_to_edge_bytes": self.writer.queued_bytes(),
+            "draining": self.draining.get(),
+            "providers": providers,
+        })
+    }
+
     /// Starts `req`, or answers it at once with an error terminal.
     pub fn start(self: &Rc<Self>, req: pb::RunRequest) {
         let run_id = req.run_id.clone();
         let deadline = time_left(req.deadline_ms, &run_id);
-        let admitted = self.admit(&run_id, &req.adapter, req.window_bytes);
+        let admitted = self.admit(&run_id, &req.adapter, req.window_bytes, false);
         let (adapter, slot, cancel, credit) = match admitted {
             Ok(a) => a,
             Err(None) => return,
@@ -126,7 +195,7 @@ impl RunManager {
             });
         };
         let deadline = time_left(req.deadline_ms, &id);
-        let (adapter, slot, cancel, credit) = match self.admit(&id, &req.adapter, req.window_bytes) {
+        let (adapter, slot, cancel, credit) = match self.admit(&id, &req.adapter, req.window_bytes, true) {
             Ok(a) => a,
             Err(None) => return,
             Err(Some(f)) => return refuse(f),
@@ -142,7 +211,13 @@ impl RunManager {
     /// Takes a slot on `adapter` for stream `id` with a credit window of
     /// `window` bytes (0: none). `Err(None)`: ignore the request (empty or
     /// duplicate id); `Err(Some(f))`: answer with `f`.
-    fn admit(self: &Rc<Self>, id: &str, adapter_id: &str, window: u64) -> Result<Admission, Option<RunFailure>> {
+    fn admit(
+        self: &Rc<Self>,
+        id: &str,
+        adapter_id: &str,
+        window: u64,
+        tunnel: bool,
+    ) -> Result<Admission, Option<RunFailure>> {
         if id.is_empty() || self.runs.borrow().contains_key(id) {
             tracing::warn!(run = %id, "run request with an empty or duplicate id ignored");
             return Err(None);
@@ -166,7 +241,7 @@ impl RunManager {
         }
         let cancel = LocalCancel::new();
         let credit = (window > 0).then(|| Rc::new(Credit::new(window)));
-        let held = Held { adapter: adapter_id.to_owned(), cancel: cancel.clone(), credit: credit.clone() };
+        let held = Held { adapter: adapter_id.to_owned(), cancel: cancel.clone(), credit: credit.clone(), tunnel };
         self.runs.borrow_mut().insert(id.to_owned(), held);
         let slot = Slot { manager: self.clone(), adapter: adapter_id.to_owned(), run_id: id.to_owned() };
         Ok((adapter, slot, cancel, credit))
@@ -295,4 +370,85 @@ async fn execute(
         let _ = emitter.emit(ev).await;
     }
     // Dropping the emitter frees the slot if no terminal did.
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::{Bytes, BytesMut};
+    use iop_core::{
+        rt::frames::FrameReader,
+        wire::{pb::envelope::Body, DEFAULT_MAX_FRAME_BYTES},
+    };
+    use monoio::net::{TcpListener, TcpStream};
+
+    use super::*;
+    use crate::adapter::{mock::MockSettings, MockAdapter};
+
+    /// The first error a stream got, as (stream id, code, status).
+    async fn next_error(reader: &mut FrameReader<TcpStream>) -> (String, String, u32) {
+        loop {
+            let env = reader.next().await.unwrap().unwrap();
+            match env.body {
+                Some(Body::RunEvent(pb::RunEvent { run_id, kind: Some(pb::run_event::Kind::Error(e)), .. })) => {
+                    return (run_id, e.code, e.status)
+                }
+                Some(Body::ProviderTunnelFrame(pb::ProviderTunnelFrame {
+                    tunnel_id,
+                    kind: Some(pb::provider_tunnel_frame::Kind::Error(e)),
+                    ..
+                })) => return (String::from_utf8(tunnel_id.to_vec()).unwrap(), e.code, e.status),
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn tunnels_and_runs_share_one_gate_per_provider() {
+        iop_core::rt::block_on_current(async {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let conn = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let (edge_side, _) = listener.accept().await.unwrap();
+            let writer = FrameWriter::new(DEFAULT_MAX_FRAME_BYTES, 1 << 20, 1 << 24);
+            monoio::spawn(writer.clone().run(conn));
+            let mut reader = FrameReader::new(edge_side, DEFAULT_MAX_FRAME_BYTES, BytesMut::new());
+            // One slot; the mock streams slowly, so its run holds the slot.
+            let settings =
+                MockSettings { tokens: 1000, token_interval: Duration::from_millis(10), ..Default::default() };
+            let manager = RunManager::new(vec![Adapter::Mock(MockAdapter::new("p".into(), 1, settings))], writer);
+            let body = Bytes::from_static(br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}"#);
+            let run = |id: &str| pb::RunRequest {
+                run_id: id.into(),
+                adapter: "p".into(),
+                target: "m".into(),
+                body: body.clone(),
+                ..Default::default()
+            };
+            let tunnel = |id: &str| pb::ProviderTunnelRequest {
+                tunnel_id: id.into(),
+                adapter: "p".into(),
+                method: "POST".into(),
+                path: "/chat/completions".into(),
+                body: body.clone(),
+                ..Default::default()
+            };
+            manager.start(run("r1"));
+            // Past the edge's admission (as a buggy or second edge would be):
+            // the node's own gate refuses both kinds.
+            manager.start_tunnel(tunnel("t1"));
+            assert_eq!(next_error(&mut reader).await, ("t1".into(), codes::CAPACITY.into(), 429));
+            manager.start(run("r2"));
+            assert_eq!(next_error(&mut reader).await, ("r2".into(), codes::CAPACITY.into(), 429));
+            assert_eq!(manager.active(), 1);
+            // The slot freed, a tunnel is admitted (the mock then refuses
+            // it for what it is, a provider without an HTTP API).
+            manager.cancel("r1");
+            manager.start_tunnel(tunnel("t2"));
+            let (id, code, status) = next_error(&mut reader).await;
+            assert_eq!((id.as_str(), status), ("t2", 501), "{code}");
+        })
+        .unwrap();
+    }
 }

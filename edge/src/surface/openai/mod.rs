@@ -3,11 +3,12 @@
 //! and OpenAI-shaped errors.
 //!
 //! Every model route goes the same way up to admission: the top-level
-//! fields are read ([`top`]), the model group looked up, capacity taken (or
-//! queued for). Then the selected provider's kind decides, never the
-//! client: OpenAI-compatible providers get the request through the
-//! provider tunnel ([`tunnel`], byte for byte); the others run it on the
-//! normalized path ([`chat`]), which serves chat completions.
+//! fields are read ([`iop_core::request::Top`]), the model group looked up,
+//! capacity taken (or queued for). Then the selected provider's kind
+//! decides, never the client: OpenAI-compatible providers get the request
+//! through the provider tunnel (`tunnel`, byte for byte, its body written
+//! by [`relay`]); the others run it on the normalized path ([`chat`]),
+//! which serves chat completions and embeddings.
 
 pub mod chat;
 mod chunk;
