@@ -192,6 +192,11 @@ fn client_disconnect_mid_stream_closes_the_upstream_connection() {
         mock.stats()["early_closed"] == 1
     });
     println!("upstream closed {:?} after the client left", start.elapsed());
+    // The tunnel's lease came back, once: nothing in use, no guard alive.
+    edge.wait_snapshot(std::time::Duration::from_secs(5), "lease released", |s| {
+        provider_of(s, "n1", "up")["live_leases"] == 0
+    });
+    edge.assert_idle();
 }
 
 #[test]

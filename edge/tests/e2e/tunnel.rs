@@ -213,3 +213,66 @@ fn routes_an_openai_provider_cannot_serve_through_a_mock_are_refused() {
     }
     edge.assert_idle();
 }
+
+#[test]
+fn a_slow_tunnel_reader_gets_every_byte_while_fast_tunnels_run() {
+    // ~11 MB of unpaced SSE for the slow reader: many credit windows, and
+    // long stalls between its reads, so its queued chunks get compacted too.
+    // It asks for usage itself, so nothing is hidden: the bytes must match.
+    let (mock, edge, _node) = setup(&["--tokens", "2000"]);
+    let slow_body = r#"{"model":"gpt-test","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"slow"}],"mock":{"tokens":40000}}"#;
+    let addr = edge.http;
+    let slow = std::thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        let req = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{slow_body}",
+            slow_body.len()
+        );
+        s.write_all(req.as_bytes()).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
+        let mut raw = Vec::new();
+        let mut buf = [0u8; 16 * 1024];
+        loop {
+            match s.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => raw.extend_from_slice(&buf[..n]),
+                Err(e) => panic!("slow reader: {e}"),
+            }
+            // Far slower than the provider writes, and often past the
+            // edge's 20 ms stall mark.
+            std::thread::sleep(std::time::Duration::from_millis(if raw.len() % 7 == 0 { 30 } else { 2 }));
+        }
+        parse_response(&raw)
+    });
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    for _ in 0..3 {
+        let started = std::time::Instant::now();
+        let r = post_raw(
+            &edge,
+            "/v1/chat/completions",
+            r#"{"model":"gpt-test","stream":true,"messages":[{"role":"user","content":"fast"}]}"#,
+            &[],
+        );
+        assert_eq!(r.status, 200);
+        assert_eq!(r.sse_data().last().map(String::as_str), Some("[DONE]"));
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(3),
+            "the fast tunnel waited: {:?}",
+            started.elapsed()
+        );
+    }
+    let r = slow.join().unwrap();
+    assert_eq!(r.status, 200);
+    // Byte for byte what the provider sent for it.
+    let log = request(mock.addr, "GET", "/log", None, &[]).json();
+    let rec = log
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["request_body"].as_str().is_some_and(|b| b.contains("slow")))
+        .unwrap();
+    assert_eq!(rec["complete"], true, "{rec}");
+    assert_eq!(rec["response_body_sha256"].as_str(), Some(sha256_hex(&r.body).as_str()), "{} bytes", r.body.len());
+    assert!(r.body.len() > 8_000_000, "{} bytes", r.body.len());
+    edge.assert_idle();
+}
