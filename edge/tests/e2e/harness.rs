@@ -338,6 +338,29 @@ fn dechunk(mut b: &[u8]) -> Vec<u8> {
     }
 }
 
+/// Sends `POST path` with `body` (`connection: close`) and reads the whole
+/// answer in 16 KiB reads, sleeping `pause(bytes read so far)` after each:
+/// a client far slower than the server writes.
+pub fn read_slowly(addr: SocketAddr, path: &str, body: &str, pause: impl Fn(usize) -> Duration) -> Response {
+    use std::io::{Read, Write};
+    let mut s = TcpStream::connect(addr).unwrap();
+    let req =
+        format!("POST {path} HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}", body.len());
+    s.write_all(req.as_bytes()).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut raw = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        match s.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => raw.extend_from_slice(&buf[..n]),
+            Err(e) => panic!("slow reader: {e}"),
+        }
+        std::thread::sleep(pause(raw.len()));
+    }
+    parse_response(&raw)
+}
+
 /// Polls `check` until it holds or `within` passes.
 pub fn eventually(within: Duration, what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + within;

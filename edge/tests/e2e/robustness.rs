@@ -69,27 +69,9 @@ fn a_slow_reader_gets_its_whole_stream_while_a_fast_one_runs_at_full_speed() {
     edge.wait_nodes_ready(1);
     let body = json!({"model": "m", "stream": true, "messages": [{"role": "user", "content": "x"}]}).to_string();
     let addr = edge.http;
-    let slow = std::thread::spawn(move || {
-        let mut s = TcpStream::connect(addr).unwrap();
-        let req = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-            body.len()
-        );
-        s.write_all(req.as_bytes()).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
-        // Far slower than the node produces, in small reads.
-        let mut raw = Vec::new();
-        let mut buf = [0u8; 16 * 1024];
-        loop {
-            match s.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => raw.extend_from_slice(&buf[..n]),
-                Err(e) => panic!("slow reader: {e}"),
-            }
-            std::thread::sleep(Duration::from_millis(2));
-        }
-        parse_response(&raw)
-    });
+    // Far slower than the node produces, in small reads.
+    let slow =
+        std::thread::spawn(move || read_slowly(addr, "/v1/chat/completions", &body, |_| Duration::from_millis(2)));
     // Meanwhile fast streams on the same node, one after another.
     std::thread::sleep(Duration::from_millis(300));
     for _ in 0..3 {

@@ -222,27 +222,12 @@ fn a_slow_tunnel_reader_gets_every_byte_while_fast_tunnels_run() {
     let (mock, edge, _node) = setup(&["--tokens", "2000"]);
     let slow_body = r#"{"model":"gpt-test","stream":true,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"slow"}],"mock":{"tokens":40000}}"#;
     let addr = edge.http;
+    // Far slower than the provider writes, and often past the edge's 20 ms
+    // stall mark.
     let slow = std::thread::spawn(move || {
-        let mut s = std::net::TcpStream::connect(addr).unwrap();
-        let req = format!(
-            "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{slow_body}",
-            slow_body.len()
-        );
-        s.write_all(req.as_bytes()).unwrap();
-        s.set_read_timeout(Some(std::time::Duration::from_secs(30))).unwrap();
-        let mut raw = Vec::new();
-        let mut buf = [0u8; 16 * 1024];
-        loop {
-            match s.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => raw.extend_from_slice(&buf[..n]),
-                Err(e) => panic!("slow reader: {e}"),
-            }
-            // Far slower than the provider writes, and often past the
-            // edge's 20 ms stall mark.
-            std::thread::sleep(std::time::Duration::from_millis(if raw.len() % 7 == 0 { 30 } else { 2 }));
-        }
-        parse_response(&raw)
+        read_slowly(addr, "/v1/chat/completions", slow_body, |read| {
+            std::time::Duration::from_millis(if read % 7 == 0 { 30 } else { 2 })
+        })
     });
     std::thread::sleep(std::time::Duration::from_millis(300));
     for _ in 0..3 {

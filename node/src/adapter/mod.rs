@@ -43,6 +43,25 @@ use crate::{
     upstream::UpstreamClient,
 };
 
+/// Sends `req` to provider `provider` for stream `stream`; a provider that
+/// cannot be reached is `upstream_connect` (retryable; its address only
+/// in the node's log), any other failure `upstream_protocol`.
+pub(crate) async fn send_upstream(
+    client: &UpstreamClient,
+    req: &crate::upstream::Request<'_>,
+    provider: &str,
+    stream: &str,
+) -> Result<crate::upstream::Response, RunFailure> {
+    match client.send(req).await {
+        Ok(r) => Ok(r),
+        Err(e) if e.is_connect() => {
+            tracing::warn!(provider, stream, error = %e, "provider unreachable");
+            Err(RunFailure::new(codes::UPSTREAM_CONNECT, 502, FailureSource::Provider, e.public_message()).retryable())
+        }
+        Err(e) => Err(openai_stream::protocol(e.to_string())),
+    }
+}
+
 /// Upper bound for one upstream request when the config says 0.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(600);
 

@@ -200,15 +200,7 @@ impl OllamaAdapter {
 
     /// Sends `req`; connect errors never carry the provider's address.
     async fn send(&self, req: &Request<'_>, run_id: &str) -> Result<Response, RunFailure> {
-        match self.client.send(req).await {
-            Ok(r) => Ok(r),
-            Err(e) if e.is_connect() => {
-                tracing::warn!(provider = %self.id, run_id, error = %e, "provider unreachable");
-                Err(RunFailure::new(codes::UPSTREAM_CONNECT, 502, FailureSource::Provider, e.public_message())
-                    .retryable())
-            }
-            Err(e) => Err(protocol(e.to_string())),
-        }
+        super::send_upstream(&self.client, req, &self.id, run_id).await
     }
 
     /// One of Ollama's read-only model-management calls, for operators:

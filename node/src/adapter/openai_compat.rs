@@ -133,15 +133,7 @@ impl OpenAiCompatAdapter {
             headers: &headers,
             body: &body,
         };
-        let mut resp = match self.client.send(&req).await {
-            Ok(r) => r,
-            Err(e) if e.is_connect() => {
-                tracing::warn!(provider = %self.id, run_id = %spec.run_id, error = %e, "provider unreachable");
-                let f = RunFailure::new(codes::UPSTREAM_CONNECT, 502, FailureSource::Provider, e.public_message());
-                return Err(Halt::Fail(f.retryable()));
-            }
-            Err(e) => return Err(Halt::Fail(protocol(e.to_string()))),
-        };
+        let mut resp = super::send_upstream(&self.client, &req, &self.id, &spec.run_id).await.map_err(Halt::Fail)?;
         let status = resp.status();
         if !(200..=299).contains(&status) {
             // An unreadable error body still leaves the status to report.

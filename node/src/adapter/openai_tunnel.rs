@@ -8,26 +8,15 @@ use iop_core::{
     tunnel::{self, TunnelItem},
 };
 
-use super::{openai_compat::OpenAiCompatAdapter, openai_stream::protocol};
+// A tunnel stops like a run: its sink gone (no terminal) or with a failure.
+use super::{
+    openai_compat::{Halt, OpenAiCompatAdapter},
+    openai_stream::protocol,
+};
 use crate::{
-    run::SinkClosed,
     tunnel::{watch::BodyWatch, TunnelSink, TunnelSpec},
     upstream::Request,
 };
-
-/// Why a tunnel stopped before its own terminal.
-enum Halt {
-    /// The edge no longer wants the answer: stop without a terminal.
-    Sink,
-    /// End with this failure.
-    Fail(RunFailure),
-}
-
-impl From<SinkClosed> for Halt {
-    fn from(_: SinkClosed) -> Self {
-        Halt::Sink
-    }
-}
 
 impl OpenAiCompatAdapter {
     /// Sends `spec` to the provider and relays its answer to `sink`:
@@ -63,15 +52,7 @@ impl OpenAiCompatAdapter {
             headers: &headers,
             body: &spec.body,
         };
-        let mut resp = match self.client.send(&req).await {
-            Ok(r) => r,
-            Err(e) if e.is_connect() => {
-                tracing::warn!(provider = %self.id, tunnel = %spec.id, error = %e, "provider unreachable");
-                let f = RunFailure::new(codes::UPSTREAM_CONNECT, 502, FailureSource::Provider, e.public_message());
-                return Err(Halt::Fail(f.retryable()));
-            }
-            Err(e) => return Err(Halt::Fail(protocol(e.to_string()))),
-        };
+        let mut resp = super::send_upstream(&self.client, &req, &self.id, &spec.id).await.map_err(Halt::Fail)?;
         let mut watch = BodyWatch::new(resp.header("content-type"), spec.hide_usage_chunk);
         // Content-Length stays (the edge frames the body with it) unless
         // the body is about to change.
@@ -114,6 +95,7 @@ mod tests {
     use iop_core::{config::UpstreamUrl, exec::Usage};
 
     use super::*;
+    use crate::run::SinkClosed;
     use crate::upstream::{
         test_server::{sse_chunked_open, with_body, Event, Reply, TestServer},
         UpstreamClient,
