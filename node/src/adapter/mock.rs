@@ -3,8 +3,8 @@
 //! reasoning token `i` is `"think{i} "`. It reads the request like a
 //! provider would (`max_tokens`/`max_completion_tokens`, `n`, `logprobs`,
 //! `top_logprobs`, the last message) and, like iop-mockprov, a `"mock"`
-//! object for shapes a test wants: `tool_calls` (n parallel calls),
-//! `tool_name`, `refusal`. Embeddings are deterministic unit vectors
+//! object for shapes a test wants: `tool_calls` (n parallel calls of the
+//! first declared tool, or `tool_name`), `refusal`. Embeddings are deterministic unit vectors
 //! derived from each input (8 dimensions unless `dimensions` says).
 
 use std::time::Duration;
@@ -58,6 +58,7 @@ struct Request {
     n: Option<u32>,
     logprobs: Option<bool>,
     top_logprobs: Option<u32>,
+    tools: Vec<serde_json::Value>,
     mock: Option<Overrides>,
 }
 
@@ -152,7 +153,10 @@ impl MockAdapter {
             (Some(m), _, _) if m.role == "tool" => Shape::ToolResult(format!("tool said: {}", text_of(&m.content))),
             (_, Some(r), _) => Shape::Refusal(r),
             (_, None, Some(calls)) if calls > 0 => {
-                Shape::ToolCalls { calls, name: overrides.tool_name.unwrap_or_else(|| "get_weather".into()) }
+                // Call a tool the client declared, as a model would.
+                let declared = req.tools.iter().find_map(|t| t["function"]["name"].as_str().map(str::to_owned));
+                let name = overrides.tool_name.or(declared).unwrap_or_else(|| "get_weather".into());
+                Shape::ToolCalls { calls, name }
             }
             _ => Shape::Tokens,
         };
@@ -482,6 +486,12 @@ mod tests {
         let evs = run(&mock(3, false), spec_body("m", second));
         assert_eq!(evs[1], ExecEvent::content("tool said: sunny"));
         assert_eq!(complete(evs.last().unwrap()).0, "stop");
+        // Without `tool_name`: the first tool the client declared.
+        let declared = r#"{"model":"m","messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"find_flight"}}],"mock":{"tool_calls":1}}"#;
+        let evs = run(&mock(3, false), spec_body("m", declared));
+        assert!(evs
+            .iter()
+            .any(|e| matches!(e, ExecEvent::Delta(Delta { part: Part::ToolCall(c), .. }) if c.name == "find_flight")));
     }
 
     #[test]
