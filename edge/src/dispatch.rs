@@ -221,9 +221,10 @@ impl<T: Outcome> Drop for Stream<T> {
     }
 }
 
-/// Where an admitted stream goes: its node's session, id and deadline.
+/// Where an admitted stream goes: the sessions of its node's links in the
+/// order to try them, its id and deadline.
 struct Route {
-    session: mailbox::Sender<SessionCmd>,
+    sessions: Vec<mailbox::Sender<SessionCmd>>,
     id: String,
     node_id: String,
     timeout: Duration,
@@ -231,28 +232,62 @@ struct Route {
 
 fn route(worker: &Worker, admitted: &Admitted) -> Result<Route, DispatchError> {
     let node_id = admitted.target.node.clone();
-    let session = match admitted.lease.route() {
-        Some(route) => route.session.clone(),
+    let turn = worker.next_link_turn();
+    let order = |r: &crate::worker::NodeRoute| -> Vec<mailbox::Sender<SessionCmd>> {
+        r.order(worker.index, turn).into_iter().map(|l| l.session.clone()).collect()
+    };
+    let sessions = match admitted.lease.route() {
+        Some(route) => order(route),
         None => match worker.routes.borrow().get(&node_id) {
-            Some(route) => route.session.clone(),
+            Some(route) => order(route),
             None => return Err(DispatchError::NoReadyNode(node_id)),
         },
     };
+    if sessions.is_empty() {
+        return Err(DispatchError::NoReadyNode(node_id));
+    }
     let timeout = worker
         .config
         .borrow()
         .provider(&node_id, &admitted.target.provider)
         .map_or(DEFAULT_RUN_TIMEOUT, |p| p.request_timeout);
-    Ok(Route { session, id: worker.next_run_id(), node_id, timeout })
+    Ok(Route { sessions, id: worker.next_run_id(), node_id, timeout })
 }
 
 impl Route {
-    fn stream<T: Outcome>(self, worker: &Worker, model: &str, rx: StreamRx<T>) -> Stream<T> {
+    /// Sends `cmd` to the first link that takes it (a link that just went
+    /// away, or whose queue is full, passes it to the next); returns the
+    /// session that took it.
+    fn send(&mut self, mut cmd: SessionCmd) -> Result<mailbox::Sender<SessionCmd>, DispatchError> {
+        let mut full = false;
+        for session in std::mem::take(&mut self.sessions) {
+            match session.try_send(cmd) {
+                Ok(()) => return Ok(session),
+                Err(SendError::Full(c)) => {
+                    full = true;
+                    cmd = c;
+                }
+                Err(SendError::Closed(c)) => cmd = c,
+            }
+        }
+        // Dropping `cmd` drops its lease and its events' sender.
+        drop(cmd);
+        let node = self.node_id.clone();
+        Err(if full { DispatchError::NodeBusy(node) } else { DispatchError::NoReadyNode(node) })
+    }
+
+    fn stream<T: Outcome>(
+        self,
+        worker: &Worker,
+        model: &str,
+        rx: StreamRx<T>,
+        session: mailbox::Sender<SessionCmd>,
+    ) -> Stream<T> {
         Stream {
             shared: worker.shared.clone(),
             model: model.to_owned(),
             rx,
-            session: self.session,
+            session,
             id: self.id,
             node_id: self.node_id,
             done: false,
@@ -268,13 +303,6 @@ impl Route {
     }
 }
 
-fn send_error<T>(e: SendError<T>, node_id: String) -> DispatchError {
-    match e {
-        SendError::Full(_) => DispatchError::NodeBusy(node_id),
-        SendError::Closed(_) => DispatchError::NoReadyNode(node_id),
-    }
-}
-
 /// Submits `req` (run_id, adapter, target and deadline are filled in here)
 /// to the node the lease in `admitted` is for.
 pub fn submit(
@@ -283,7 +311,7 @@ pub fn submit(
     admitted: Admitted,
     mut req: pb::RunRequest,
 ) -> Result<RunStream, DispatchError> {
-    let route = route(worker, &admitted)?;
+    let mut route = route(worker, &admitted)?;
     let Admitted { lease, target } = admitted;
     req.run_id = route.id.clone();
     req.adapter = target.provider;
@@ -291,10 +319,8 @@ pub fn submit(
     req.deadline_ms = route.deadline_ms();
     req.window_bytes = flow::WINDOW_BYTES;
     let (tx, rx) = channel();
-    match route.session.try_send(SessionCmd::Run { req: Box::new(req), events: tx, lease }) {
-        Ok(()) => Ok(route.stream(worker, model, rx)),
-        Err(e) => Err(send_error(e, route.node_id)),
-    }
+    let session = route.send(SessionCmd::Run { req: Box::new(req), events: tx, lease })?;
+    Ok(route.stream(worker, model, rx, session))
 }
 
 /// Submits a provider tunnel request (tunnel_id, adapter, target, deadline
@@ -307,7 +333,7 @@ pub fn submit_tunnel(
     mut req: pb::ProviderTunnelRequest,
     headers: impl FnOnce(&str) -> Vec<pb::Header>,
 ) -> Result<TunnelStream, DispatchError> {
-    let route = route(worker, &admitted)?;
+    let mut route = route(worker, &admitted)?;
     let Admitted { lease, target } = admitted;
     req.headers = headers(&route.id);
     req.tunnel_id = route.id.clone();
@@ -316,10 +342,8 @@ pub fn submit_tunnel(
     req.deadline_ms = route.deadline_ms();
     req.window_bytes = flow::WINDOW_BYTES;
     let (tx, rx) = channel();
-    match route.session.try_send(SessionCmd::Tunnel { req: Box::new(req), events: tx, lease }) {
-        Ok(()) => Ok(route.stream(worker, model, rx)),
-        Err(e) => Err(send_error(e, route.node_id)),
-    }
+    let session = route.send(SessionCmd::Tunnel { req: Box::new(req), events: tx, lease })?;
+    Ok(route.stream(worker, model, rx, session))
 }
 
 /// Milliseconds since the Unix epoch (the wire's `deadline_ms`).

@@ -59,9 +59,12 @@ pub enum EdgeEvent {
         node: String,
         /// Connection generation.
         generation: u64,
+        /// Which of the node's links ended.
+        link: u32,
         /// Why, e.g. `closed_by_node`, `heartbeat_timeout`.
         reason: String,
-        /// Whether it was the node's current connection (only then are providers fenced).
+        /// Whether it ended the node's current generation (only then are
+        /// providers fenced; a link that leaves others ready does not).
         current: bool,
     },
     /// A run ended.
@@ -120,8 +123,8 @@ impl EdgeEvent {
             EdgeEvent::NodeReady { node, generation } | EdgeEvent::NodeDraining { node, generation } => {
                 json!({"node": node, "generation": generation})
             }
-            EdgeEvent::NodeDisconnected { node, generation, reason, current } => {
-                json!({"node": node, "generation": generation, "reason": reason, "current": current})
+            EdgeEvent::NodeDisconnected { node, generation, link, reason, current } => {
+                json!({"node": node, "generation": generation, "link": link, "reason": reason, "current": current})
             }
             EdgeEvent::RunTerminal { run_id, node, model, outcome, code, path, usage } => {
                 let usage = usage.map(|u| {

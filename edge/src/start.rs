@@ -185,6 +185,8 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
             Some(NodeConfig {
                 edge: node_addr.to_string(),
                 token: node.token.clone(),
+                // One link per edge worker, like a node of its own.
+                workers: config.workers,
                 reconnect: ReconnectPolicy { max_attempts: None, interval: std::time::Duration::from_secs(1) },
                 max_frame_bytes: config.max_frame_bytes,
                 shutdown_grace: std::time::Duration::from_secs(5),

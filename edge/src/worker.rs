@@ -20,18 +20,69 @@ use crate::{
     transport,
 };
 
-/// A ready node as seen by one core.
+/// A ready node as seen by one core: the ready links of its generation.
 #[derive(Clone)]
 pub struct NodeRoute {
-    /// Connection generation the route belongs to.
+    /// Generation the route belongs to.
     pub generation: Generation,
-    /// Command mailbox of the node's session task.
+    /// Grows with every change of the link set (see [`crate::registry::LinkSet`]).
+    pub version: u64,
+    /// The ready links (at least one), by index.
+    pub links: Arc<[LinkRoute]>,
+}
+
+/// One ready link of a node.
+#[derive(Clone)]
+pub struct LinkRoute {
+    /// Link index.
+    pub index: u32,
+    /// Edge core hosting its session.
+    pub worker: usize,
+    /// Command mailbox of its session task.
     pub session: mailbox::Sender<transport::SessionCmd>,
+}
+
+impl NodeRoute {
+    /// The route of `set`.
+    pub fn new(generation: Generation, set: crate::registry::LinkSet<mailbox::Sender<transport::SessionCmd>>) -> Self {
+        let links = set
+            .links
+            .into_iter()
+            .map(|l| LinkRoute { index: l.index, worker: l.worker, session: l.handle })
+            .collect::<Vec<_>>()
+            .into();
+        Self { generation, version: set.version, links }
+    }
+
+    /// Whether this route supersedes `other` (a later generation, or a
+    /// later link set of the same one).
+    pub fn newer_than(&self, other: &NodeRoute) -> bool {
+        (self.generation, self.version) > (other.generation, other.version)
+    }
+
+    /// The links in the order a client on core `me` should try them: one on
+    /// `me` first (its stream then never crosses cores), then the others
+    /// from a position that rotates with `turn`, so runs spread over links.
+    pub fn order(&self, me: usize, turn: usize) -> Vec<&LinkRoute> {
+        let n = self.links.len();
+        let mut out: Vec<&LinkRoute> = Vec::with_capacity(n);
+        let local: Vec<&LinkRoute> = self.links.iter().filter(|l| l.worker == me).collect();
+        if !local.is_empty() {
+            out.push(local[turn % local.len()]);
+        }
+        for i in 0..n {
+            let l = &self.links[(turn + i) % n];
+            if !out.iter().any(|o| o.index == l.index) {
+                out.push(l);
+            }
+        }
+        out
+    }
 }
 
 /// Messages between cores.
 pub enum CoreMsg {
-    /// A node's current connection became ready.
+    /// A node's generation became ready, or its ready links changed.
     NodeReady {
         /// Node id.
         node_id: String,
@@ -93,6 +144,8 @@ pub enum CoreMsg {
         /// Revision to commit.
         revision: u64,
     },
+    /// Serve this registering node link here (its link belongs on this core).
+    AdoptLink(Box<transport::Arrival>),
     /// Stop serving.
     Shutdown,
 }
@@ -100,8 +153,11 @@ pub enum CoreMsg {
 /// A config staged by `PrepareConfig`: revision, config and its pool view.
 type Staged = (u64, Arc<EdgeConfig>, Arc<PoolView>);
 
-/// A ready node session hosted by this core: its generation and command mailbox.
+/// A ready node link hosted by this core: its generation and command mailbox.
 pub type LocalSession = (Generation, mailbox::Sender<transport::SessionCmd>);
+
+/// A node link: node id and link index.
+pub type LinkKey = (String, u32);
 
 /// Per-core state; lives in an `Rc` on its own thread.
 pub struct Worker {
@@ -119,8 +175,10 @@ pub struct Worker {
     pub pool: RefCell<Arc<PoolView>>,
     /// Authoritative state of the resources this core owns.
     pub shard: RefCell<Shard>,
-    /// Ready node sessions running on this core.
-    pub local_sessions: RefCell<HashMap<String, LocalSession>>,
+    /// Ready node links whose sessions run on this core.
+    pub local_sessions: RefCell<HashMap<LinkKey, LocalSession>>,
+    /// Rotates the link a run goes to.
+    link_turn: Cell<usize>,
     /// Revision of `config`.
     pub revision: Cell<u64>,
     /// A prepared config waiting for its commit.
@@ -147,6 +205,7 @@ impl Worker {
             pool: RefCell::new(pool),
             shard: RefCell::new(shard),
             local_sessions: RefCell::new(HashMap::new()),
+            link_turn: Cell::new(0),
             revision: Cell::new(1),
             pending: RefCell::new(None),
             stop: LocalCancel::new(),
@@ -167,6 +226,13 @@ impl Worker {
         n
     }
 
+    /// The next position for [`NodeRoute::order`].
+    pub fn next_link_turn(&self) -> usize {
+        let n = self.link_turn.get().wrapping_add(1);
+        self.link_turn.set(n);
+        n
+    }
+
     /// A run id unique in this process and across edge instances.
     pub fn next_run_id(&self) -> String {
         let n = self.run_seq.get() + 1;
@@ -174,15 +240,15 @@ impl Worker {
         format!("{}-{}-{}", self.shared.instance, self.index, n)
     }
 
-    fn apply(&self, msg: CoreMsg) {
+    fn apply(self: &Rc<Self>, msg: CoreMsg) {
         match msg {
             CoreMsg::NodeReady { node_id, route } => {
                 let generation = route.generation;
                 self.shard.borrow_mut().set_route(&node_id, &route);
                 {
                     let mut routes = self.routes.borrow_mut();
-                    // Generations only grow; never let an older ready replace a newer one.
-                    if routes.get(&node_id).is_none_or(|r| r.generation < generation) {
+                    // Generations and link sets only grow; never let an older one replace a newer.
+                    if routes.get(&node_id).is_none_or(|r| route.newer_than(r)) {
                         routes.insert(node_id.clone(), route);
                     }
                 }
@@ -209,6 +275,9 @@ impl Worker {
                 let _ = ack.send(self.index);
             }
             CoreMsg::CommitConfig { revision } => self.commit(revision),
+            CoreMsg::AdoptLink(arrival) => {
+                monoio::spawn(transport::session_serve_arrival(self.clone(), *arrival));
+            }
             CoreMsg::Shutdown => self.stop.cancel(),
         }
     }
@@ -228,7 +297,7 @@ impl Worker {
         *self.pool.borrow_mut() = pool.clone();
         self.revision.set(rev);
         self.shard.borrow_mut().apply_config(&config, &pool);
-        for (node_id, (_, session)) in self.local_sessions.borrow().iter() {
+        for ((node_id, _), (_, session)) in self.local_sessions.borrow().iter() {
             match config.node(node_id) {
                 None => {
                     let reason = "node removed from the edge config".to_owned();

@@ -61,18 +61,19 @@ fn run() -> anyhow::Result<()> {
         eprintln!("config {} is valid", args.config.display());
         return Ok(());
     }
-    let (tx, rx) = rt::mailbox::mailbox(1);
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
         .context("cannot install signal handlers")?;
+    tracing::info!(driver = rt::Driver::detect().name(), edge = %config.edge, workers = config.workers, "iop-node starting");
+    let node = iop_node::start(config, true).context("cannot start the node's worker threads")?;
+    let stopper = node.stopper();
     std::thread::Builder::new()
         .name("iop-node-signals".into())
         .spawn(move || {
             if let Some(sig) = signals.forever().next() {
                 tracing::info!(signal = sig, "shutting down");
-                let _ = tx.try_send(());
+                stopper.stop();
             }
         })
         .context("cannot start the signal thread")?;
-    tracing::info!(driver = rt::Driver::detect().name(), edge = %config.edge, "iop-node starting");
-    rt::block_on_current(iop_node::run(config, rx))?.map_err(anyhow::Error::from)
+    node.wait().map_err(anyhow::Error::from)
 }

@@ -15,7 +15,7 @@ use iop_core::{
 };
 use monoio::{io::Splitable, net::TcpStream};
 
-use crate::{adapter::Adapter, run::RunManager};
+use crate::{adapter::Adapter, process::LinkSpec, run::RunManager};
 
 /// Run events may buffer this much before adapters wait for the socket.
 const HIGH_WATER: usize = 1024 * 1024;
@@ -48,8 +48,9 @@ fn retry(reason: impl Into<String>) -> SessionEnd {
     SessionEnd::Retry { established: false, reason: reason.into() }
 }
 
-/// Connects, registers and serves until the connection ends or `shutdown` is raised.
-pub async fn run(cfg: &NodeConfig, shutdown: &LocalCancel) -> SessionEnd {
+/// Connects `link`, registers and serves until the connection ends or
+/// `shutdown` is raised.
+pub async fn run(cfg: &NodeConfig, link: &LinkSpec, shutdown: &LocalCancel) -> SessionEnd {
     let addrs = match blocking::resolve(cfg.edge.clone()).await {
         Ok(a) if !a.is_empty() => a,
         Ok(_) => return retry(format!("edge address {} resolved to nothing", cfg.edge)),
@@ -85,7 +86,7 @@ pub async fn run(cfg: &NodeConfig, shutdown: &LocalCancel) -> SessionEnd {
             stopper.stop();
         });
     }
-    let end = serve(cfg, shutdown, &writer, &mut reader).await;
+    let end = serve(cfg, link, shutdown, &writer, &mut reader).await;
     writer.close();
     end
 }
@@ -111,6 +112,7 @@ async fn next_frame<R: monoio::io::CancelableAsyncReadRent>(
 
 async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     cfg: &NodeConfig,
+    link: &LinkSpec,
     shutdown: &LocalCancel,
     writer: &FrameWriter,
     reader: &mut FrameReader<R>,
@@ -118,6 +120,9 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     let register = pb::RegisterRequest {
         token: cfg.token.expose().to_owned(),
         node_version: env!("CARGO_PKG_VERSION").to_owned(),
+        instance: link.instance,
+        link: link.index,
+        links: link.count,
     };
     if writer.send(&envelope(1, Body::RegisterRequest(register))).is_err() {
         return retry("connection closed before registering");
@@ -148,7 +153,7 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
         Err(e) => return SessionEnd::Fatal(format!("invalid provider config from the edge: {e}")),
     };
     let node_id = payload.node_id.clone();
-    let manager = RunManager::new(adapters, writer.clone());
+    let manager = RunManager::new(adapters, link.gates.clone(), writer.clone());
 
     let ready = pb::NodeReadyRequest { node_id: node_id.clone(), config_revision: payload.revision };
     if writer.send(&envelope(2, Body::NodeReadyRequest(ready))).is_err() {
@@ -162,7 +167,7 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
         },
         Err(end) => return end,
     }
-    tracing::info!(node = %node_id, providers = ?manager.adapter_ids(), "node ready");
+    tracing::info!(node = %node_id, link = link.index, links = link.count, providers = ?manager.adapter_ids(), "node ready");
 
     let last_seen = Rc::new(Cell::new(Instant::now()));
     let closed = LocalCancel::new();

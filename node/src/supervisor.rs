@@ -5,7 +5,10 @@ use std::time::Duration;
 
 use iop_core::{config::NodeConfig, rt::signal::LocalCancel};
 
-use crate::session::{self, SessionEnd};
+use crate::{
+    process::LinkSpec,
+    session::{self, SessionEnd},
+};
 
 /// Why the node stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -23,11 +26,12 @@ pub enum NodeError {
     },
 }
 
-/// Connects and reconnects until shutdown, a fatal error, or exhaustion.
-pub async fn supervise(cfg: NodeConfig, shutdown: LocalCancel) -> Result<(), NodeError> {
+/// Connects and reconnects one link until shutdown, a fatal error, or
+/// exhaustion.
+pub async fn supervise(cfg: NodeConfig, link: LinkSpec, shutdown: LocalCancel) -> Result<(), NodeError> {
     let mut failures: u32 = 0;
     loop {
-        let end = session::run(&cfg, &shutdown).await;
+        let end = session::run(&cfg, &link, &shutdown).await;
         let reason = match end {
             SessionEnd::Shutdown => return Ok(()),
             SessionEnd::Fatal(msg) => return Err(NodeError::Fatal(msg)),
@@ -48,7 +52,7 @@ pub async fn supervise(cfg: NodeConfig, shutdown: LocalCancel) -> Result<(), Nod
             }
         };
         let delay = jittered(cfg.reconnect.interval);
-        tracing::warn!(attempt = failures, %reason, retry_in_ms = delay.as_millis() as u64, "edge connection failed");
+        tracing::warn!(link = link.index, attempt = failures, %reason, retry_in_ms = delay.as_millis() as u64, "edge connection failed");
         monoio::select! {
             _ = monoio::time::sleep(delay) => {}
             _ = shutdown.cancelled() => return Ok(()),

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{
-    edge::{max_frame_bytes, split_host_port},
+    edge::{max_frame_bytes, split_host_port, MAX_WORKERS},
     raw::{self, check, RawNodeConfig},
     ConfigError, Secret, TestingSettings,
 };
@@ -15,6 +15,8 @@ pub struct NodeConfig {
     pub edge: String,
     /// Registration token.
     pub token: Secret,
+    /// Reactor threads, each pinned to a core with its own link to the edge.
+    pub workers: usize,
     /// Connect/reconnect policy.
     pub reconnect: ReconnectPolicy,
     /// Largest edge↔node frame accepted, in bytes.
@@ -55,6 +57,8 @@ impl TryFrom<RawNodeConfig> for NodeConfig {
         let edge = check::required("edge", raw.edge)?;
         validate_edge_addr(&edge).map_err(|why| ConfigError::invalid("edge", &edge, why))?;
         let token = Secret::new(check::non_empty("token", raw.token)?);
+        let default_workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WORKERS);
+        let workers = check::range_usize("workers", raw.workers, default_workers, 1, MAX_WORKERS)?;
         let max_frame_bytes = max_frame_bytes(raw.max_frame_bytes)?;
         let shutdown_grace = check::secs("shutdown_grace_sec", raw.shutdown_grace_sec, 30, 0)?;
         let defaults = ReconnectPolicy::default();
@@ -74,7 +78,7 @@ impl TryFrom<RawNodeConfig> for NodeConfig {
             },
         };
         let testing = TestingSettings::try_from(raw.testing)?;
-        Ok(Self { edge, token, reconnect, max_frame_bytes, shutdown_grace, testing })
+        Ok(Self { edge, token, workers, reconnect, max_frame_bytes, shutdown_grace, testing })
     }
 }
 
@@ -122,6 +126,9 @@ mod tests {
         assert_eq!(c.shutdown_grace, Duration::from_secs(30));
         assert_eq!(c.reconnect, ReconnectPolicy { max_attempts: Some(10), interval: Duration::from_secs(10) });
         assert_eq!(c.testing, TestingSettings::default());
+        assert!(c.workers >= 1 && c.workers <= MAX_WORKERS);
+        assert_eq!(ok(&format!("{BASE}workers = 3\n")).workers, 3);
+        rejects(&format!("{BASE}workers = 0\n"), "workers", "0");
         // An empty [reconnect] table is the same as none.
         assert_eq!(ok(&format!("{BASE}[reconnect]\n")).reconnect, ReconnectPolicy::default());
     }

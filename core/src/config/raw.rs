@@ -171,6 +171,7 @@ pub(crate) struct RawTesting {
 pub(crate) struct RawNodeConfig {
     pub edge: Option<String>,
     pub token: Option<String>,
+    pub workers: Option<u64>,
     pub max_frame_bytes: Option<u64>,
     pub shutdown_grace_sec: Option<u64>,
     pub reconnect: Option<RawReconnect>,

@@ -87,6 +87,17 @@ impl<R: CancelableAsyncReadRent> FrameReader<R> {
         }
     }
 
+    /// The stream, e.g. to answer on it before a writer exists.
+    pub fn io_mut(&mut self) -> &mut R {
+        &mut self.io
+    }
+
+    /// The stream and the bytes read past the last decoded frame (no read
+    /// is in flight between two `next` calls).
+    pub fn into_parts(self) -> (R, BytesMut) {
+        (self.io, self.buf)
+    }
+
     /// Bytes of all frames decoded so far (prefixes included).
     pub fn decoded_bytes(&self) -> u64 {
         self.decoded

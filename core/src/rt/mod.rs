@@ -9,6 +9,7 @@ pub mod alloc;
 pub mod blocking;
 pub mod frames;
 pub mod gather;
+pub mod handoff;
 pub mod io;
 pub mod listener;
 pub mod mailbox;

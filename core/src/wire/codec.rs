@@ -226,7 +226,13 @@ mod tests {
         use pb::{provider_tunnel_frame::Kind as Tk, run_event::Kind as Rk};
         let header = pb::Header { name: "content-type".into(), value: Bytes::from_static(b"text/event-stream") };
         let bodies = vec![
-            Body::RegisterRequest(pb::RegisterRequest { token: "tok".into(), node_version: "0.1.0".into() }),
+            Body::RegisterRequest(pb::RegisterRequest {
+                token: "tok".into(),
+                node_version: "0.1.0".into(),
+                instance: 77,
+                link: 1,
+                links: 2,
+            }),
             Body::RegisterResponse(pb::RegisterResponse {
                 accepted: true,
                 reason: String::new(),

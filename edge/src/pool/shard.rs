@@ -203,11 +203,11 @@ impl Shard {
     /// Records the session of `node`'s ready connection; leases granted on
     /// its resources carry it. Call before [`Shard::node_ready`].
     pub fn set_route(&mut self, node: &str, route: &NodeRoute) {
-        if self.ready.get(node).is_none_or(|old| old.generation < route.generation) {
+        if self.ready.get(node).is_none_or(|old| route.newer_than(old)) {
             self.ready.insert(node.to_owned(), route.clone());
         }
         for (key, r) in self.resources.iter_mut() {
-            if &*key.node == node && r.route.as_ref().is_none_or(|old| old.generation < route.generation) {
+            if &*key.node == node && r.route.as_ref().is_none_or(|old| route.newer_than(old)) {
                 r.route = Some(route.clone());
             }
         }

@@ -65,10 +65,11 @@ fn key(node: &str, provider: &str) -> ResourceKey {
     ResourceKey::new(node, provider)
 }
 
-/// A node route of connection `generation` (its session mailbox is never read).
+/// A node route of `generation` with one link (its session mailbox is never read).
 fn route(generation: Generation) -> NodeRoute {
     let (session, _) = mailbox::mailbox(1);
-    NodeRoute { generation, session }
+    let links = vec![crate::worker::LinkRoute { index: 0, worker: 0, session }].into();
+    NodeRoute { generation, version: 0, links }
 }
 
 /// Runs a test body on a monoio runtime (as the workers do).

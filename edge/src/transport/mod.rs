@@ -14,6 +14,7 @@ use crate::worker::Worker;
 
 pub use events::{channel, cost_of, Queued, StreamRx, StreamTx, Undelivered, RUN_EVENT_CAPACITY};
 pub use runs::{Failing, Routed, RunTable};
+pub use session::{link_core, serve_arrival as session_serve_arrival, Arrival};
 
 /// Events of one run, delivered to the core serving its client.
 pub type RunEvents = StreamTx<ExecEvent>;

@@ -23,7 +23,7 @@ use super::{
 use crate::{
     events::EdgeEvent,
     payload::node_payload,
-    registry::{DisconnectOutcome, Generation, ReadyOutcome, RegisterRefusal},
+    registry::{DisconnectOutcome, Generation, LinkId, ReadyOutcome, RegisterRefusal},
     worker::{CoreMsg, NodeRoute, Worker},
 };
 
@@ -43,9 +43,40 @@ fn envelope(correlation_id: u64, body: Body) -> Envelope {
     Envelope { correlation_id, body: Some(body) }
 }
 
-/// Serves one accepted node connection to its end. `handshake` counts it
-/// against `node_listener.max_handshakes` until it is ready; register and
-/// ready must both happen within `node_listener.handshake_timeout_sec`.
+/// A node connection that sent a valid `RegisterRequest`, ready to be
+/// served by the core its link belongs on.
+pub struct Arrival {
+    /// The connection (its read buffer empty: nothing past the request).
+    pub stream: std::net::TcpStream,
+    /// Bytes read past the request.
+    pub leftover: BytesMut,
+    /// The request.
+    pub request: pb::RegisterRequest,
+    /// Its correlation id.
+    pub correlation_id: u64,
+    /// The node's address.
+    pub peer: SocketAddr,
+    /// When register and ready must both be done.
+    pub deadline: Instant,
+    /// Its place among the handshakes in progress.
+    pub handshake: SlotGuard,
+}
+
+/// The edge core a node's link `index` is served on: links of one node go
+/// to consecutive cores from a start that depends on the node, so neither
+/// one core carries all of a node's traffic nor all nodes start on core 0.
+pub fn link_core(node_id: &str, index: u32, workers: usize) -> usize {
+    let start =
+        node_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
+    let workers = workers.max(1) as u64;
+    ((start % workers + u64::from(index) % workers) % workers) as usize
+}
+
+/// Serves one accepted node connection: reads its `RegisterRequest` and
+/// refuses it, or serves it on the core its link belongs on (handing it
+/// over when that is another core). `handshake` counts it against
+/// `node_listener.max_handshakes` until it is ready; register and ready
+/// must both happen within `node_listener.handshake_timeout_sec`.
 pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr, handshake: SlotGuard) {
     let _ = stream.set_nodelay(true);
     let (max_frame, handshake_timeout) = {
@@ -53,52 +84,54 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr, hand
         (cfg.max_frame_bytes, cfg.node_handshake.timeout)
     };
     let deadline = Instant::now() + handshake_timeout;
-    let (rd, wr) = stream.into_split();
-    let writer = FrameWriter::new(max_frame, HIGH_WATER, HARD_LIMIT);
-    monoio::spawn(writer.clone().run(wr));
-    let mut reader = FrameReader::new(rd, PREAUTH_MAX_FRAME.min(max_frame), BytesMut::new());
-    // A dead or stuck write side ends the session now, not at the next heartbeat.
-    let stop_reason = Rc::new(RefCell::new(None));
-    {
-        let (writer, stop) = (writer.clone(), Stop { stopper: reader.stopper(), reason: stop_reason.clone() });
-        monoio::spawn(async move {
-            writer.closed().await;
-            stop.stop("write_failed");
+    let mut reader = FrameReader::new(stream, PREAUTH_MAX_FRAME.min(max_frame), BytesMut::new());
+    let Some((correlation_id, request)) = first_frame(&worker, &mut reader, peer, deadline).await else { return };
+    let (mut stream, leftover) = reader.into_parts();
+    let node = worker.config.borrow().node_by_token(&request.token).map(|n| n.id.clone());
+    let Some(node) = node else {
+        worker.shared.auth_failures.record_failure(peer.ip());
+        tracing::warn!(%peer, reason = %RegisterRefusal::UnknownToken, "node registration refused");
+        worker.shared.events.publish(EdgeEvent::RegistrationRefused {
+            refusal: "unknown_token",
+            node: String::new(),
+            peer: peer.to_string(),
         });
-    }
-
-    let Some((node_id, generation)) = register(&worker, &mut reader, &writer, peer, deadline).await else {
-        writer.close();
+        let resp = refusal(pb::RegisterRefusal::UnknownToken, RegisterRefusal::UnknownToken.to_string());
+        answer_and_close(&mut stream, correlation_id, resp).await;
         return;
     };
-    reader.set_max_frame(max_frame);
-    let (cmd_tx, cmd_rx) = mailbox::mailbox(SESSION_CMD_CAPACITY);
-    let session = Session {
-        worker: worker.clone(),
-        node_id: node_id.clone(),
-        generation,
-        writer: writer.clone(),
-        runs: Rc::new(RefCell::new(RunTable::default())),
-        commands: Rc::default(),
-        closed: LocalCancel::new(),
-        last_seen: Rc::new(std::cell::Cell::new(Instant::now())),
-        stop_reason,
+    let arrival = Arrival {
+        stream: iop_core::rt::handoff::detach(stream),
+        leftover,
+        request,
+        correlation_id,
+        peer,
+        deadline,
+        handshake,
     };
-    let reason = session.run(&mut reader, cmd_tx, cmd_rx, deadline, handshake).await;
-    session.teardown(reason).await;
+    let target = link_core(&node, arrival.request.link, worker.shared.workers);
+    if target == worker.index {
+        serve_arrival(worker, arrival).await;
+    } else if let Err(e) = worker.shared.inboxes[target].try_send(CoreMsg::AdoptLink(Box::new(arrival))) {
+        // The other core is gone or swamped: serve the link here instead.
+        let arrival = match e {
+            mailbox::SendError::Full(CoreMsg::AdoptLink(a)) | mailbox::SendError::Closed(CoreMsg::AdoptLink(a)) => a,
+            _ => return,
+        };
+        tracing::debug!(node = %node, target, "link handover refused; serving it here");
+        serve_arrival(worker, *arrival).await;
+    }
 }
 
-/// Reads the RegisterRequest and answers it.
-async fn register<R>(
+/// Reads the first frame within `deadline`: a `RegisterRequest` from an
+/// address that has not spent its failure budget, or the connection is
+/// answered (when it said something) and closed.
+async fn first_frame(
     worker: &Rc<Worker>,
-    reader: &mut FrameReader<R>,
-    writer: &FrameWriter,
+    reader: &mut FrameReader<TcpStream>,
     peer: SocketAddr,
     deadline: Instant,
-) -> Option<(String, Generation)>
-where
-    R: monoio::io::CancelableAsyncReadRent,
-{
+) -> Option<(u64, pb::RegisterRequest)> {
     // A timeout here ends the connection, so losing a half-read frame is moot.
     let first = match monoio::time::timeout_at(deadline.into(), reader.next()).await {
         Ok(Ok(Some(env))) => env,
@@ -112,6 +145,7 @@ where
             return None;
         }
     };
+    let cid = first.correlation_id;
     let Some(Body::RegisterRequest(req)) = first.body else {
         tracing::warn!(%peer, "node connection sent something other than RegisterRequest first");
         worker.shared.events.publish(EdgeEvent::RegistrationRefused {
@@ -120,7 +154,7 @@ where
             peer: peer.to_string(),
         });
         let resp = refusal(pb::RegisterRefusal::Protocol, "expected RegisterRequest".into());
-        let _ = writer.send(&envelope(first.correlation_id, Body::RegisterResponse(resp)));
+        answer_and_close(reader.io_mut(), cid, resp).await;
         return None;
     };
     // Past its failure budget an address is refused before the token is compared.
@@ -135,15 +169,86 @@ where
         }
         let reason = format!("too many failed registrations from this address; retry in {} s", wait.as_secs().max(1));
         let resp = refusal(pb::RegisterRefusal::RateLimited, reason);
-        let _ = writer.send(&envelope(first.correlation_id, Body::RegisterResponse(resp)));
+        answer_and_close(reader.io_mut(), cid, resp).await;
         return None;
     }
+    Some((cid, req))
+}
+
+/// Writes `resp` to a connection that has no frame writer yet (bounded:
+/// a peer that does not read it is not waited for), then drops it.
+async fn answer_and_close(stream: &mut TcpStream, correlation_id: u64, resp: pb::RegisterResponse) {
+    let mut out = BytesMut::new();
+    if iop_core::wire::encode(&envelope(correlation_id, Body::RegisterResponse(resp)), &mut out, PREAUTH_MAX_FRAME)
+        .is_ok()
+    {
+        let write = monoio::io::AsyncWriteRentExt::write_all(stream, out);
+        let _ = monoio::time::timeout(std::time::Duration::from_secs(1), write).await;
+    }
+}
+
+/// Serves a registering link on this core to its end.
+pub async fn serve_arrival(worker: Rc<Worker>, arrival: Arrival) {
+    let Arrival { stream, leftover, request, correlation_id, peer, deadline, handshake } = arrival;
+    let stream = match iop_core::rt::handoff::adopt(stream) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "could not adopt a node connection");
+            return;
+        }
+    };
+    let max_frame = worker.config.borrow().max_frame_bytes;
+    let (rd, wr) = stream.into_split();
+    let writer = FrameWriter::new(max_frame, HIGH_WATER, HARD_LIMIT);
+    monoio::spawn(writer.clone().run(wr));
+    let mut reader = FrameReader::new(rd, PREAUTH_MAX_FRAME.min(max_frame), leftover);
+    // A dead or stuck write side ends the session now, not at the next heartbeat.
+    let stop_reason = Rc::new(RefCell::new(None));
+    {
+        let (writer, stop) = (writer.clone(), Stop { stopper: reader.stopper(), reason: stop_reason.clone() });
+        monoio::spawn(async move {
+            writer.closed().await;
+            stop.stop("write_failed");
+        });
+    }
+    let link = LinkId { instance: request.instance, index: request.link, count: request.links.max(1) };
+    let Some((node_id, generation)) = register(&worker, &request, correlation_id, link, &writer, peer) else {
+        writer.close();
+        return;
+    };
+    reader.set_max_frame(max_frame);
+    let (cmd_tx, cmd_rx) = mailbox::mailbox(SESSION_CMD_CAPACITY);
+    let session = Session {
+        worker: worker.clone(),
+        node_id: node_id.clone(),
+        generation,
+        link: link.index,
+        writer: writer.clone(),
+        runs: Rc::new(RefCell::new(RunTable::default())),
+        commands: Rc::default(),
+        closed: LocalCancel::new(),
+        last_seen: Rc::new(std::cell::Cell::new(Instant::now())),
+        stop_reason,
+    };
+    let reason = session.run(&mut reader, cmd_tx, cmd_rx, deadline, handshake).await;
+    session.teardown(reason).await;
+}
+
+/// Claims the node for `link` in the registry and answers the request.
+fn register(
+    worker: &Rc<Worker>,
+    req: &pb::RegisterRequest,
+    correlation_id: u64,
+    link: LinkId,
+    writer: &FrameWriter,
+    peer: SocketAddr,
+) -> Option<(String, Generation)> {
     let config = worker.config.borrow().clone();
-    let claimed = worker.shared.registry.lock().register(&config, &req.token, worker.index);
+    let claimed = worker.shared.registry.lock().register(&config, &req.token, link, worker.index);
     let (resp, outcome) = match claimed {
         Ok((node_id, generation)) => match config.node(&node_id) {
             Some(entry) => {
-                tracing::info!(node = %node_id, generation, %peer, version = %req.node_version, "node registered");
+                tracing::info!(node = %node_id, generation, link = link.index, links = link.count, %peer, version = %req.node_version, "node registered");
                 worker.shared.events.publish(EdgeEvent::NodeRegistered {
                     node: node_id.clone(),
                     generation,
@@ -159,7 +264,7 @@ where
             }
             None => {
                 // The registry just matched this id from the same config.
-                worker.shared.registry.lock().disconnect(&node_id, generation);
+                worker.shared.registry.lock().disconnect(&node_id, generation, link.index);
                 tracing::error!(node = %node_id, "registration refused: node config could not be built");
                 worker.shared.events.publish(EdgeEvent::RegistrationRefused {
                     refusal: "config_build_failed",
@@ -190,9 +295,9 @@ where
             (refusal(kind, refused.to_string()), None)
         }
     };
-    if writer.send(&envelope(first.correlation_id, Body::RegisterResponse(resp))).is_err() {
+    if writer.send(&envelope(correlation_id, Body::RegisterResponse(resp))).is_err() {
         if let Some((node_id, generation)) = &outcome {
-            worker.shared.registry.lock().disconnect(node_id, *generation);
+            worker.shared.registry.lock().disconnect(node_id, *generation, link.index);
         }
         return None;
     }
@@ -208,6 +313,8 @@ struct Session {
     worker: Rc<Worker>,
     node_id: String,
     generation: Generation,
+    /// This link's index among the node's links.
+    link: u32,
     writer: FrameWriter,
     runs: Rc<RefCell<RunTable>>,
     commands: Rc<super::commands::PendingCommands>,
@@ -309,8 +416,9 @@ impl Session {
                 Some(Body::RunEvent(ev)) if ready => self.on_run_event(ev),
                 Some(Body::ProviderTunnelFrame(frame)) if ready => self.on_tunnel_frame(frame),
                 Some(Body::NodeDraining(d)) if ready => {
-                    // Fence new work now; runs in flight finish on this connection.
-                    tracing::info!(node = %self.node_id, generation = self.generation, reason = %d.reason, "node draining");
+                    // Fence new work now; runs in flight finish on their links.
+                    tracing::info!(node = %self.node_id, generation = self.generation, link = self.link, reason = %d.reason, "node draining");
+                    self.worker.shared.registry.lock().drain(&self.node_id, self.generation);
                     let (node_id, generation) = (self.node_id.clone(), self.generation);
                     self.worker.shared.broadcast(|| CoreMsg::NodeGone { node_id: node_id.clone(), generation }).await;
                     self.worker.shared.events.publish(EdgeEvent::NodeDraining { node: node_id, generation });
@@ -345,34 +453,45 @@ impl Session {
             tracing::warn!(node = %self.node_id, claimed = %req.node_id, "ready for another node id refused");
             return false;
         }
-        let outcome = self.worker.shared.registry.lock().ready(&self.node_id, self.generation);
+        let Some(session) = cmd_tx.clone() else { return true };
+        let outcome =
+            self.worker.shared.registry.lock().ready(&self.node_id, self.generation, self.link, session.clone());
         match outcome {
-            ReadyOutcome::BecameReady => {
-                if let Some(session) = cmd_tx.take() {
-                    self.worker
-                        .local_sessions
-                        .borrow_mut()
-                        .insert(self.node_id.clone(), (self.generation, session.clone()));
-                    let route = NodeRoute { generation: self.generation, session };
-                    let node_id = self.node_id.clone();
+            ReadyOutcome::BecameReady(set) | ReadyOutcome::LinkReady(set) => {
+                let first = set.links.len() == 1;
+                cmd_tx.take();
+                self.worker
+                    .local_sessions
+                    .borrow_mut()
+                    .insert((self.node_id.clone(), self.link), (self.generation, session));
+                self.publish_route(set).await;
+                if first {
+                    tracing::info!(node = %self.node_id, generation = self.generation, link = self.link, "node ready");
                     self.worker
                         .shared
-                        .broadcast(|| CoreMsg::NodeReady { node_id: node_id.clone(), route: route.clone() })
-                        .await;
+                        .events
+                        .publish(EdgeEvent::NodeReady { node: self.node_id.clone(), generation: self.generation });
+                } else {
+                    tracing::info!(node = %self.node_id, generation = self.generation, link = self.link, "node link ready");
                 }
-                tracing::info!(node = %self.node_id, generation = self.generation, "node ready");
-                self.worker
-                    .shared
-                    .events
-                    .publish(EdgeEvent::NodeReady { node: self.node_id.clone(), generation: self.generation });
                 true
             }
             ReadyOutcome::AlreadyReady => true,
             ReadyOutcome::Stale => {
-                tracing::warn!(node = %self.node_id, generation = self.generation, "stale ready refused");
+                tracing::warn!(node = %self.node_id, generation = self.generation, link = self.link, "stale ready refused");
                 false
             }
         }
+    }
+
+    /// Tells every core the node's ready links now (unless it is draining).
+    async fn publish_route(&self, set: crate::registry::LinkSet<mailbox::Sender<SessionCmd>>) {
+        if set.draining || set.links.is_empty() {
+            return;
+        }
+        let route = NodeRoute::new(self.generation, set);
+        let node_id = self.node_id.clone();
+        self.worker.shared.broadcast(|| CoreMsg::NodeReady { node_id: node_id.clone(), route: route.clone() }).await;
     }
 
     /// A reload committed between registration and ready leaves the node on
@@ -414,23 +533,31 @@ impl Session {
         self.closed.cancel();
         {
             let mut local = self.worker.local_sessions.borrow_mut();
-            if local.get(&self.node_id).is_some_and(|(g, _)| *g == self.generation) {
-                local.remove(&self.node_id);
+            let key = (self.node_id.clone(), self.link);
+            if local.get(&key).is_some_and(|(g, _)| *g == self.generation) {
+                local.remove(&key);
             }
         }
-        let outcome = self.worker.shared.registry.lock().disconnect(&self.node_id, self.generation);
+        let outcome = self.worker.shared.registry.lock().disconnect(&self.node_id, self.generation, self.link);
         // Fence first, then fail the runs: their leases are released after
         // the fence reaches each owner core (inboxes are FIFO), so freed
         // capacity is never handed to a waiter on this dead connection.
-        match outcome {
+        // When other links of the generation live on, they take the node's
+        // new runs from here on; this link's runs fail.
+        let current = match outcome {
             DisconnectOutcome::Current { was_ready } => {
                 if was_ready {
                     let (node_id, generation) = (self.node_id.clone(), self.generation);
                     self.worker.shared.broadcast(|| CoreMsg::NodeGone { node_id: node_id.clone(), generation }).await;
                 }
+                true
             }
-            DisconnectOutcome::Stale => {}
-        }
+            DisconnectOutcome::LinkGone(set) => {
+                self.publish_route(set).await;
+                false
+            }
+            DisconnectOutcome::Stale => false,
+        };
         let failure = RunFailure::new(
             codes::NODE_DISCONNECTED,
             502,
@@ -440,15 +567,15 @@ impl Session {
         .retryable();
         let in_flight = self.runs.borrow().len();
         self.runs.borrow_mut().fail_all(&failure);
-        let current = matches!(outcome, DisconnectOutcome::Current { .. });
         if current {
-            tracing::info!(node = %self.node_id, generation = self.generation, %reason, in_flight, "node disconnected");
+            tracing::info!(node = %self.node_id, generation = self.generation, link = self.link, %reason, in_flight, "node disconnected");
         } else {
-            tracing::info!(node = %self.node_id, generation = self.generation, %reason, "stale node connection ended");
+            tracing::info!(node = %self.node_id, generation = self.generation, link = self.link, %reason, in_flight, "node link ended");
         }
         self.worker.shared.events.publish(EdgeEvent::NodeDisconnected {
             node: self.node_id.clone(),
             generation: self.generation,
+            link: self.link,
             reason,
             current,
         });

@@ -64,7 +64,14 @@ fn closed_within(s: &mut TcpStream, within: Duration) -> bool {
 
 /// A registration attempt with `token`; the refusal kind (None = accepted).
 fn try_register(s: &mut TcpStream, token: &str) -> Option<pb::RegisterRefusal> {
-    send_frame(s, Body::RegisterRequest(pb::RegisterRequest { token: token.into(), node_version: "fake".into() }));
+    send_frame(
+        s,
+        Body::RegisterRequest(pb::RegisterRequest {
+            token: token.into(),
+            node_version: "fake".into(),
+            ..Default::default()
+        }),
+    );
     let mut buf = BytesMut::new();
     match read_frame(s, &mut buf, Duration::from_secs(5)).and_then(|e| e.body) {
         Some(Body::RegisterResponse(r)) if r.accepted => None,

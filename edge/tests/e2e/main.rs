@@ -13,6 +13,7 @@ mod faults;
 mod hostile_http;
 mod hostile_peers;
 mod lifecycle;
+mod links;
 mod ollama;
 mod pool;
 mod real_upstream;

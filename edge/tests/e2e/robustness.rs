@@ -141,6 +141,7 @@ fn bad_frames_close_only_their_connection() {
     s.write_all(&frame(pb::envelope::Body::RegisterRequest(pb::RegisterRequest {
         token: node_token("n1"),
         node_version: "test".into(),
+        ..Default::default()
     })))
     .unwrap();
     s.write_all(&frame(pb::envelope::Body::RunRequest(pb::RunRequest::default()))).unwrap();

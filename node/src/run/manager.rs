@@ -5,6 +5,7 @@ use std::{
     cell::{Cell, RefCell},
     collections::HashMap,
     rc::Rc,
+    sync::Arc,
 };
 
 use iop_core::{
@@ -21,14 +22,16 @@ use iop_core::tunnel::TunnelItem;
 use super::{
     credit::Credit,
     emitter::Emitter,
+    gate::{Gate, Gates},
     spec::{EventSink, RunSpec},
 };
 use crate::{adapter::Adapter, tunnel::TunnelSpec};
 
-/// Runs in flight on one edge session.
+/// Runs in flight on one edge link.
 pub struct RunManager {
-    adapters: RefCell<HashMap<String, Rc<Adapter>>>,
-    inflight: RefCell<HashMap<String, u32>>,
+    /// Adapters by provider id, each with its process-wide gate.
+    adapters: RefCell<GatedAdapters>,
+    gates: Arc<Gates>,
     /// Streams holding a slot: id → (adapter, cancel flag, credit window).
     runs: RefCell<HashMap<String, Held>>,
     writer: FrameWriter,
@@ -36,13 +39,28 @@ pub struct RunManager {
     idle: LocalNotify,
 }
 
+/// Adapters by provider id, each with its process-wide gate.
+type GatedAdapters = HashMap<String, (Rc<Adapter>, Arc<Gate>)>;
+
+/// The adapters by id, each with its gate in `gates` (limit: its concurrency).
+fn gated(gates: &Gates, adapters: Vec<Adapter>) -> GatedAdapters {
+    adapters
+        .into_iter()
+        .map(|a| {
+            let gate = gates.configure(a.id(), a.max_concurrency());
+            (a.id().to_owned(), (Rc::new(a), gate))
+        })
+        .collect()
+}
+
 /// What an admitted stream gets: its adapter, slot, cancel flag and credit.
 type Admission = (Rc<Adapter>, Slot, LocalCancel, Option<Rc<Credit>>);
 
-/// A stream holding a slot: its adapter, cancel flag and credit window.
+/// A stream holding a slot: its adapter, gate, cancel flag and credit window.
 #[derive(Clone)]
 struct Held {
     adapter: String,
+    gate: Arc<Gate>,
     cancel: LocalCancel,
     credit: Option<Rc<Credit>>,
     tunnel: bool,
@@ -54,23 +72,23 @@ struct Held {
 /// reuse the capacity at once without this node refusing the next run.
 pub(crate) struct Slot {
     manager: Rc<RunManager>,
-    adapter: String,
     run_id: String,
 }
 
 impl Drop for Slot {
     fn drop(&mut self) {
-        self.manager.free(&self.adapter, &self.run_id);
+        self.manager.free(&self.run_id);
     }
 }
 
 impl RunManager {
-    /// A manager running `adapters`, writing events to `writer`.
-    pub fn new(adapters: Vec<Adapter>, writer: FrameWriter) -> Rc<Self> {
-        let adapters = adapters.into_iter().map(|a| (a.id().to_owned(), Rc::new(a))).collect();
+    /// A manager running `adapters` under the process's `gates`, writing
+    /// events to `writer`.
+    pub fn new(adapters: Vec<Adapter>, gates: Arc<Gates>, writer: FrameWriter) -> Rc<Self> {
+        let adapters = gated(&gates, adapters);
         Rc::new(Self {
             adapters: RefCell::new(adapters),
-            inflight: RefCell::new(HashMap::new()),
+            gates,
             runs: RefCell::new(HashMap::new()),
             writer,
             draining: Cell::new(false),
@@ -80,7 +98,7 @@ impl RunManager {
 
     /// Replaces the adapter set; runs in flight keep the adapter they started with.
     pub fn replace_adapters(&self, adapters: Vec<Adapter>) {
-        *self.adapters.borrow_mut() = adapters.into_iter().map(|a| (a.id().to_owned(), Rc::new(a))).collect();
+        *self.adapters.borrow_mut() = gated(&self.gates, adapters);
     }
 
     /// Ids of the configured adapters.
@@ -95,7 +113,7 @@ impl RunManager {
 
     /// The adapter `id`.
     pub fn adapter(&self, id: &str) -> Option<Rc<Adapter>> {
-        self.adapters.borrow().get(id).cloned()
+        self.adapters.borrow().get(id).map(|(a, _)| a.clone())
     }
 
     /// What each provider (or only `only`, when not empty) is and serves,
@@ -107,11 +125,10 @@ impl RunManager {
             return None;
         }
         ids.sort();
-        let inflight = self.inflight.borrow();
         let providers: Vec<serde_json::Value> = ids
             .into_iter()
             .map(|id| {
-                let a = &adapters[id];
+                let (a, gate) = &adapters[id];
                 let (relay, routes) = a.routes();
                 let native: Vec<String> = a.native_api_calls().iter().map(|(m, p)| format!("{m} {p}")).collect();
                 serde_json::json!({
@@ -121,7 +138,7 @@ impl RunManager {
                     "routes": routes,
                     "native_api": native,
                     "max_concurrency": a.max_concurrency(),
-                    "in_flight": inflight.get(id).copied().unwrap_or(0),
+                    "in_flight": gate.in_flight(),
                 })
             })
             .collect();
@@ -222,7 +239,7 @@ impl RunManager {
             tracing::warn!(run = %id, "run request with an empty or duplicate id ignored");
             return Err(None);
         }
-        let Some(adapter) = self.adapters.borrow().get(adapter_id).cloned() else {
+        let Some((adapter, gate)) = self.adapters.borrow().get(adapter_id).cloned() else {
             let msg = format!("node has no provider `{adapter_id}`");
             return Err(Some(RunFailure::new(codes::UNKNOWN_ADAPTER, 404, FailureSource::Node, msg)));
         };
@@ -230,20 +247,16 @@ impl RunManager {
             let f = RunFailure::new(codes::CAPACITY, 503, FailureSource::Node, "node is shutting down").retryable();
             return Err(Some(f));
         }
-        {
-            let mut inflight = self.inflight.borrow_mut();
-            let n = inflight.entry(adapter_id.to_owned()).or_insert(0);
-            if *n >= adapter.max_concurrency() {
-                let msg = format!("provider `{adapter_id}` is at its concurrency limit");
-                return Err(Some(RunFailure::new(codes::CAPACITY, 429, FailureSource::Node, msg).retryable()));
-            }
-            *n += 1;
+        if !gate.try_take() {
+            let msg = format!("provider `{adapter_id}` is at its concurrency limit");
+            return Err(Some(RunFailure::new(codes::CAPACITY, 429, FailureSource::Node, msg).retryable()));
         }
         let cancel = LocalCancel::new();
         let credit = (window > 0).then(|| Rc::new(Credit::new(window)));
-        let held = Held { adapter: adapter_id.to_owned(), cancel: cancel.clone(), credit: credit.clone(), tunnel };
+        let held =
+            Held { adapter: adapter_id.to_owned(), gate, cancel: cancel.clone(), credit: credit.clone(), tunnel };
         self.runs.borrow_mut().insert(id.to_owned(), held);
-        let slot = Slot { manager: self.clone(), adapter: adapter_id.to_owned(), run_id: id.to_owned() };
+        let slot = Slot { manager: self.clone(), run_id: id.to_owned() };
         Ok((adapter, slot, cancel, credit))
     }
 
@@ -256,13 +269,9 @@ impl RunManager {
     }
 
     /// Frees `run_id`'s slot if it still holds one.
-    fn free(&self, adapter: &str, run_id: &str) {
-        if self.runs.borrow_mut().remove(run_id).is_none() {
-            return;
-        }
-        if let Some(n) = self.inflight.borrow_mut().get_mut(adapter) {
-            *n = n.saturating_sub(1);
-        }
+    fn free(&self, run_id: &str) {
+        let Some(held) = self.runs.borrow_mut().remove(run_id) else { return };
+        held.gate.give();
         if self.runs.borrow().is_empty() {
             self.idle.notify();
         }
@@ -274,7 +283,7 @@ impl RunManager {
         let entry = self.runs.borrow().get(run_id).cloned();
         if let Some(held) = entry {
             held.cancel.cancel();
-            self.free(&held.adapter, run_id);
+            self.free(run_id);
         }
     }
 
@@ -417,7 +426,11 @@ mod tests {
             // One slot; the mock streams slowly, so its run holds the slot.
             let settings =
                 MockSettings { tokens: 1000, token_interval: Duration::from_millis(10), ..Default::default() };
-            let manager = RunManager::new(vec![Adapter::Mock(MockAdapter::new("p".into(), 1, settings))], writer);
+            let gates = Gates::new();
+            let adapters = vec![Adapter::Mock(MockAdapter::new("p".into(), 1, settings))];
+            let manager = RunManager::new(adapters, gates.clone(), writer.clone());
+            // Another worker's manager of the same process shares the gate.
+            let other = RunManager::new(vec![Adapter::Mock(MockAdapter::new("p".into(), 1, settings))], gates, writer);
             let body = Bytes::from_static(br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}"#);
             let run = |id: &str| pb::RunRequest {
                 run_id: id.into(),
@@ -441,6 +454,8 @@ mod tests {
             assert_eq!(next_error(&mut reader).await, ("t1".into(), codes::CAPACITY.into(), 429));
             manager.start(run("r2"));
             assert_eq!(next_error(&mut reader).await, ("r2".into(), codes::CAPACITY.into(), 429));
+            other.start(run("r3"));
+            assert_eq!(next_error(&mut reader).await, ("r3".into(), codes::CAPACITY.into(), 429));
             assert_eq!(manager.active(), 1);
             // The slot freed, a tunnel is admitted (the mock then refuses
             // it for what it is, a provider without an HTTP API).

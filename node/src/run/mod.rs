@@ -2,10 +2,12 @@
 
 mod credit;
 mod emitter;
+mod gate;
 mod manager;
 mod spec;
 
 pub use credit::Credit;
 pub use emitter::Emitter;
+pub use gate::{Gate, Gates};
 pub use manager::RunManager;
 pub use spec::{EventSink, Operation, RunSpec, SinkClosed};

@@ -14,7 +14,11 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use iop_core::{http::RequestHead, rt::oneshot::oneshot, wire::pb};
+use iop_core::{
+    http::RequestHead,
+    rt::{mailbox, oneshot::oneshot},
+    wire::pb,
+};
 
 use super::respond_error;
 use crate::{server::Conn, surface::openai::error, transport::SessionCmd, worker::Worker};
@@ -31,6 +35,9 @@ pub enum CommandRoute<'a> {
     Transport { node: &'a str },
     /// `{node}/providers/{provider}/api/{name}`.
     ProviderApi { node: &'a str, provider: &'a str, api: &'a str },
+    /// `POST {node}/links/{index}/close`: closes one link on the edge (the
+    /// node reconnects it into the same generation).
+    CloseLink { node: &'a str, index: &'a str },
 }
 
 impl<'a> CommandRoute<'a> {
@@ -45,6 +52,7 @@ impl<'a> CommandRoute<'a> {
                 CommandRoute::Capabilities { node, provider: Some(provider) }
             }
             [node, "providers", provider, "api", api] => CommandRoute::ProviderApi { node, provider, api },
+            [node, "links", index, "close"] => CommandRoute::CloseLink { node, index },
             _ => return None,
         })
     }
@@ -53,7 +61,8 @@ impl<'a> CommandRoute<'a> {
         match self {
             CommandRoute::Capabilities { node, .. }
             | CommandRoute::Transport { node }
-            | CommandRoute::ProviderApi { node, .. } => node,
+            | CommandRoute::ProviderApi { node, .. }
+            | CommandRoute::CloseLink { node, .. } => node,
         }
     }
 }
@@ -75,6 +84,12 @@ pub async fn handle(
         return respond_error(conn, 404, &msg, Some("node_not_found"), &[], keep).await;
     };
     let req = match &route {
+        CommandRoute::CloseLink { index, .. } if method == "POST" => {
+            return close_link(worker, conn, node, index, keep).await;
+        }
+        CommandRoute::CloseLink { .. } => {
+            return crate::surface::method_not_allowed(conn, head, ("allow", "POST"), keep).await.is_ok() && keep
+        }
         CommandRoute::Capabilities { provider, .. } if method == "GET" => {
             command(pb::NodeCommandKind::Capabilities, provider.unwrap_or_default(), Bytes::new())
         }
@@ -120,34 +135,108 @@ pub async fn handle(
         let msg = format!("node `{node}` has no provider `{}`", error::clip(&req.adapter));
         return respond_error(conn, 404, &msg, Some("provider_not_found"), &[], keep).await;
     }
-    let session = worker.routes.borrow().get(node).map(|r| r.session.clone());
-    let Some(session) = session else {
+    // Links in order: the one on this core first.
+    let links: Vec<(u32, mailbox::Sender<SessionCmd>)> = worker
+        .routes
+        .borrow()
+        .get(node)
+        .map(|r| r.order(worker.index, 0).into_iter().map(|l| (l.index, l.session.clone())).collect())
+        .unwrap_or_default();
+    if links.is_empty() {
         let msg = format!("node `{node}` is not connected");
         return respond_error(conn, 503, &msg, Some("node_not_ready"), &[("retry-after", "1")], keep).await;
-    };
-    let (reply, rx) = oneshot();
-    if session.try_send(SessionCmd::Command { req, reply }).is_err() {
-        let msg = format!("node `{node}` is busy");
-        return respond_error(conn, 503, &msg, Some("node_busy"), &[("retry-after", "1")], keep).await;
     }
-    let resp = match monoio::time::timeout(COMMAND_TIMEOUT, rx).await {
-        Ok(Some(resp)) => resp,
-        Ok(None) => {
-            let msg = format!("node `{node}` went away before answering");
-            return respond_error(conn, 502, &msg, Some("node_disconnected"), &[], keep).await;
+    let transport = req.kind == pb::NodeCommandKind::TransportStatus as i32;
+    // Transport status is per link: every link is asked. Anything else
+    // goes to one link (the first that takes it).
+    let targets = if transport { links } else { links.into_iter().take(1).collect() };
+    let mut answers = Vec::with_capacity(targets.len());
+    for (index, session) in targets {
+        let (reply, rx) = oneshot();
+        if session.try_send(SessionCmd::Command { req: req.clone(), reply }).is_err() {
+            let msg = format!("node `{node}` is busy");
+            return respond_error(conn, 503, &msg, Some("node_busy"), &[("retry-after", "1")], keep).await;
         }
-        Err(_) => {
-            let msg = format!("node `{node}` did not answer within {} s", COMMAND_TIMEOUT.as_secs());
-            return respond_error(conn, 504, &msg, Some("node_timeout"), &[], keep).await;
+        answers.push((index, rx));
+    }
+    let mut responses = Vec::with_capacity(answers.len());
+    for (index, rx) in answers {
+        match monoio::time::timeout(COMMAND_TIMEOUT, rx).await {
+            Ok(Some(resp)) => responses.push((index, resp)),
+            Ok(None) => {
+                let msg = format!("node `{node}` went away before answering");
+                return respond_error(conn, 502, &msg, Some("node_disconnected"), &[], keep).await;
+            }
+            Err(_) => {
+                let msg = format!("node `{node}` did not answer within {} s", COMMAND_TIMEOUT.as_secs());
+                return respond_error(conn, 504, &msg, Some("node_timeout"), &[], keep).await;
+            }
         }
-    };
+    }
+    let headers = [("cache-control", "no-store")];
+    if transport {
+        let body = merge_transport(&responses);
+        return conn.respond(200, "application/json", &headers, &body, keep).await.is_ok() && keep;
+    }
+    let Some((_, resp)) = responses.pop() else { return false };
     let status = u16::try_from(resp.status).ok().filter(|s| (200..=599).contains(s));
     if resp.ok {
-        let headers = [("cache-control", "no-store")];
         conn.respond(status.unwrap_or(200), "application/json", &headers, &resp.result_json, keep).await.is_ok() && keep
     } else {
         respond_error(conn, status.unwrap_or(502), &resp.error, Some("command_failed"), &[], keep).await
     }
+}
+
+/// Closes ready link `index` of `node` (its in-flight runs fail; the node
+/// reconnects the link into the same generation).
+async fn close_link(worker: &Worker, conn: &mut Conn, node: &str, index: &str, keep: bool) -> bool {
+    let session = index.parse::<u32>().ok().and_then(|i| {
+        let routes = worker.routes.borrow();
+        routes.get(node).and_then(|r| r.links.iter().find(|l| l.index == i).map(|l| l.session.clone()))
+    });
+    let Some(session) = session else {
+        let msg = format!("node `{node}` has no ready link `{}`", error::clip(index));
+        return respond_error(conn, 404, &msg, Some("link_not_found"), &[], keep).await;
+    };
+    if session.try_send(SessionCmd::Close { reason: "closed_by_admin".into() }).is_err() {
+        let msg = format!("node `{node}` is busy");
+        return respond_error(conn, 503, &msg, Some("node_busy"), &[("retry-after", "1")], keep).await;
+    }
+    let body = serde_json::to_vec(&serde_json::json!({"closing": true})).unwrap_or_default();
+    conn.respond(202, "application/json", &[("cache-control", "no-store")], &body, keep).await.is_ok() && keep
+}
+
+/// One transport status of the whole node from each link's: the totals,
+/// per provider summed, and each link's own (`links`).
+fn merge_transport(responses: &[(u32, pb::NodeCommandResponse)]) -> Vec<u8> {
+    let mut total = serde_json::json!({"streams": 0, "runs": 0, "tunnels": 0, "waiting_for_credit": 0,
+                                       "queued_to_edge_bytes": 0, "draining": false});
+    let mut providers: std::collections::BTreeMap<String, (u64, u64)> = std::collections::BTreeMap::new();
+    let mut links = Vec::with_capacity(responses.len());
+    for (index, resp) in responses {
+        let mut v: serde_json::Value = serde_json::from_slice(&resp.result_json).unwrap_or_default();
+        for key in ["streams", "runs", "tunnels", "waiting_for_credit", "queued_to_edge_bytes"] {
+            let sum = total[key].as_u64().unwrap_or(0) + v[key].as_u64().unwrap_or(0);
+            total[key] = sum.into();
+        }
+        if v["draining"] == true {
+            total["draining"] = true.into();
+        }
+        for p in v["providers"].as_array().into_iter().flatten() {
+            let e = providers.entry(p["id"].as_str().unwrap_or_default().to_owned()).or_default();
+            e.0 += p["runs"].as_u64().unwrap_or(0);
+            e.1 += p["tunnels"].as_u64().unwrap_or(0);
+        }
+        v["link"] = (*index).into();
+        links.push(v);
+    }
+    links.sort_by_key(|l| l["link"].as_u64());
+    total["providers"] = providers
+        .into_iter()
+        .map(|(id, (runs, tunnels))| serde_json::json!({"id": id, "runs": runs, "tunnels": tunnels}))
+        .collect();
+    total["links"] = links.into();
+    serde_json::to_vec(&total).unwrap_or_default()
 }
 
 fn command(kind: pb::NodeCommandKind, adapter: &str, payload_json: Bytes) -> pb::NodeCommandRequest {

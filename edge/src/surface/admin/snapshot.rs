@@ -56,8 +56,11 @@ fn node(n: &NodeEntry, status: Option<&NodeStatus>, pool: &PoolView) -> Value {
         .iter()
         .map(|p| provider(p, pool.resources.get(&ResourceKey::new(&n.id, &p.id)).map(|l| &**l)))
         .collect();
+    let links: Vec<Value> = status
+        .map(|s| s.links.iter().map(|l| json!({"index": l.index, "worker": l.worker, "ready": l.ready})).collect())
+        .unwrap_or_default();
     json!({"id": n.id, "connected": connected, "ready": ready, "generation": generation, "worker": worker,
-           "providers": providers})
+           "links": links, "providers": providers})
 }
 
 /// One provider. A resource missing from the view (it cannot be, for a
@@ -172,14 +175,26 @@ mod tests {
         pool.usage.get("gpt-test").unwrap().add(Some(&usage));
         pool.usage.get("gpt-test").unwrap().add(None);
         let statuses = vec![
-            NodeStatus { id: "n1".into(), connected: true, ready: true, generation: 3, worker: Some(1) },
-            NodeStatus { id: "n2".into(), connected: false, ready: false, generation: 0, worker: None },
+            NodeStatus {
+                id: "n1".into(),
+                connected: true,
+                ready: true,
+                generation: 3,
+                worker: Some(1),
+                links: vec![
+                    crate::registry::LinkStatus { index: 0, worker: 1, ready: true },
+                    crate::registry::LinkStatus { index: 1, worker: 0, ready: false },
+                ],
+            },
+            NodeStatus { id: "n2".into(), connected: false, ready: false, generation: 0, worker: None, links: vec![] },
         ];
 
         let v = snapshot(&cfg, &statuses, &pool);
         let expected = json!({
             "nodes": [
-                {"id": "n1", "connected": true, "ready": true, "generation": 3, "worker": 1, "providers": [
+                {"id": "n1", "connected": true, "ready": true, "generation": 3, "worker": 1,
+                 "links": [{"index": 0, "worker": 1, "ready": true}, {"index": 1, "worker": 0, "ready": false}],
+                 "providers": [
                     {"id": "up", "status": "available", "health": "online",
                      "normal": {"configured": 4, "effective": 4, "in_use": 1},
                      "long": {"configured": 0, "effective": 0, "in_use": 0},
@@ -189,7 +204,8 @@ mod tests {
                      "long": {"configured": 1, "effective": 1, "in_use": 1},
                      "leases_in_use": 3, "live_leases": 3, "waiters": 5},
                 ]},
-                {"id": "n2", "connected": false, "ready": false, "generation": 0, "worker": null, "providers": [
+                {"id": "n2", "connected": false, "ready": false, "generation": 0, "worker": null, "links": [],
+                 "providers": [
                     {"id": "up", "status": "unavailable", "health": "offline",
                      "normal": {"configured": 8, "effective": 0, "in_use": 0},
                      "long": {"configured": 0, "effective": 0, "in_use": 0},
@@ -242,8 +258,14 @@ mod tests {
         // Fenced: offline, but a lease not yet dropped is still counted.
         up.in_use_normal.store(1, Ordering::Relaxed);
         up.live_guards.store(1, Ordering::Relaxed);
-        let statuses =
-            vec![NodeStatus { id: "n2".into(), connected: false, ready: false, generation: 0, worker: None }];
+        let statuses = vec![NodeStatus {
+            id: "n2".into(),
+            connected: false,
+            ready: false,
+            generation: 0,
+            worker: None,
+            links: vec![],
+        }];
         let v = snapshot(&cfg, &statuses, &pool);
         let p = &v["nodes"][1]["providers"][0];
         assert_eq!(p["status"], "unavailable");

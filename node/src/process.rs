@@ -1,0 +1,122 @@
+//! The node process: `workers` threads (one pinned reactor per core), each
+//! with its own link to the edge, its own run manager, upstream connection
+//! pools and frame codec, so a run's bytes stay on the core that serves it.
+//! The links of one process share an `instance` id: the edge joins them into
+//! one registration and generation (see DESIGN.md, "Node links"). What is
+//! per process is shared by the workers: the concurrency gate per provider.
+
+use std::{
+    sync::{mpsc, Arc},
+    thread::JoinHandle,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use iop_core::{
+    config::NodeConfig,
+    rt::{self, mailbox, signal::LocalCancel},
+};
+
+use crate::{run::Gates, supervisor, NodeError};
+
+/// Who one link is, and what it shares with the process's other links.
+#[derive(Debug, Clone)]
+pub struct LinkSpec {
+    /// The process's instance id (non-zero, random per start).
+    pub instance: u64,
+    /// This link's index.
+    pub index: u32,
+    /// How many links the process opens.
+    pub count: u32,
+    /// The process's provider gates.
+    pub gates: Arc<Gates>,
+}
+
+/// A running node process.
+pub struct NodeHandle {
+    threads: Vec<JoinHandle<()>>,
+    stop: Stopper,
+    done: mpsc::Receiver<Result<(), NodeError>>,
+}
+
+/// Asks every worker of a node to shut down (drain, then exit).
+#[derive(Clone)]
+pub struct Stopper(Arc<Vec<mailbox::Sender<()>>>);
+
+impl Stopper {
+    /// Starts the shutdown of every link.
+    pub fn stop(&self) {
+        for tx in self.0.iter() {
+            let _ = tx.try_send(());
+        }
+    }
+}
+
+/// A random, non-zero instance id (0 is a single-link node's).
+fn new_instance() -> u64 {
+    let nanos = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_nanos() as u64);
+    let mixed = (nanos ^ (u64::from(std::process::id()) << 32)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    mixed.max(1)
+}
+
+/// Starts the node's workers. `pin`: pin each to a core (a standalone
+/// node; the edge's embedded one shares the edge's cores unpinned).
+pub fn start(config: NodeConfig, pin: bool) -> std::io::Result<NodeHandle> {
+    let count = config.workers.max(1);
+    let instance = new_instance();
+    let gates = Gates::new();
+    let (done_tx, done) = mpsc::channel();
+    let mut stops = Vec::with_capacity(count);
+    let mut threads = Vec::with_capacity(count);
+    for index in 0..count {
+        let (stop_tx, stop_rx) = mailbox::mailbox(1);
+        stops.push(stop_tx);
+        let link = LinkSpec { instance, index: index as u32, count: count as u32, gates: gates.clone() };
+        let (config, done_tx) = (config.clone(), done_tx.clone());
+        let t = rt::spawn_worker("iop-node", index, pin, move || async move {
+            let _ = done_tx.send(run_link(config, link, stop_rx).await);
+        })?;
+        threads.push(t);
+    }
+    Ok(NodeHandle { threads, stop: Stopper(Arc::new(stops)), done })
+}
+
+/// One link until shutdown, a fatal error or exhaustion.
+async fn run_link(config: NodeConfig, link: LinkSpec, stop: mailbox::Receiver<()>) -> Result<(), NodeError> {
+    let cancel = LocalCancel::new();
+    let trigger = cancel.clone();
+    monoio::spawn(async move {
+        let _ = stop.recv().await;
+        trigger.cancel();
+    });
+    supervisor::supervise(config, link, cancel).await
+}
+
+impl NodeHandle {
+    /// A handle that stops the node from another thread (a signal handler).
+    pub fn stopper(&self) -> Stopper {
+        self.stop.clone()
+    }
+
+    /// Waits for every worker. The first that fails (fatal, or out of
+    /// reconnect attempts) stops the others; its error is the result.
+    pub fn wait(self) -> Result<(), NodeError> {
+        let mut result = Ok(());
+        for _ in 0..self.threads.len() {
+            match self.done.recv() {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    if result.is_ok() {
+                        self.stop.stop();
+                        result = Err(e);
+                    }
+                }
+                // A worker thread died without reporting (it panicked).
+                Err(_) => break,
+            }
+        }
+        for t in self.threads {
+            let _ = t.join();
+        }
+        result
+    }
+}
