@@ -201,7 +201,7 @@ impl BodyWatch {
     /// Looks at one complete event; false when it is the usage-only event
     /// to leave out.
     fn inspect(&mut self, event: &[u8]) -> bool {
-        if memchr::memmem::find(event, b"\"usage\"").is_none() {
+        if !mentions_usage(event) {
             return true;
         }
         let data = event_data(event);
@@ -213,6 +213,21 @@ impl BodyWatch {
             None => true,
         }
     }
+}
+
+/// Whether `event` may carry usage: it has a `"usage"` key whose value is
+/// not `null`. OpenAI-style streams put `"usage":null` in every chunk when
+/// usage was asked for; those need no parse.
+fn mentions_usage(event: &[u8]) -> bool {
+    // Built once: building a finder costs more than searching a chunk.
+    static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
+        std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage\""));
+    KEY.find_iter(event).any(|at| {
+        let rest = &event[at + 7..];
+        let rest = rest.trim_ascii_start();
+        let Some(rest) = rest.strip_prefix(b":") else { return true };
+        !rest.trim_ascii_start().starts_with(b"null")
+    })
 }
 
 /// The `data:` lines of one event, joined with LF.
@@ -286,6 +301,20 @@ fn usage_of_json(json: &[u8]) -> Option<(Usage, bool)> {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn usage_null_needs_no_parse_but_a_usage_object_does() {
+        assert!(!mentions_usage(br#"data: {"choices":[{"delta":{"content":"x"}}],"usage":null}"#));
+        assert!(!mentions_usage(br#"data: {"usage" :  null,"choices":[]}"#));
+        assert!(!mentions_usage(br#"data: {"choices":[{"delta":{"content":"no key here"}}]}"#));
+        assert!(mentions_usage(br#"data: {"choices":[],"usage":{"prompt_tokens":1}}"#));
+        assert!(mentions_usage(
+            br#"data: {"choices":[{"delta":{"content":"\"usage\""}}],"usage":null,"x":{"usage":{}}}"#
+        ));
+        // An escaped mention alone is no key.
+        assert!(!mentions_usage(br#"data: {"note":"the word \"usage\" alone","usage":null}"#));
+        assert!(mentions_usage(br#"data: {"usage" "#));
+    }
 
     const STREAM: &str = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n\
         data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{},\"finish_reason\":\"stop\"}]}\n\n\
