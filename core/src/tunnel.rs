@@ -26,6 +26,8 @@ pub enum TunnelItem {
     },
     /// Body bytes exactly as the provider sent them (de-chunked).
     Body(Bytes),
+    /// Several body pieces that arrived together, in order (at least two).
+    Parts(Vec<Bytes>),
     /// The body ended; the usage the provider reported, if any.
     End {
         /// Absent when the provider reported none.
@@ -46,6 +48,7 @@ impl TunnelItem {
         match self {
             TunnelItem::Start { headers, .. } => headers.iter().map(|(n, v)| n.len() + v.len()).sum(),
             TunnelItem::Body(b) => b.len(),
+            TunnelItem::Parts(parts) => parts.iter().map(Bytes::len).sum(),
             TunnelItem::End { .. } => 0,
             TunnelItem::Error(f) => f.message.len(),
         }
@@ -61,6 +64,7 @@ impl TunnelItem {
                 headers: headers.into_iter().map(|(name, value)| pb::Header { name, value }).collect(),
             }),
             TunnelItem::Body(b) => Kind::Body(b),
+            TunnelItem::Parts(parts) => Kind::Parts(pb::BodyParts { parts }),
             TunnelItem::End { usage: u } => {
                 usage = u.map(pb::Usage::from);
                 Kind::End(pb::TunnelEnd {})
@@ -86,6 +90,8 @@ impl TunnelItem {
                 TunnelItem::Start { status, headers }
             }
             Kind::Body(b) => TunnelItem::Body(b),
+            Kind::Parts(mut p) if p.parts.len() == 1 => TunnelItem::Body(p.parts.pop()?),
+            Kind::Parts(p) => TunnelItem::Parts(p.parts),
             Kind::End(_) => TunnelItem::End { usage: frame.usage.map(Usage::from) },
             Kind::Error(e) => TunnelItem::Error(e.into()),
         })
@@ -142,6 +148,7 @@ mod tests {
                 ],
             },
             TunnelItem::Body(Bytes::from_static(b"data: {}\n\n")),
+            TunnelItem::Parts(vec![Bytes::from_static(b"data: 1\n\n"), Bytes::from_static(b"data: 2\n\n")]),
             TunnelItem::End { usage: Some(Usage { input_tokens: 3, output_tokens: 4, ..Default::default() }) },
             TunnelItem::End { usage: None },
             TunnelItem::Error(RunFailure::new(codes::UPSTREAM_CONNECT, 502, FailureSource::Provider, "x")),

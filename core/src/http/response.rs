@@ -72,6 +72,23 @@ pub fn gather_chunk(out: &mut crate::rt::gather::Gather, data: bytes::Bytes) {
     out.put_slice(b"\r\n");
 }
 
+/// Queues `parts` as one chunk (their total size, then each part as a
+/// segment of its own; no-op when they are all empty).
+pub fn gather_chunk_parts(out: &mut crate::rt::gather::Gather, parts: &[bytes::Bytes]) {
+    let total: usize = parts.iter().map(bytes::Bytes::len).sum();
+    if total == 0 {
+        return;
+    }
+    out.put_with(|b| {
+        put_hex(b, total);
+        b.extend_from_slice(b"\r\n");
+    });
+    for p in parts {
+        out.push(p.clone());
+    }
+    out.put_slice(b"\r\n");
+}
+
 /// Appends the terminating zero-length chunk.
 pub fn write_last_chunk(out: &mut BytesMut) {
     out.extend_from_slice(b"0\r\n\r\n");
@@ -185,6 +202,12 @@ mod tests {
         }
         assert_eq!(gathered.to_vec(), &copied[..]);
         assert_eq!(gathered.pushed(), 2);
+        let mut parts = crate::rt::gather::Gather::new();
+        let pieces =
+            [bytes::Bytes::from_static(b"data: a\n\n"), bytes::Bytes::new(), bytes::Bytes::from_static(b"data: b\n\n")];
+        gather_chunk_parts(&mut parts, &pieces);
+        gather_chunk_parts(&mut parts, &[bytes::Bytes::new()]);
+        assert_eq!(parts.to_vec(), b"12\r\ndata: a\n\ndata: b\n\n\r\n");
     }
 
     #[test]

@@ -199,14 +199,11 @@ impl FrameWriter {
         self.queue(|buf, max| buf.put_with(|b| wire::encode(env, b, max)))
     }
 
-    /// Queues the frame of tunnel body chunk `seq` of `tunnel_id`; the
-    /// payload is written from its own memory.
-    pub fn send_tunnel_body(&self, tunnel_id: &str, seq: u64, payload: Bytes) -> Result<(), SendError> {
-        self.queue(|buf, max| {
-            buf.put_with(|b| wire::encode_tunnel_body_head(tunnel_id, seq, &payload, b, max))?;
-            buf.push(payload);
-            Ok(())
-        })
+    /// Queues the frame of tunnel body `parts` (one or several, in order),
+    /// number `seq` of `tunnel_id`; the parts are written from their own
+    /// memory.
+    pub fn send_tunnel_body(&self, tunnel_id: &str, seq: u64, parts: &[Bytes]) -> Result<(), SendError> {
+        self.queue(|buf, max| wire::encode_tunnel_body(tunnel_id, seq, parts, buf, max))
     }
 
     fn queue(&self, put: impl FnOnce(&mut Gather, usize) -> Result<(), WireError>) -> Result<(), SendError> {

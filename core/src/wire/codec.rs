@@ -5,7 +5,7 @@
 //! frame: `decode` rejects an oversize frame as soon as its prefix arrives,
 //! and never allocates for a length it was only announced.
 
-use bytes::{Buf, BufMut, BytesMut};
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
 
 use super::pb::Envelope;
@@ -56,51 +56,67 @@ pub fn encode(msg: &Envelope, out: &mut BytesMut, max_frame_bytes: usize) -> Res
     Ok(())
 }
 
-/// Appends the frame of a tunnel body chunk (`ProviderTunnelFrame` with
-/// `body`, no usage, correlation id 0) up to but without `payload`, which
-/// the caller writes right after it: the same bytes as [`encode`] of that
-/// envelope, without copying the payload into the buffer.
-pub fn encode_tunnel_body_head(
+/// Queues on `out` the frame of tunnel body `parts` (`ProviderTunnelFrame`
+/// with `body` for one part, `parts` for several; no usage; correlation id
+/// 0): the same bytes as [`encode`] of that envelope, with each part queued
+/// as a segment of its own instead of being copied into the frame.
+pub fn encode_tunnel_body(
     tunnel_id: &str,
     seq: u64,
-    payload: &[u8],
-    out: &mut BytesMut,
+    parts: &[Bytes],
+    out: &mut crate::rt::gather::Gather,
     max_frame_bytes: usize,
 ) -> Result<(), WireError> {
     use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
     // Field numbers of runtime.proto: Envelope.provider_tunnel_frame = 41;
-    // ProviderTunnelFrame.tunnel_id = 1, .seq = 2, .body = 11.
+    // ProviderTunnelFrame.tunnel_id = 1, .seq = 2, .body = 11, .parts = 14;
+    // BodyParts.parts = 1.
     const FRAME: u32 = 41;
     const ID: u32 = 1;
     const SEQ: u32 = 2;
     const BODY: u32 = 11;
-    let id_len = if tunnel_id.is_empty() {
-        0
-    } else {
-        key_len(ID) + encoded_len_varint(tunnel_id.len() as u64) + tunnel_id.len()
-    };
+    const PARTS: u32 = 14;
+    const PART: u32 = 1;
+    let field = |tag: u32, len: usize| key_len(tag) + encoded_len_varint(len as u64) + len;
+    let id_len = if tunnel_id.is_empty() { 0 } else { field(ID, tunnel_id.len()) };
     let seq_len = if seq == 0 { 0 } else { key_len(SEQ) + encoded_len_varint(seq) };
-    let inner = id_len + seq_len + key_len(BODY) + encoded_len_varint(payload.len() as u64) + payload.len();
-    let len = key_len(FRAME) + encoded_len_varint(inner as u64) + inner;
+    let (body_tag, body_len) = match parts {
+        [one] => (BODY, one.len()),
+        many => (PARTS, many.iter().map(|p| field(PART, p.len())).sum()),
+    };
+    let inner = id_len + seq_len + field(body_tag, body_len);
+    let len = field(FRAME, inner);
     let prefix = match u32::try_from(len) {
         Ok(prefix) if len <= max_frame_bytes => prefix,
         _ => return Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
     };
-    out.reserve(PREFIX_LEN + len - payload.len());
-    out.put_u32(prefix);
-    encode_key(FRAME, WireType::LengthDelimited, out);
-    encode_varint(inner as u64, out);
-    if !tunnel_id.is_empty() {
-        encode_key(ID, WireType::LengthDelimited, out);
-        encode_varint(tunnel_id.len() as u64, out);
-        out.put_slice(tunnel_id.as_bytes());
+    out.put_with(|b| {
+        b.put_u32(prefix);
+        encode_key(FRAME, WireType::LengthDelimited, b);
+        encode_varint(inner as u64, b);
+        if !tunnel_id.is_empty() {
+            encode_key(ID, WireType::LengthDelimited, b);
+            encode_varint(tunnel_id.len() as u64, b);
+            b.put_slice(tunnel_id.as_bytes());
+        }
+        if seq != 0 {
+            encode_key(SEQ, WireType::Varint, b);
+            encode_varint(seq, b);
+        }
+        encode_key(body_tag, WireType::LengthDelimited, b);
+        encode_varint(body_len as u64, b);
+    });
+    if let [one] = parts {
+        out.push(one.clone());
+        return Ok(());
     }
-    if seq != 0 {
-        encode_key(SEQ, WireType::Varint, out);
-        encode_varint(seq, out);
+    for p in parts {
+        out.put_with(|b| {
+            encode_key(PART, WireType::LengthDelimited, b);
+            encode_varint(p.len() as u64, b);
+        });
+        out.push(p.clone());
     }
-    encode_key(BODY, WireType::LengthDelimited, out);
-    encode_varint(payload.len() as u64, out);
     Ok(())
 }
 
@@ -334,27 +350,38 @@ mod tests {
     }
 
     #[test]
-    fn tunnel_body_head_plus_payload_is_the_prost_encoding() {
-        for (id, seq, len) in
-            [("t-1", 0u64, 0usize), ("", 7, 3), ("tunnel-abc", 300, 127), ("x", u64::MAX, 128), ("y", 1, 70_000)]
-        {
-            let payload = Bytes::from(vec![b'p'; len]);
+    fn gathered_tunnel_bodies_are_the_prost_encoding() {
+        let part = |len: usize, b: u8| Bytes::from(vec![b; len]);
+        let cases: Vec<(&str, u64, Vec<Bytes>)> = vec![
+            ("t-1", 0, vec![part(0, b'a')]),
+            ("", 7, vec![part(3, b'b')]),
+            ("tunnel-abc", 300, vec![part(127, b'c')]),
+            ("x", u64::MAX, vec![part(128, b'd')]),
+            ("y", 1, vec![part(70_000, b'e')]),
+            ("z", 9, vec![part(5, b'f'), part(0, b'g'), part(200, b'h')]),
+            ("w", 2, vec![part(1, b'i'), part(70_000, b'j')]),
+        ];
+        for (id, seq, parts) in cases {
+            let kind = match &parts[..] {
+                [one] => pb::provider_tunnel_frame::Kind::Body(one.clone()),
+                many => pb::provider_tunnel_frame::Kind::Parts(pb::BodyParts { parts: many.to_vec() }),
+            };
             let frame = pb::ProviderTunnelFrame {
                 tunnel_id: Bytes::copy_from_slice(id.as_bytes()),
                 seq,
-                kind: Some(pb::provider_tunnel_frame::Kind::Body(payload.clone())),
+                kind: Some(kind),
                 usage: None,
             };
             let env = Envelope { correlation_id: 0, body: Some(Body::ProviderTunnelFrame(frame)) };
             let mut expected = BytesMut::new();
             encode(&env, &mut expected, MAX).unwrap();
-            let mut got = BytesMut::new();
-            encode_tunnel_body_head(id, seq, &payload, &mut got, MAX).unwrap();
-            got.extend_from_slice(&payload);
-            assert_eq!(got, expected, "id {id:?} seq {seq} len {len}");
+            let mut got = crate::rt::gather::Gather::new();
+            encode_tunnel_body(id, seq, &parts, &mut got, MAX).unwrap();
+            assert_eq!(got.to_vec(), &expected[..], "id {id:?} seq {seq} parts {}", parts.len());
+            assert_eq!(got.pushed() as usize, parts.iter().filter(|p| !p.is_empty()).count(), "payloads not copied");
         }
-        let mut out = BytesMut::new();
-        let err = encode_tunnel_body_head("t", 1, &[0u8; 100], &mut out, 64).unwrap_err();
+        let mut out = crate::rt::gather::Gather::new();
+        let err = encode_tunnel_body("t", 1, &[Bytes::from(vec![0u8; 100])], &mut out, 64).unwrap_err();
         assert!(matches!(err, WireError::FrameTooLarge { max: 64, .. }), "{err:?}");
         assert!(out.is_empty());
     }

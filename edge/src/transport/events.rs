@@ -99,6 +99,11 @@ impl Queued for TunnelItem {
     fn compact(&mut self) {
         match self {
             TunnelItem::Body(b) => compacted(b),
+            TunnelItem::Parts(parts) => {
+                // One allocation for all of them.
+                let whole: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
+                *self = TunnelItem::Body(Bytes::from(whole));
+            }
             TunnelItem::Start { headers, .. } => headers.iter_mut().for_each(|(_, v)| compacted(v)),
             TunnelItem::End { .. } | TunnelItem::Error(_) => {}
         }

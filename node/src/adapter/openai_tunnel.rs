@@ -68,23 +68,45 @@ impl OpenAiCompatAdapter {
             .collect();
         sink.send(TunnelItem::Start { status: resp.status(), headers }).await?;
         let mut out: Vec<Bytes> = Vec::new();
+        let broke = |e: crate::upstream::UpstreamError| Halt::Fail(protocol(format!("upstream stream broke: {e}")));
         loop {
             match resp.chunk().await {
                 Ok(Some(chunk)) => watch.push(chunk, &mut out),
                 Ok(None) => break,
-                Err(e) => return Err(Halt::Fail(protocol(format!("upstream stream broke: {e}")))),
+                Err(e) => return Err(broke(e)),
             }
-            for piece in out.drain(..) {
-                sink.send(TunnelItem::Body(piece)).await?;
+            // What that read brought beyond the first chunk goes in the same
+            // item: one frame, one client write (bounded).
+            while out.len() < MAX_PARTS && out.iter().map(Bytes::len).sum::<usize>() < MAX_PARTS_BYTES {
+                match resp.chunk_ready() {
+                    Ok(Some(chunk)) => watch.push(chunk, &mut out),
+                    Ok(None) => break,
+                    Err(e) => return Err(broke(e)),
+                }
             }
+            send_parts(sink, &mut out).await?;
         }
         let usage = watch.finish(&mut out);
-        for piece in out.drain(..) {
-            sink.send(TunnelItem::Body(piece)).await?;
-        }
+        send_parts(sink, &mut out).await?;
         sink.send(TunnelItem::End { usage }).await?;
         Ok(())
     }
+}
+
+/// Most body pieces, and bytes, relayed as one item.
+const MAX_PARTS: usize = 64;
+const MAX_PARTS_BYTES: usize = 256 * 1024;
+
+/// Sends the pieces in `out` as one item (none when there are none).
+async fn send_parts<S: TunnelSink>(sink: &mut S, out: &mut Vec<Bytes>) -> Result<(), Halt> {
+    out.retain(|p| !p.is_empty());
+    let item = match out.len() {
+        0 => return Ok(()),
+        1 => TunnelItem::Body(out.pop().unwrap_or_default()),
+        _ => TunnelItem::Parts(std::mem::take(out)),
+    };
+    sink.send(item).await?;
+    Ok(())
 }
 
 #[cfg(test)]
@@ -141,12 +163,15 @@ mod tests {
     }
 
     fn body_of(items: &[TunnelItem]) -> Vec<u8> {
-        items
-            .iter()
-            .filter_map(|i| if let TunnelItem::Body(b) = i { Some(&b[..]) } else { None })
-            .flatten()
-            .copied()
-            .collect()
+        let mut out = Vec::new();
+        for i in items {
+            match i {
+                TunnelItem::Body(b) => out.extend_from_slice(b),
+                TunnelItem::Parts(parts) => parts.iter().for_each(|p| out.extend_from_slice(p)),
+                _ => {}
+            }
+        }
+        out
     }
 
     #[test]

@@ -57,7 +57,8 @@ impl Outgoing for TunnelItem {
         match self {
             // The provider's bytes go to the socket from the buffer they
             // were read into.
-            TunnelItem::Body(b) => writer.send_tunnel_body(id, seq, b),
+            TunnelItem::Body(b) => writer.send_tunnel_body(id, seq, std::slice::from_ref(&b)),
+            TunnelItem::Parts(parts) => writer.send_tunnel_body(id, seq, &parts),
             item => queue_body(writer, Body::ProviderTunnelFrame(item.into_wire(id, seq))),
         }
     }

@@ -289,8 +289,9 @@ impl Response {
         self.done
     }
 
-    /// Next decoded body chunk; `Ok(None)` at the end of the body.
-    pub async fn chunk(&mut self) -> Result<Option<Bytes>, UpstreamError> {
+    /// The next body chunk already read, without reading more: `Ok(None)`
+    /// when more must be read first (or the body ended: see `is_done`).
+    pub fn chunk_ready(&mut self) -> Result<Option<Bytes>, UpstreamError> {
         loop {
             if self.done {
                 return Ok(None);
@@ -303,9 +304,21 @@ impl Response {
             if let Some(data) = data.filter(|d| !d.is_empty()) {
                 return Ok(Some(data));
             }
-            if self.done || self.buf.len() < before {
-                // Framing bytes were consumed: decode again before reading.
-                continue;
+            if self.done || self.buf.len() >= before {
+                return Ok(None);
+            }
+            // Framing bytes were consumed: decode again.
+        }
+    }
+
+    /// Next decoded body chunk; `Ok(None)` at the end of the body.
+    pub async fn chunk(&mut self) -> Result<Option<Bytes>, UpstreamError> {
+        loop {
+            if let Some(data) = self.chunk_ready()? {
+                return Ok(Some(data));
+            }
+            if self.done {
+                return Ok(None);
             }
             let Some(stream) = self.conn.as_mut() else {
                 return Err(UpstreamError::Closed("before the end of the body"));

@@ -76,7 +76,13 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
         while let Some(item) = next.take() {
             match item {
                 TunnelItem::Body(b) => {
-                    if !append(out, frame, b) {
+                    if !append(out, frame, std::slice::from_ref(&b)) {
+                        end = Some(BodyEnd::Broken);
+                        break;
+                    }
+                }
+                TunnelItem::Parts(parts) => {
+                    if !append(out, frame, &parts) {
                         end = Some(BodyEnd::Broken);
                         break;
                     }
@@ -129,21 +135,24 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
     }
 }
 
-/// Queues body bytes under the framing; false when the provider sent more
-/// than its Content-Length announced.
-fn append(out: &mut Gather, frame: &mut Frame, b: bytes::Bytes) -> bool {
+/// Queues body pieces under the framing (the pieces of one item as one
+/// chunk); false when the provider sent more than its Content-Length
+/// announced.
+fn append(out: &mut Gather, frame: &mut Frame, parts: &[bytes::Bytes]) -> bool {
     match frame {
         Frame::Chunked => {
-            http::gather_chunk(out, b);
+            http::gather_chunk_parts(out, parts);
             true
         }
         Frame::Length(left) => {
-            let n = b.len() as u64;
+            let n: u64 = parts.iter().map(|p| p.len() as u64).sum();
             if n > *left {
                 return false;
             }
             *left -= n;
-            out.push(b);
+            for p in parts {
+                out.push(p.clone());
+            }
             true
         }
     }
