@@ -142,3 +142,111 @@ fn bad_flags_exit_2() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("only http://"));
 }
+
+/// `events` and `body_bytes` count what the mock wrote: every SSE event
+/// (`[DONE]` too) and every entity byte, as its `/log` records them.
+#[test]
+fn events_and_body_bytes_match_what_the_mock_wrote() {
+    for stream in [true, false] {
+        let mock = MockProv::start(&["--tokens", "5"]);
+        let mode = if stream { "--stream" } else { "--no-stream" };
+        let r = loadtest(&["--url", &mock.url(), "--requests", "20", "--concurrency", "2", mode]);
+        assert_eq!((r["completed"].as_u64(), r["errors"]["total"].as_u64()), (Some(20), Some(0)), "{r}");
+        let log = mock.get_json("/log");
+        let log = log.as_array().unwrap();
+        assert_eq!(log.len(), 20);
+        let written: u64 = log.iter().map(|e| e["response_body_bytes"].as_u64().unwrap()).sum();
+        assert_eq!(r["body_bytes"].as_u64(), Some(written), "{r}");
+        // Role chunk, 5 tokens, finish chunk, usage chunk, [DONE].
+        assert_eq!(r["events"].as_u64(), Some(if stream { 20 * 9 } else { 0 }), "{r}");
+        let secs = r["elapsed_sec"].as_f64().unwrap();
+        let per_sec = r["body_bytes_per_sec"].as_f64().unwrap();
+        // elapsed_sec is rounded to the ms.
+        assert!((per_sec * secs - written as f64).abs() <= written as f64 * 0.1, "{r}");
+    }
+}
+
+/// `--rate` starts requests on a schedule, not when the previous one ends.
+#[test]
+fn rate_is_an_open_loop() {
+    let mock = MockProv::start(&["--tokens", "2"]);
+    let r = loadtest(&["--url", &mock.url(), "--rate", "20", "--requests", "10", "--concurrency", "4", "--no-stream"]);
+    assert_eq!((r["completed"].as_u64(), r["rate"].as_f64()), (Some(10), Some(20.0)), "{r}");
+    // The last slot is 9 / 20 s after the start.
+    assert!(r["elapsed_sec"].as_f64().unwrap() >= 0.45, "{r}");
+
+    let r = loadtest(&["--url", &mock.url(), "--rate", "10", "--duration-sec", "1", "--concurrency", "2"]);
+    assert!((8..=10).contains(&r["completed"].as_u64().unwrap()), "slots 0..0.9 s: {r}");
+    assert_eq!(r["errors"]["total"], 0, "{r}");
+
+    // One connection, 50 ms answers, a slot every 10 ms: the later ones start late.
+    let slow = MockProv::start(&["--tokens", "2", "--token-interval-ms", "50"]);
+    let r = loadtest(&["--url", &slow.url(), "--rate", "100", "--requests", "5", "--concurrency", "1"]);
+    assert_eq!(r["completed"], 5, "{r}");
+    assert!(r["late_starts"].as_u64().unwrap() >= 3, "{r}");
+}
+
+/// `--prompt-bytes-max` cycles through 4 prompt sizes.
+#[test]
+fn prompt_sizes_vary_up_to_the_max() {
+    let mock = MockProv::start(&["--tokens", "1"]);
+    let r = loadtest(&[
+        "--url",
+        &mock.url(),
+        "--requests",
+        "8",
+        "--concurrency",
+        "1",
+        "--prompt-bytes",
+        "1000",
+        "--prompt-bytes-max",
+        "4000",
+    ]);
+    assert_eq!((r["completed"].as_u64(), r["prompt_bytes_max"].as_u64()), (Some(8), Some(4000)), "{r}");
+    let mut sizes: Vec<usize> = mock
+        .get_json("/log")
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let body: Value = serde_json::from_str(e["request_body"].as_str().unwrap()).unwrap();
+            body["messages"][0]["content"].as_str().unwrap().len()
+        })
+        .collect();
+    sizes.sort_unstable();
+    assert_eq!(sizes, [1000, 1000, 2000, 2000, 3000, 3000, 4000, 4000]);
+}
+
+/// `--disconnect-after` cuts every stream after n tokens and stamps the
+/// instant; the mock sees each close afterwards and lists it under the
+/// request's tag, so the two stamps measure how fast a close travels.
+#[test]
+fn disconnects_are_tagged_and_seen_by_the_mock() {
+    let mock = MockProv::start(&["--tokens", "1000", "--token-interval-ms", "10", "--no-record"]);
+    let r = loadtest(&["--url", &mock.url(), "--disconnect-after", "3", "--requests", "20", "--concurrency", "4"]);
+    assert_eq!((r["completed"].as_u64(), r["errors"]["total"].as_u64()), (Some(20), Some(0)), "{r}");
+    assert_eq!(r["connections"], 20, "a cut connection is not reused: {r}");
+    let cut = r["disconnects"].as_array().unwrap();
+    assert_eq!(cut.len(), 20, "{r}");
+    let mut tags: Vec<&str> = cut.iter().map(|d| d["tag"].as_str().unwrap()).collect();
+    tags.sort_unstable();
+    tags.dedup();
+    assert_eq!(tags.len(), 20, "unique tags");
+    assert!(r["tokens"].as_u64().unwrap() >= 60, "{r}");
+    // The mock has seen (or is about to see) every close.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let closes = loop {
+        let closes = mock.get_json("/closes");
+        if closes.as_array().unwrap().len() >= 20 || std::time::Instant::now() > deadline {
+            break closes;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    let closes = closes.as_array().unwrap();
+    assert_eq!(closes.len(), 20, "{closes:?}");
+    for d in cut {
+        let c = closes.iter().find(|c| c["tag"] == d["tag"]).unwrap_or_else(|| panic!("no close for {d}"));
+        let (left, seen) = (d["unix_ns"].as_u64().unwrap(), c["closed_unix_ns"].as_u64().unwrap());
+        assert!(seen >= left && seen - left < 1_000_000_000, "{d} {c}");
+    }
+}

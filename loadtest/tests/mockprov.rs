@@ -341,6 +341,61 @@ fn client_close_mid_stream(legacy: bool) {
     assert_eq!(stats["streams_completed"], 0);
 }
 
+/// A tagged request whose client leaves mid-answer is listed at `/closes`
+/// with the instant (wall clock) the mock saw the close; complete or
+/// untagged answers are not.
+#[test]
+fn closes_lists_tagged_early_closes() {
+    let mock = MockProv::start(&["--token-interval-ms", "20", "--tokens", "1000", "--no-record"]);
+    let closes =
+        |mock: &MockProv| -> Vec<Value> { serde_json::from_slice(&mock.request("GET", "/closes", None).body).unwrap() };
+    assert!(closes(&mock).is_empty());
+    // Complete, tagged: not listed.
+    let done = mock.request(
+        "POST",
+        "/v1/chat/completions",
+        Some(r#"{"messages":[{"content":"x"}],"stream":true,"mock":{"tokens":2,"tag":"whole"}}"#),
+    );
+    assert!(done.complete);
+    let mut left_at = Vec::new();
+    for (path, body) in [
+        ("/v1/chat/completions", r#"{"messages":[{"content":"x"}],"stream":true,"mock":{"tag":"sse-1"}}"#),
+        ("/api/chat", r#"{"model":"m","messages":[{"content":"x"}],"mock":{"tag":"ndjson-1"}}"#),
+        ("/v1/chat/completions", r#"{"messages":[{"content":"x"}],"stream":true}"#),
+        ("/v1/chat/completions", r#"{"messages":[{"content":"x"}],"mock":{"tag":"whole-1"}}"#),
+    ] {
+        let before = mock.stats()["model_requests"].as_u64().unwrap();
+        let mut s = mock.connect();
+        write!(s, "POST {path} HTTP/1.1\r\nhost: mock\r\ncontent-length: {}\r\n\r\n{body}", body.len()).unwrap();
+        if body.contains("stream\":true") || path == "/api/chat" {
+            // Wait for the first token.
+            let mut seen = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !String::from_utf8_lossy(&seen).contains("tok0 ") {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "stream ended early");
+                seen.extend_from_slice(&buf[..n]);
+            }
+        } else {
+            // A whole answer (1000 tokens × 20 ms): wait until the mock has the request.
+            assert!(poll_until(Duration::from_secs(5), || mock.stats()["model_requests"].as_u64() > Some(before)));
+        }
+        let at = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64;
+        drop(s);
+        left_at.push(at);
+    }
+    assert!(poll_until(Duration::from_secs(5), || closes(&mock).len() == 3), "{:?}", closes(&mock));
+    let list = closes(&mock);
+    let tags: Vec<&str> = list.iter().map(|c| c["tag"].as_str().unwrap()).collect();
+    assert_eq!(tags, ["sse-1", "ndjson-1", "whole-1"]);
+    for (c, at) in list.iter().zip([left_at[0], left_at[1], left_at[3]]) {
+        let closed = c["closed_unix_ns"].as_u64().unwrap();
+        assert!(closed >= at && closed - at < 1_000_000_000, "{c} vs {at}");
+        assert!(c["id"].as_u64().unwrap() >= 2);
+    }
+    assert!(poll_until(Duration::from_secs(5), || mock.stats()["early_closed"] == 4), "{}", mock.stats());
+}
+
 #[test]
 fn keep_alive_pipelining_chunked_bodies_and_bad_input_io_uring() {
     keep_alive_pipelining_chunked_bodies_and_bad_input(false);

@@ -11,6 +11,12 @@ use iop_core::http::write_request_head;
 pub const DEFAULT_PATH: &str = "/v1/chat/completions";
 /// Requests sent when neither `--requests` nor `--duration-sec` is given.
 pub const DEFAULT_REQUESTS: u64 = 1000;
+/// Distinct prompt sizes of a `--prompt-bytes-max` run.
+pub const PROMPT_SIZES: usize = 4;
+/// Largest `--prompt-bytes` / `--prompt-bytes-max`.
+pub const MAX_PROMPT_BYTES: usize = 64 << 20;
+/// Hex digits of the request number in a tag.
+const TAG_DIGITS: usize = 16;
 
 /// `iop-loadtest` flags.
 #[derive(Debug, Clone, clap::Parser)]
@@ -49,6 +55,21 @@ pub struct LoadArgs {
     /// Size of the user message, in bytes.
     #[arg(long, default_value_t = 64)]
     pub prompt_bytes: usize,
+    /// Vary the user message from --prompt-bytes up to this size: requests
+    /// cycle through 4 sizes spread evenly over the range.
+    #[arg(long)]
+    pub prompt_bytes_max: Option<usize>,
+    /// Open loop: start this many requests per second, whether or not
+    /// earlier ones have finished (at most --concurrency at once). Without
+    /// it, each connection sends its next request when the last one ends.
+    #[arg(long)]
+    pub rate: Option<f64>,
+    /// Streams only: close the connection once this many token deltas have
+    /// arrived, and record the instant (wall clock) with a per-request tag
+    /// sent as `"mock": {"tag": ...}` (iop-mockprov reports when it saw the
+    /// close at `GET /closes`).
+    #[arg(long)]
+    pub disconnect_after: Option<u64>,
     /// Threads, one monoio runtime each (default: cores, at most --concurrency).
     #[arg(long)]
     pub workers: Option<usize>,
@@ -157,8 +178,16 @@ pub struct Settings {
     pub stream: bool,
     /// `max_tokens`.
     pub max_tokens: Option<u64>,
-    /// User message size.
+    /// User message size (the smallest, with `prompt_bytes_max`).
     pub prompt_bytes: usize,
+    /// Largest user message, when the sizes vary.
+    pub prompt_bytes_max: Option<usize>,
+    /// Open-loop request rate (requests per second).
+    pub rate: Option<f64>,
+    /// Close each stream after this many tokens.
+    pub disconnect_after: Option<u64>,
+    /// Prefix of the request tags (unique per run), when requests are tagged.
+    pub tag_prefix: Option<String>,
     /// Per-request limit.
     pub timeout: Duration,
     /// Bearer token.
@@ -189,8 +218,26 @@ impl Settings {
         if args.model.is_empty() {
             return Err("--model must not be empty".into());
         }
-        if args.prompt_bytes > 64 << 20 {
-            return Err("--prompt-bytes must be at most 67108864".into());
+        if args.prompt_bytes > MAX_PROMPT_BYTES {
+            return Err(format!("--prompt-bytes must be at most {MAX_PROMPT_BYTES}"));
+        }
+        if let Some(max) = args.prompt_bytes_max {
+            if max > MAX_PROMPT_BYTES {
+                return Err(format!("--prompt-bytes-max must be at most {MAX_PROMPT_BYTES}"));
+            }
+            if max < args.prompt_bytes {
+                return Err("--prompt-bytes-max must be at least --prompt-bytes".into());
+            }
+        }
+        if let Some(rate) = args.rate {
+            if !(rate.is_finite() && (0.001..=1e7).contains(&rate)) {
+                return Err("--rate must be a number of requests per second in [0.001, 10000000]".into());
+            }
+        }
+        match args.disconnect_after {
+            Some(0) => return Err("--disconnect-after must be at least 1".into()),
+            Some(_) if args.no_stream => return Err("--disconnect-after needs --stream".into()),
+            _ => {}
         }
         let bounds = match (args.requests, args.duration_sec) {
             (None, None) => Bounds { requests: Some(DEFAULT_REQUESTS), duration: None },
@@ -207,16 +254,21 @@ impl Settings {
             stream: !args.no_stream,
             max_tokens: args.max_tokens,
             prompt_bytes: args.prompt_bytes,
+            prompt_bytes_max: args.prompt_bytes_max,
+            rate: args.rate,
+            disconnect_after: args.disconnect_after,
+            tag_prefix: args.disconnect_after.map(|_| tag_prefix()),
             timeout: Duration::from_secs(args.timeout_sec),
             api_key: args.api_key.clone().filter(|k| !k.is_empty()),
         })
     }
 
-    /// The JSON request body.
-    pub fn body(&self) -> String {
+    /// The JSON request body with a user message of `prompt_bytes` bytes
+    /// (and the placeholder tag of request 0, when requests are tagged).
+    pub fn body_of(&self, prompt_bytes: usize) -> String {
         let mut body = serde_json::json!({
             "model": self.model,
-            "messages": [{"role": "user", "content": prompt(self.prompt_bytes)}],
+            "messages": [{"role": "user", "content": prompt(prompt_bytes)}],
             "stream": self.stream,
         });
         if self.stream {
@@ -225,12 +277,41 @@ impl Settings {
         if let Some(n) = self.max_tokens {
             body["max_tokens"] = n.into();
         }
+        if let Some(prefix) = &self.tag_prefix {
+            body["mock"] = serde_json::json!({"tag": tag(prefix, 0)});
+        }
         body.to_string()
     }
 
-    /// The whole request (head and body), sent unchanged on every request.
+    /// The JSON request body (of the smallest prompt).
+    pub fn body(&self) -> String {
+        self.body_of(self.prompt_bytes)
+    }
+
+    /// The user message sizes, in the order requests cycle through them.
+    pub fn prompt_sizes(&self) -> Vec<usize> {
+        match self.prompt_bytes_max {
+            None => vec![self.prompt_bytes],
+            Some(max) => {
+                let (min, steps) = (self.prompt_bytes, PROMPT_SIZES - 1);
+                (0..PROMPT_SIZES).map(|i| min + (max - min) * i / steps).collect()
+            }
+        }
+    }
+
+    /// The whole request (head and body) for every prompt size; request
+    /// `n` sends `requests[n % len]` (its tag, if any, patched in).
+    pub fn requests(&self) -> Vec<RequestBytes> {
+        self.prompt_sizes().into_iter().map(|size| self.request_of(size)).collect()
+    }
+
+    /// The whole request (head and body) of the smallest prompt.
     pub fn request_bytes(&self) -> Bytes {
-        let body = self.body();
+        self.request_of(self.prompt_bytes).bytes
+    }
+
+    fn request_of(&self, prompt_bytes: usize) -> RequestBytes {
+        let body = self.body_of(prompt_bytes);
         let auth = self.api_key.as_ref().map(|k| format!("Bearer {k}"));
         let mut headers: Vec<(&str, &str)> = vec![
             ("content-type", "application/json"),
@@ -242,8 +323,15 @@ impl Settings {
         }
         let mut out = BytesMut::with_capacity(256 + body.len());
         write_request_head(&mut out, "POST", &self.target.path, &self.target.authority, &headers, Some(body.len()));
+        let body_at = out.len();
         out.extend_from_slice(body.as_bytes());
-        out.freeze()
+        // The tag is the only place the placeholder occurs (the prompt is words).
+        let tag_at = self.tag_prefix.as_ref().and_then(|prefix| {
+            let placeholder = tag(prefix, 0);
+            memchr::memmem::find(&out[body_at..], placeholder.as_bytes())
+                .map(|i| body_at + i + placeholder.len() - TAG_DIGITS)
+        });
+        RequestBytes { bytes: out.freeze(), tag_at }
     }
 
     /// Connections of worker `index`: the concurrency split as evenly as possible.
@@ -251,6 +339,42 @@ impl Settings {
         let (c, w) = (self.concurrency.get(), self.workers.get());
         c / w + usize::from(index < c % w)
     }
+}
+
+/// One request as sent, with where its tag's number goes.
+#[derive(Debug, Clone)]
+pub struct RequestBytes {
+    /// Head and body (the tag of request 0, when tagged).
+    pub bytes: Bytes,
+    /// Offset of the tag's [`TAG_DIGITS`] hex digits, when tagged.
+    pub tag_at: Option<usize>,
+}
+
+impl RequestBytes {
+    /// The bytes of request number `n`: shared when untagged, a copy with
+    /// the number patched in otherwise.
+    pub fn for_request(&self, n: u64) -> Bytes {
+        let Some(at) = self.tag_at else {
+            return self.bytes.clone();
+        };
+        let mut out = BytesMut::from(&self.bytes[..]);
+        if let Some(digits) = out.get_mut(at..at + TAG_DIGITS) {
+            digits.copy_from_slice(format!("{n:016x}").as_bytes());
+        }
+        out.freeze()
+    }
+}
+
+/// The tag of request `n`: `<prefix>-<n as 16 hex digits>`.
+pub fn tag(prefix: &str, n: u64) -> String {
+    format!("{prefix}-{n:016x}")
+}
+
+/// A prefix that makes this run's tags differ from other runs' (process id
+/// and start time).
+fn tag_prefix() -> String {
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos();
+    format!("lt{:x}{:08x}", std::process::id(), (nanos as u64) & 0xffff_ffff)
 }
 
 /// ASCII words filling exactly `bytes` bytes.
@@ -311,6 +435,14 @@ mod tests {
             &["--duration-sec", "0"],
             &["--timeout-sec", "0"],
             &["--model", ""],
+            &["--prompt-bytes", "10", "--prompt-bytes-max", "9"],
+            &["--prompt-bytes-max", "67108865"],
+            &["--rate", "0"],
+            &["--rate=-1"],
+            &["--rate", "NaN"],
+            &["--rate", "inf"],
+            &["--disconnect-after", "0"],
+            &["--disconnect-after", "3", "--no-stream"],
         ] {
             let mut a = vec!["--url", "http://127.0.0.1:1"];
             a.extend_from_slice(bad);
@@ -345,6 +477,61 @@ mod tests {
         assert_eq!(v["stream"], true);
         assert_eq!(v["stream_options"]["include_usage"], true);
         assert_eq!(v["messages"][0]["content"], "the quick ");
+        assert!(v.get("mock").is_none());
         assert_eq!(prompt(0), "");
+        assert_eq!(s.requests().len(), 1);
+        assert_eq!(s.requests()[0].for_request(5), raw, "untagged requests are shared");
+    }
+
+    #[test]
+    fn varies_prompt_sizes() {
+        let s = Settings::from_args(&args(&[
+            "--url",
+            "http://127.0.0.1:1",
+            "--prompt-bytes",
+            "100",
+            "--prompt-bytes-max",
+            "400",
+        ]))
+        .unwrap();
+        assert_eq!(s.prompt_sizes(), [100, 200, 300, 400]);
+        let contents: Vec<usize> = s
+            .requests()
+            .iter()
+            .map(|r| {
+                let text = std::str::from_utf8(&r.bytes).unwrap();
+                let v: serde_json::Value = serde_json::from_str(text.split_once("\r\n\r\n").unwrap().1).unwrap();
+                v["messages"][0]["content"].as_str().unwrap().len()
+            })
+            .collect();
+        assert_eq!(contents, [100, 200, 300, 400]);
+        let s = Settings::from_args(&args(&[
+            "--url",
+            "http://127.0.0.1:1",
+            "--prompt-bytes",
+            "7",
+            "--prompt-bytes-max",
+            "7",
+        ]))
+        .unwrap();
+        assert_eq!(s.prompt_sizes(), [7, 7, 7, 7]);
+    }
+
+    #[test]
+    fn tags_each_request() {
+        let s = Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--disconnect-after", "3"])).unwrap();
+        let prefix = s.tag_prefix.clone().unwrap();
+        let r = &s.requests()[0];
+        for n in [0, 1, 0xabc, u64::MAX] {
+            let raw = r.for_request(n);
+            let text = std::str::from_utf8(&raw).unwrap();
+            let (head, body) = text.split_once("\r\n\r\n").unwrap();
+            assert!(head.contains(&format!("content-length: {}", body.len())));
+            let v: serde_json::Value = serde_json::from_str(body).unwrap();
+            assert_eq!(v["mock"]["tag"], tag(&prefix, n));
+        }
+        assert_eq!(tag("p", 0xabc), "p-0000000000000abc");
+        let other = Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--disconnect-after", "3"])).unwrap();
+        assert!(other.tag_prefix.unwrap().starts_with("lt"));
     }
 }

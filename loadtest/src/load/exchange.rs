@@ -96,6 +96,8 @@ pub struct Exchange {
     measure: Measure,
     last_token: Option<Instant>,
     limits: Limits,
+    /// Cut the stream once this many tokens have arrived.
+    cut_after: Option<u64>,
 }
 
 impl Exchange {
@@ -108,7 +110,15 @@ impl Exchange {
             measure: Measure::default(),
             last_token: None,
             limits: Limits { max_body_bytes: MAX_BODY_BYTES, ..Limits::default() },
+            cut_after: None,
         }
+    }
+
+    /// Ends a valid stream early, as done (`cut`, and the connection not to
+    /// be reused), once `tokens` token deltas have arrived.
+    pub fn cut_after(mut self, tokens: Option<u64>) -> Self {
+        self.cut_after = tokens;
+        self
     }
 
     /// Consumes what it can of `buf` (bytes that arrived at `now`). `None`
@@ -171,10 +181,18 @@ impl Exchange {
                 }
                 Phase::Body { decoder, body, .. } => {
                     while let Some(data) = decoder.decode(buf).map_err(|_| http_error())? {
+                        self.measure.body_bytes += data.len() as u64;
                         match body {
                             Body::Sse { parser, done } => {
                                 parser.push(&data);
                                 sse_events(parser, done, &mut self.measure, &mut self.last_token, self.start, now)?;
+                                if self.cut_after.is_some_and(|n| self.measure.tokens >= n) {
+                                    self.phase = Phase::Finished;
+                                    self.measure.total = now.saturating_duration_since(self.start);
+                                    self.measure.cut = true;
+                                    let measure = std::mem::take(&mut self.measure);
+                                    return Ok(Some(Done { keep_alive: false, result: Ok(measure) }));
+                                }
                             }
                             Body::Json(collected) => collected.extend_from_slice(&data),
                             Body::Discard => {}
@@ -247,6 +265,7 @@ fn sse_events(
         if *done {
             return Err(Failure::Protocol("data_after_done"));
         }
+        m.events += 1;
         if event.data == "[DONE]" {
             *done = true;
             continue;
@@ -332,12 +351,53 @@ mod tests {
             assert!(done.keep_alive, "split {split}");
             let m = done.result.unwrap_or_else(|e| panic!("split {split}: {e:?}"));
             assert_eq!((m.tokens, m.usage_tokens, m.gaps_us.len()), (3, Some(3), 2), "split {split}");
+            assert_eq!((m.events, m.body_bytes, m.cut), (6, body_len(&input) as u64, false), "split {split}");
             assert!(m.ttfb.unwrap() <= m.ttft.unwrap() && m.ttft.unwrap() <= m.total);
         }
         // Both parts at once: two tokens in one read have a zero gap.
         let m = run(true, &input, input.len(), false).result.unwrap();
         assert_eq!(m.gaps_us, vec![0, 0]);
         assert_eq!(m.ttft, Some(Duration::from_millis(1)));
+    }
+
+    /// Bytes after the head of a chunked response, chunk framing removed.
+    fn body_len(input: &str) -> usize {
+        let (_, mut rest) = input.split_once("\r\n\r\n").unwrap();
+        let mut n = 0;
+        loop {
+            let (size, after) = rest.split_once("\r\n").unwrap();
+            let size = usize::from_str_radix(size, 16).unwrap();
+            if size == 0 {
+                return n;
+            }
+            n += size;
+            rest = &after[size + 2..];
+        }
+    }
+
+    #[test]
+    fn cuts_a_stream_after_n_tokens() {
+        let input = good_stream();
+        for split in 0..=input.len() {
+            let t0 = Instant::now();
+            let mut ex = Exchange::new(true, t0).cut_after(Some(2));
+            let mut buf = BytesMut::from(&input.as_bytes()[..split]);
+            let done = match ex.feed(&mut buf, t0) {
+                Some(done) => done,
+                None => {
+                    buf.extend_from_slice(&input.as_bytes()[split..]);
+                    ex.feed(&mut buf, t0).unwrap()
+                }
+            };
+            assert!(!done.keep_alive, "split {split}");
+            let m = done.result.unwrap();
+            // "b" and "c" arrive in one event batch: the cut comes after both.
+            assert!(m.cut && (2..=3).contains(&m.tokens), "split {split}: {m:?}");
+        }
+        // A stream that ends before the cut is a normal answer.
+        let t0 = Instant::now();
+        let m = Exchange::new(true, t0).cut_after(Some(9)).feed(&mut BytesMut::from(input.as_str()), t0).unwrap();
+        assert_eq!((m.keep_alive, m.result.map(|m| (m.cut, m.tokens))), (true, Ok((false, 3))));
     }
 
     #[test]
@@ -421,6 +481,7 @@ mod tests {
         for split in 0..=input.len() {
             let m = run(false, &input, split, false).result.unwrap();
             assert_eq!((m.tokens, m.usage_tokens, m.ttft), (2, Some(2), None));
+            assert_eq!((m.events, m.body_bytes), (0, body.len() as u64));
         }
         for (body, want) in
             [("{\"choices\":[]}", "no_choices"), ("{\"choices\":", "invalid_json"), ("[]", "invalid_json")]

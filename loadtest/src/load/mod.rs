@@ -46,19 +46,20 @@ type WorkerResult = anyhow::Result<(Recorder, &'static str)>;
 /// Holds the workers until every runtime is built, so they start together.
 #[derive(Debug, Default)]
 struct Gate {
-    /// `None` while closed; `Some(go)` once opened (`false` = abort).
-    state: Mutex<Option<bool>>,
+    /// `None` while closed; `Some(start)` once opened (`Some(None)` = abort).
+    state: Mutex<Option<Option<Instant>>>,
     opened: Condvar,
 }
 
 impl Gate {
-    fn open(&self, go: bool) {
+    /// Opens with the run's start instant, or `None` to abort.
+    fn open(&self, go: Option<Instant>) {
         *self.state.lock().unwrap_or_else(PoisonError::into_inner) = Some(go);
         self.opened.notify_all();
     }
 
-    /// Waits until opened; true to go ahead.
-    fn wait(&self) -> bool {
+    /// Waits until opened; the start instant to go ahead.
+    fn wait(&self) -> Option<Instant> {
         let mut state = self.state.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             if let Some(go) = *state {
@@ -73,22 +74,23 @@ impl Gate {
 pub fn run(settings: &Settings) -> anyhow::Result<Outcome> {
     let workers = settings.workers.get();
     let budget = Arc::new(Budget::new(settings.bounds.requests));
-    let request = settings.request_bytes();
+    let requests = settings.requests();
     let gate = Arc::new(Gate::default());
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
     let mut handles = Vec::with_capacity(workers);
     for index in 0..workers {
         let connections = settings.connections_of(index);
-        let (budget, worker_gate, ready, request) = (budget.clone(), gate.clone(), ready_tx.clone(), request.clone());
+        let (budget, worker_gate, ready, requests) = (budget.clone(), gate.clone(), ready_tx.clone(), requests.clone());
         let (addr, stream, timeout, duration) =
             (settings.addr, settings.stream, settings.timeout, settings.bounds.duration);
+        let (rate, disconnect_after) = (settings.rate, settings.disconnect_after);
         let spawned =
             std::thread::Builder::new().name(format!("iop-loadtest-{index}")).spawn(move || -> WorkerResult {
                 let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build();
                 let _ = ready.send(());
-                if !worker_gate.wait() {
+                let Some(start) = worker_gate.wait() else {
                     return Err(anyhow::anyhow!("run aborted"));
-                }
+                };
                 let mut rt = rt?;
                 let driver = match rt {
                     monoio::FusionRuntime::Uring(_) => "io_uring",
@@ -96,11 +98,13 @@ pub fn run(settings: &Settings) -> anyhow::Result<Outcome> {
                 };
                 let ctx = Rc::new(WorkerCtx {
                     addr,
-                    request,
+                    requests,
                     stream,
+                    schedule: rate.map(|rate| conn::Schedule { start, rate }),
+                    disconnect_after,
                     timeout,
                     budget,
-                    deadline: duration.map(|d| Instant::now() + d),
+                    deadline: duration.map(|d| start + d),
                     recorder: RefCell::new(Recorder::new()?),
                 });
                 rt.block_on(async {
@@ -115,7 +119,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<Outcome> {
         match spawned {
             Ok(handle) => handles.push(handle),
             Err(e) => {
-                gate.open(false);
+                gate.open(None);
                 for handle in handles {
                     let _ = handle.join();
                 }
@@ -131,7 +135,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<Outcome> {
         }
     }
     let start = Instant::now();
-    gate.open(true);
+    gate.open(Some(start));
     let results: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
     let elapsed = start.elapsed();
     let mut merged = Recorder::new()?;

@@ -93,8 +93,14 @@ pub struct Report {
     pub duration_limit_sec: Option<u64>,
     /// `max_tokens` sent.
     pub max_tokens: Option<u64>,
-    /// User message bytes.
+    /// User message bytes (the smallest, with `prompt_bytes_max`).
     pub prompt_bytes: usize,
+    /// `--prompt-bytes-max`: requests cycle through sizes up to this.
+    pub prompt_bytes_max: Option<usize>,
+    /// `--rate`: open-loop requests per second.
+    pub rate: Option<f64>,
+    /// `--disconnect-after`: streams are cut after this many tokens.
+    pub disconnect_after: Option<u64>,
     /// monoio driver of the workers.
     pub driver: &'static str,
     /// Wall time from the first request to the last response, seconds.
@@ -111,12 +117,36 @@ pub struct Report {
     pub tokens: u64,
     /// Sum of `usage.completion_tokens` reported by the server.
     pub usage_completion_tokens: u64,
+    /// SSE events in the completed responses (`data: [DONE]` included).
+    pub events: u64,
+    /// Response body bytes of the completed requests (chunk framing removed).
+    pub body_bytes: u64,
     /// Completed requests per second.
     pub requests_per_sec: f64,
     /// Tokens per second.
     pub tokens_per_sec: f64,
+    /// SSE events per second.
+    pub events_per_sec: f64,
+    /// Body bytes per second.
+    pub body_bytes_per_sec: f64,
+    /// Open loop: requests that started 10 ms or more after their slot
+    /// (every connection was busy).
+    pub late_starts: u64,
     /// Latencies in µs, completed requests only.
     pub latency_us: Latencies,
+    /// `--disconnect-after`: every stream the client cut, with its tag and
+    /// the wall-clock instant of the close.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub disconnects: Option<Vec<Disconnect>>,
+}
+
+/// One stream the client cut on purpose.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Disconnect {
+    /// The request's tag (`"mock": {"tag": ...}`).
+    pub tag: String,
+    /// Unix time in ns just before the close.
+    pub unix_ns: u64,
 }
 
 fn round2(x: f64) -> f64 {
@@ -141,6 +171,9 @@ impl Report {
             duration_limit_sec: settings.bounds.duration.map(|d| d.as_secs()),
             max_tokens: settings.max_tokens,
             prompt_bytes: settings.prompt_bytes,
+            prompt_bytes_max: settings.prompt_bytes_max,
+            rate: settings.rate,
+            disconnect_after: settings.disconnect_after,
             driver: outcome.driver,
             elapsed_sec: (secs * 1000.0).round() / 1000.0,
             requests: r.requests,
@@ -156,14 +189,28 @@ impl Report {
             connections: r.connections,
             tokens: r.tokens,
             usage_completion_tokens: r.usage_tokens,
+            events: r.events,
+            body_bytes: r.body_bytes,
             requests_per_sec: rate(r.completed),
             tokens_per_sec: rate(r.tokens),
+            events_per_sec: rate(r.events),
+            body_bytes_per_sec: rate(r.body_bytes),
+            late_starts: r.late_starts,
             latency_us: Latencies {
                 ttfb: Summary::of(&r.ttfb),
                 ttft: Summary::of(&r.ttft),
                 total: Summary::of(&r.total),
                 itl: Summary::of(&r.itl),
             },
+            disconnects: settings.tag_prefix.as_ref().map(|prefix| {
+                let mut all: Vec<Disconnect> = r
+                    .disconnects
+                    .iter()
+                    .map(|&(n, unix_ns)| Disconnect { tag: super::args::tag(prefix, n), unix_ns })
+                    .collect();
+                all.sort_by_key(|d| d.unix_ns);
+                all
+            }),
         }
     }
 
@@ -182,20 +229,30 @@ impl Report {
             (None, Some(d)) => format!("{d} s"),
             (None, None) => "unbounded".to_owned(),
         };
+        let prompt = match self.prompt_bytes_max {
+            Some(max) => format!("{}-{max}", self.prompt_bytes),
+            None => self.prompt_bytes.to_string(),
+        };
         let _ = writeln!(
             s,
-            "target       {} model={} {} max_tokens={} prompt_bytes={}",
+            "target       {} model={} {} max_tokens={} prompt_bytes={prompt}",
             self.url,
             self.model,
             if self.stream { "stream" } else { "no-stream" },
             self.max_tokens.map_or_else(|| "-".to_owned(), |n| n.to_string()),
-            self.prompt_bytes
         );
-        let _ = writeln!(
-            s,
+        let mut load = format!(
             "load         concurrency={} workers={} driver={} bound={bound}",
             self.concurrency, self.workers, self.driver
         );
+        if let Some(rate) = self.rate {
+            let _ = write!(load, " rate={rate}/s late_starts={}", self.late_starts);
+        }
+        if let Some(n) = self.disconnect_after {
+            let cut = self.disconnects.as_ref().map_or(0, Vec::len);
+            let _ = write!(load, " disconnect_after={n} cut={cut}");
+        }
+        let _ = writeln!(s, "{load}");
         let _ = writeln!(
             s,
             "requests     {} in {:.3} s: {} ok, {} errors; {:.1} req/s; {} connections",
@@ -206,6 +263,14 @@ impl Report {
             s,
             "tokens       {} ({per:.1}/request, usage says {}); {:.1} tokens/s",
             self.tokens, self.usage_completion_tokens, self.tokens_per_sec
+        );
+        let _ = writeln!(
+            s,
+            "body         {} events, {:.1} events/s; {} bytes, {:.2} MB/s",
+            self.events,
+            self.events_per_sec,
+            self.body_bytes,
+            self.body_bytes_per_sec / 1e6
         );
         let e = &self.errors;
         if e.total > 0 {
@@ -296,6 +361,9 @@ mod tests {
             gaps_us: vec![1000, 1000],
             tokens: 3,
             usage_tokens: Some(3),
+            events: 5,
+            body_bytes: 400,
+            cut: false,
         });
         recorder.fail(Failure::Status(429));
         recorder.fail(Failure::Protocol("missing_done"));
@@ -310,11 +378,41 @@ mod tests {
         assert_eq!(v["tokens"], 3);
         assert_eq!(v["requests_per_sec"], 2.0);
         assert_eq!(v["tokens_per_sec"], 6.0);
+        assert_eq!((v["events"].as_u64(), v["events_per_sec"].as_f64()), (Some(5), Some(10.0)));
+        assert_eq!((v["body_bytes"].as_u64(), v["body_bytes_per_sec"].as_f64()), (Some(400), Some(800.0)));
+        assert!(v.get("disconnects").is_none(), "only with --disconnect-after");
+        assert_eq!((&v["rate"], &v["late_starts"]), (&serde_json::Value::Null, &serde_json::json!(0)));
         assert_eq!(v["latency_us"]["itl"]["count"], 2);
         assert_eq!(v["latency_us"]["ttft"]["p50"], 1000);
         assert_eq!(v["url"], "http://127.0.0.1:1/v1/chat/completions");
         let text = report.to_text();
         assert!(text.contains("status_429=1 protocol_missing_done=1"), "{text}");
         assert!(text.contains("  ttft"), "{text}");
+        assert!(text.contains("body         5 events, 10.0 events/s; 400 bytes, 0.00 MB/s"), "{text}");
+
+        let settings = Settings::from_args(&LoadArgs::parse_from([
+            "iop-loadtest",
+            "--url",
+            "http://127.0.0.1:1",
+            "--disconnect-after",
+            "2",
+            "--rate",
+            "5",
+        ]))
+        .unwrap();
+        let mut recorder = Recorder::new().unwrap();
+        recorder.disconnects = vec![(7, 300), (1, 200)];
+        let outcome = Outcome { recorder, elapsed: Duration::from_millis(500), driver: "epoll" };
+        let v: serde_json::Value =
+            serde_json::from_str(&Report::new(&settings, &outcome, String::new()).to_json()).unwrap();
+        let prefix = settings.tag_prefix.unwrap();
+        assert_eq!(
+            v["disconnects"],
+            serde_json::json!([
+                {"tag": format!("{prefix}-0000000000000001"), "unix_ns": 200},
+                {"tag": format!("{prefix}-0000000000000007"), "unix_ns": 300},
+            ])
+        );
+        assert_eq!((v["rate"].as_f64(), v["disconnect_after"].as_u64()), (Some(5.0), Some(2)));
     }
 }

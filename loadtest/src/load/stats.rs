@@ -97,6 +97,12 @@ pub struct Measure {
     pub tokens: u64,
     /// `usage.completion_tokens` when the server reported it.
     pub usage_tokens: Option<u64>,
+    /// SSE events received (`data: [DONE]` included); streams only.
+    pub events: u64,
+    /// Response body bytes (the entity, after any chunked decoding).
+    pub body_bytes: u64,
+    /// The client closed the connection on purpose (`--disconnect-after`).
+    pub cut: bool,
 }
 
 /// Histograms and counters of one worker, or of the whole run once merged.
@@ -118,11 +124,23 @@ pub struct Recorder {
     pub tokens: u64,
     /// Sum of `usage.completion_tokens` of the completed requests.
     pub usage_tokens: u64,
+    /// SSE events of the completed requests.
+    pub events: u64,
+    /// Response body bytes of the completed requests.
+    pub body_bytes: u64,
     /// TCP connections opened.
     pub connections: u64,
+    /// Open loop: requests that started at least [`LATE_START`] after their slot.
+    pub late_starts: u64,
+    /// `--disconnect-after`: (request number, wall-clock Unix ns just before
+    /// the close) of each stream the client cut.
+    pub disconnects: Vec<(u64, u64)>,
     /// Failed requests by class.
     pub errors: Errors,
 }
+
+/// How late an open-loop request may start and still count as on time.
+pub const LATE_START: Duration = Duration::from_millis(10);
 
 fn histogram() -> Result<Histogram<u64>, hdrhistogram::CreationError> {
     Histogram::new_with_bounds(1, MAX_US, 3)
@@ -144,7 +162,11 @@ impl Recorder {
             completed: 0,
             tokens: 0,
             usage_tokens: 0,
+            events: 0,
+            body_bytes: 0,
             connections: 0,
+            late_starts: 0,
+            disconnects: Vec::new(),
             errors: Errors::default(),
         })
     }
@@ -155,6 +177,8 @@ impl Recorder {
         self.completed += 1;
         self.tokens += m.tokens;
         self.usage_tokens += m.usage_tokens.unwrap_or(0);
+        self.events += m.events;
+        self.body_bytes += m.body_bytes;
         if let Some(d) = m.ttfb {
             self.ttfb.saturating_record(micros(d));
         }
@@ -183,7 +207,11 @@ impl Recorder {
         self.completed += other.completed;
         self.tokens += other.tokens;
         self.usage_tokens += other.usage_tokens;
+        self.events += other.events;
+        self.body_bytes += other.body_bytes;
         self.connections += other.connections;
+        self.late_starts += other.late_starts;
+        self.disconnects.extend_from_slice(&other.disconnects);
         self.errors.merge(&other.errors);
         Ok(())
     }
@@ -204,7 +232,11 @@ mod tests {
             gaps_us: vec![0, 10, 20],
             tokens: 4,
             usage_tokens: Some(4),
+            events: 6,
+            body_bytes: 700,
+            cut: false,
         });
+        a.disconnects.push((1, 10));
         a.fail(Failure::Status(503));
         a.fail(Failure::Protocol("missing_done"));
         let mut b = Recorder::new().unwrap();
@@ -212,8 +244,12 @@ mod tests {
         b.fail(Failure::Connect);
         b.fail(Failure::Timeout);
         b.fail(Failure::Io);
-        b.ok(&Measure { total: Duration::from_secs(7200), ..Measure::default() });
+        b.ok(&Measure { total: Duration::from_secs(7200), events: 1, body_bytes: 1, ..Measure::default() });
+        b.late_starts = 2;
+        b.disconnects.push((2, 20));
         a.merge(&b).unwrap();
+        assert_eq!((a.events, a.body_bytes, a.late_starts), (7, 701, 2));
+        assert_eq!(a.disconnects, [(1, 10), (2, 20)]);
         assert_eq!((a.requests, a.completed, a.tokens, a.usage_tokens), (8, 2, 4, 4));
         assert_eq!(a.errors.total(), 6);
         assert_eq!(a.errors.status[&503], 2);

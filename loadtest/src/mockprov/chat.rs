@@ -109,6 +109,8 @@ pub struct Plan {
     pub token_bytes: usize,
     /// Close the connection without answering.
     pub hangup: bool,
+    /// `mock.tag`.
+    pub tag: Option<String>,
 }
 
 impl Plan {
@@ -202,6 +204,7 @@ pub fn plan(body: &[u8], config: &MockConfig, seq: u64, created: u64) -> Result<
         error_status: k.error_status,
         token_bytes: k.token_bytes,
         hangup: k.hangup,
+        tag: k.tag,
     })
 }
 
@@ -228,8 +231,9 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
         Err(e) => return reply::bad_request(Flavor::OpenAi, &e),
     };
     if let Some(early) = reply::early_reply(Flavor::OpenAi, plan.hangup, plan.error_status, &plan.model) {
-        return early;
+        return early.tagged(plan.tag);
     }
+    let tag = plan.tag.clone();
     let action = if plan.stream {
         Action::Stream(Stream {
             content_type: "text/event-stream",
@@ -247,7 +251,7 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
         whole.abort = plan.aborts();
         Action::Whole(whole)
     };
-    Reply { flavor: Flavor::OpenAi, action }
+    Reply::new(Flavor::OpenAi, action).tagged(tag)
 }
 
 #[cfg(test)]

@@ -25,6 +25,11 @@ impl Timestamp {
         Self { secs, nanos: 0 }
     }
 
+    /// Nanoseconds since the epoch (saturating).
+    pub fn unix_nanos(self) -> u64 {
+        self.secs.saturating_mul(1_000_000_000).saturating_add(u64::from(self.nanos))
+    }
+
     /// This time plus `d`.
     pub fn plus(self, d: Duration) -> Self {
         let total = Duration::new(self.secs, self.nanos).saturating_add(d);
@@ -76,6 +81,8 @@ mod tests {
         // Leap day and end of year.
         assert_eq!(Timestamp::from_secs(951_782_400).rfc3339(), "2000-02-29T00:00:00Z");
         assert_eq!(Timestamp::from_secs(1_735_689_599).rfc3339(), "2024-12-31T23:59:59Z");
+        assert_eq!(Timestamp { secs: 3, nanos: 7 }.unix_nanos(), 3_000_000_007);
+        assert_eq!(Timestamp { secs: u64::MAX, nanos: 7 }.unix_nanos(), u64::MAX);
         assert_eq!(
             Timestamp { secs: 1, nanos: 999_999_999 }.plus(Duration::from_nanos(2)).rfc3339(),
             "1970-01-01T00:00:02.000000001Z"

@@ -252,6 +252,7 @@ impl Conn {
                 None => error(404, "no model request recorded yet"),
             },
             Meta::Log => (200, json, self.ctx.log.borrow().log_json()),
+            Meta::Closes => (200, json, self.ctx.closes.borrow().to_json()),
         }
     }
 

@@ -160,7 +160,7 @@ pub fn openai_reply(body: &[u8], env: &Env<'_>) -> Reply {
         return early;
     }
     let body = openai_body(&model, &inputs, dims, base64);
-    Reply { flavor: Flavor::OpenAi, action: Action::Whole(whole(&knobs, "application/json", body)) }
+    Reply::new(Flavor::OpenAi, Action::Whole(whole(&knobs, "application/json", body)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -217,13 +217,13 @@ pub fn ollama_reply(body: &[u8], env: &Env<'_>) -> Reply {
     if knobs.error_status == Some(404) && !knobs.hangup {
         // Ollama words a missing embedding model differently from a chat one.
         let body = super::errors::ollama_error_body(&format!("model '{model}' not found"));
-        return Reply { flavor: Flavor::Ollama, action: Action::Whole(Whole::json(404, OLLAMA_JSON, body)) };
+        return Reply::new(Flavor::Ollama, Action::Whole(Whole::json(404, OLLAMA_JSON, body)));
     }
     if let Some(early) = reply::early_reply(Flavor::Ollama, knobs.hangup, knobs.error_status, &model) {
         return early;
     }
     let body = ollama_body(&model, &inputs, dims, &knobs);
-    Reply { flavor: Flavor::Ollama, action: Action::Whole(whole(&knobs, OLLAMA_JSON, body)) }
+    Reply::new(Flavor::Ollama, Action::Whole(whole(&knobs, OLLAMA_JSON, body)))
 }
 
 #[cfg(test)]

@@ -9,13 +9,15 @@
 //!   the runtime, [`spawn`] runs it on a background thread for in-process tests.
 //! - [`Stats`]: counters served at `GET /stats`.
 //! - [`record`]: the exchange log served at `GET /last` and `GET /log`.
+//! - [`closes`]: the early closes of tagged requests, at `GET /closes`.
 //!
 //! Endpoints. Model endpoints (numbered, recorded, `mock` overrides apply):
 //! `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
 //! `POST /v1/responses` (streamed as SSE or whole JSON), `POST /api/chat`
 //! (NDJSON or whole JSON), `POST /api/embed`. Metadata: `GET /v1/models`,
 //! `GET /api/tags`, `GET /api/ps`, `POST /api/show`, `GET /api/version`.
-//! The mock's own: `GET /healthz`, `GET /stats`, `GET /last`, `GET /log`.
+//! The mock's own: `GET /healthz`, `GET /stats`, `GET /last`, `GET /log`,
+//! `GET /closes`.
 //!
 //! Layout: each endpoint module turns a body into a [`reply::Reply`] with no
 //! I/O (`chat` + `chat_stream` + `chat_body`, `completions`, `embeddings`,
@@ -26,6 +28,7 @@ pub mod chat;
 pub mod chat_body;
 pub mod chat_stream;
 pub mod clock;
+pub mod closes;
 pub mod completions;
 mod conn;
 pub mod embeddings;
@@ -57,12 +60,14 @@ use iop_core::http::Limits;
 const AFTER_HELP: &str = "\
 Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
 /api/chat, /api/embed; GET /v1/models, /api/tags, /api/ps, /api/version; POST /api/show;
-GET /healthz, /stats, /last (the most recent model exchange), /log (the last 64).
+GET /healthz, /stats, /last (the most recent model exchange), /log (the last 64),
+/closes (tagged requests whose client left early, with the instant).
 
 Per request, a \"mock\" object in the JSON body overrides the flags: tokens,
 token_interval_ms, ttft_ms, error_status, abort_after, reasoning, token_bytes,
-tool_calls, tool_name, refusal, logprobs, and hangup (read the request, close
-without answering). Unknown keys are refused with a 400.";
+tool_calls, tool_name, refusal, logprobs, hangup (read the request, close
+without answering) and tag (a label for /closes). Unknown keys are refused
+with a 400.";
 
 /// Defaults for every request (each can be overridden per request).
 #[derive(Debug, Clone, clap::Parser)]
@@ -209,6 +214,8 @@ pub(crate) struct Ctx {
     pub(crate) limits: Limits,
     /// The exchanges behind `/last` and `/log` (one runtime thread, so a `RefCell`).
     pub(crate) log: RefCell<record::ExchangeLog>,
+    /// The early closes behind `/closes`.
+    pub(crate) closes: RefCell<closes::CloseLog>,
 }
 
 /// A bound mock provider. Create and run it inside a monoio runtime.
@@ -229,6 +236,7 @@ impl MockProv {
             stats: Arc::new(Stats::default()),
             limits: Limits::default(),
             log: RefCell::new(record::ExchangeLog::default()),
+            closes: RefCell::new(closes::CloseLog::default()),
         });
         Ok(Self { listener, ctx })
     }

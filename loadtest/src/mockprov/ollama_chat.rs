@@ -268,14 +268,13 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
         Ok(plan) => plan,
         Err(e) => return reply::bad_request(Flavor::Ollama, &e),
     };
+    let tag = plan.knobs.tag.clone();
     if let Some(early) = reply::early_reply(Flavor::Ollama, plan.knobs.hangup, plan.knobs.error_status, &plan.model) {
-        return early;
+        return early.tagged(tag);
     }
     if plan.load {
-        return Reply {
-            flavor: Flavor::Ollama,
-            action: Action::Whole(Whole::json(200, OLLAMA_JSON, plan.load_line(env.now))),
-        };
+        return Reply::new(Flavor::Ollama, Action::Whole(Whole::json(200, OLLAMA_JSON, plan.load_line(env.now))))
+            .tagged(tag);
     }
     let k = &plan.knobs;
     let action = if plan.stream {
@@ -292,7 +291,7 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
         whole.abort = k.abort_after.is_some_and(|n| n <= plan.content_steps());
         Action::Whole(whole)
     };
-    Reply { flavor: Flavor::Ollama, action }
+    Reply::new(Flavor::Ollama, action).tagged(tag)
 }
 
 /// The NDJSON lines: thinking, content (or the tool calls), the final line.

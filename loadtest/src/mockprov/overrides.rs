@@ -40,6 +40,9 @@ pub struct MockOverrides {
     pub refusal: Option<String>,
     /// Attach logprobs to every content token, as if the request asked.
     pub logprobs: Option<bool>,
+    /// A label of the request: when its client leaves before the answer is
+    /// complete, the instant is listed under this tag at `GET /closes`.
+    pub tag: Option<String>,
 }
 
 /// A request the mock refuses, answered as a 400 in the endpoint's error shape.
@@ -81,7 +84,12 @@ pub struct Knobs {
     pub refusal: Option<String>,
     /// Logprobs forced on.
     pub logprobs: bool,
+    /// The request's tag.
+    pub tag: Option<String>,
 }
+
+/// Longest tag accepted.
+pub const MAX_TAG_BYTES: usize = 128;
 
 impl Knobs {
     /// Merges `o` over `config`, refusing values the mock cannot honour.
@@ -97,6 +105,9 @@ impl Knobs {
         if tool_calls > MAX_FANOUT {
             return Err(BadRequest(format!("mock.tool_calls {tool_calls} is above {MAX_FANOUT}")));
         }
+        if o.tag.as_ref().is_some_and(|t| t.len() > MAX_TAG_BYTES) {
+            return Err(BadRequest(format!("mock.tag is longer than {MAX_TAG_BYTES} bytes")));
+        }
         Ok(Self {
             tokens: o.tokens.unwrap_or(config.tokens),
             reasoning: o.reasoning.unwrap_or(config.reasoning),
@@ -111,6 +122,7 @@ impl Knobs {
             tool_name: o.tool_name.or_else(|| config.tool_name.clone()).unwrap_or_else(|| "get_weather".to_owned()),
             refusal: o.refusal.or_else(|| config.refusal.clone()).filter(|r| !r.is_empty()),
             logprobs: o.logprobs.unwrap_or(config.logprobs),
+            tag: o.tag,
         })
     }
 
@@ -196,7 +208,10 @@ mod tests {
         assert_eq!((k.refusal.as_deref(), k.logprobs, k.ttft), (Some("no"), true, Duration::from_millis(5)));
         let o: MockOverrides = serde_json::from_str(r#"{"refusal":""}"#).unwrap();
         assert_eq!(Knobs::resolve(Some(o), &config).unwrap().refusal, None);
-        for bad in [r#"{"error_status":200}"#, r#"{"tool_calls":1000}"#] {
+        let o: MockOverrides = serde_json::from_str(r#"{"tag":"t-1"}"#).unwrap();
+        assert_eq!(Knobs::resolve(Some(o), &config).unwrap().tag.as_deref(), Some("t-1"));
+        let long = format!(r#"{{"tag":"{}"}}"#, "x".repeat(MAX_TAG_BYTES + 1));
+        for bad in [r#"{"error_status":200}"#, r#"{"tool_calls":1000}"#, long.as_str()] {
             let o: MockOverrides = serde_json::from_str(bad).unwrap();
             assert!(Knobs::resolve(Some(o), &config).is_err(), "{bad}");
         }

@@ -42,21 +42,39 @@ struct HeadSpec<'a> {
 impl Conn {
     /// Plays `reply` (request number `seq`, which arrived at `started`).
     pub(super) async fn play(&mut self, reply: Reply, seq: u64, started: Instant, ka: bool) -> io::Result<Next> {
-        match reply.action {
+        let Reply { flavor, action, tag } = reply;
+        match action {
             Action::Hangup => {
                 // Read, counted, never answered: a provider that dies mid-request.
                 self.finish_record(false);
                 Ok(Next::Close)
             }
-            Action::Whole(whole) => self.play_whole(reply.flavor, whole, seq, started, ka).await,
-            Action::Stream(stream) => Ok(self.play_stream(reply.flavor, stream, seq, started, ka).await),
+            Action::Whole(whole) => self.play_whole(flavor, whole, seq, started, ka, tag).await,
+            Action::Stream(stream) => Ok(self.play_stream(flavor, stream, seq, started, ka, tag).await),
         }
     }
 
-    async fn play_whole(&mut self, flavor: Flavor, w: Whole, seq: u64, started: Instant, ka: bool) -> io::Result<Next> {
+    /// The client left before the answer was complete.
+    fn client_left(&mut self, seq: u64, tag: Option<String>) {
+        let at = Timestamp::now();
+        Stats::bump(&self.ctx.stats.early_closed);
+        if let Some(tag) = tag {
+            self.ctx.closes.borrow_mut().push(tag, seq, at);
+        }
+        self.finish_record(false);
+    }
+
+    async fn play_whole(
+        &mut self,
+        flavor: Flavor,
+        w: Whole,
+        seq: u64,
+        started: Instant,
+        ka: bool,
+        tag: Option<String>,
+    ) -> io::Result<Next> {
         if self.pause(w.delay).await.is_err() {
-            Stats::bump(&self.ctx.stats.early_closed);
-            self.finish_record(false);
+            self.client_left(seq, tag);
             return Ok(Next::Close);
         }
         if w.abort {
@@ -88,15 +106,22 @@ impl Conn {
         Ok(Next::KeepAlive)
     }
 
-    async fn play_stream(&mut self, flavor: Flavor, stream: Stream, seq: u64, started: Instant, ka: bool) -> Next {
+    async fn play_stream(
+        &mut self,
+        flavor: Flavor,
+        stream: Stream,
+        seq: u64,
+        started: Instant,
+        ka: bool,
+        tag: Option<String>,
+    ) -> Next {
         let stats = self.ctx.stats.clone();
         Stats::bump(&stats.streams_started);
         let _active = ActiveStream::new(&stats);
         match self.stream_inner(flavor, stream, seq, started, ka).await {
             Ok(next) => next,
             Err(Gone) => {
-                Stats::bump(&stats.early_closed);
-                self.finish_record(false);
+                self.client_left(seq, tag);
                 Next::Close
             }
         }

@@ -38,6 +38,21 @@ pub struct Reply {
     pub flavor: Flavor,
     /// The answer.
     pub action: Action,
+    /// The request's `mock.tag`: a client close before the end is logged under it.
+    pub tag: Option<String>,
+}
+
+impl Reply {
+    /// An untagged reply.
+    pub fn new(flavor: Flavor, action: Action) -> Self {
+        Self { flavor, action, tag: None }
+    }
+
+    /// The same reply, tagged.
+    pub fn tagged(mut self, tag: Option<String>) -> Self {
+        self.tag = tag;
+        self
+    }
 }
 
 /// A whole-body answer.
@@ -163,7 +178,7 @@ pub struct Env<'a> {
 /// is one of those: `hangup`, then `error_status`.
 pub fn early_reply(flavor: Flavor, hangup: bool, error_status: Option<u16>, model: &str) -> Option<Reply> {
     if hangup {
-        return Some(Reply { flavor, action: Action::Hangup });
+        return Some(Reply::new(flavor, Action::Hangup));
     }
     let status = error_status?;
     let whole = match flavor {
@@ -178,7 +193,7 @@ pub fn early_reply(flavor: Flavor, hangup: bool, error_status: Option<u16>, mode
             errors::ollama_error_body(&errors::ollama_mock_error_message(status, model)),
         ),
     };
-    Some(Reply { flavor, action: Action::Whole(whole) })
+    Some(Reply::new(flavor, Action::Whole(whole)))
 }
 
 /// The 400 for a refused request, in the flavor's error shape.
@@ -189,7 +204,7 @@ pub fn bad_request(flavor: Flavor, e: &BadRequest) -> Reply {
         }
         Flavor::Ollama => Whole::json(400, OLLAMA_JSON, errors::ollama_error_body(&e.0)),
     };
-    Reply { flavor, action: Action::Whole(whole) }
+    Reply::new(flavor, Action::Whole(whole))
 }
 
 /// `system_fingerprint` of every OpenAI chunk and completion.

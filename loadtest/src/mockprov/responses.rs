@@ -202,7 +202,7 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
         whole.abort = k.abort_after.is_some_and(|n| n <= plan.tokens);
         Action::Whole(whole)
     };
-    Reply { flavor: Flavor::OpenAi, action }
+    Reply::new(Flavor::OpenAi, action)
 }
 
 /// The streamed events. Steps: 0 lead (created, in_progress), 1 item added,

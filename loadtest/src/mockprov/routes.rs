@@ -39,6 +39,8 @@ pub enum Meta {
     Last,
     /// `GET /log`.
     Log,
+    /// `GET /closes`.
+    Closes,
 }
 
 /// Where a request goes.
@@ -70,6 +72,7 @@ const ROUTES: &[(&str, &str, Route)] = &[
     ("GET", "/stats", Route::Meta(Meta::Stats)),
     ("GET", "/last", Route::Meta(Meta::Last)),
     ("GET", "/log", Route::Meta(Meta::Log)),
+    ("GET", "/closes", Route::Meta(Meta::Closes)),
 ];
 
 /// The route of `method` `path` (path without its query).
@@ -101,6 +104,7 @@ mod tests {
         assert_eq!(route("POST", "/api/embed"), Route::Model(Endpoint::OllamaEmbed));
         assert_eq!(route("POST", "/api/show"), Route::Meta(Meta::Show));
         assert_eq!(route("GET", "/log"), Route::Meta(Meta::Log));
+        assert_eq!(route("GET", "/closes"), Route::Meta(Meta::Closes));
         assert_eq!(route("GET", "/api/chat"), Route::MethodNotAllowed);
         assert_eq!(route("POST", "/healthz"), Route::MethodNotAllowed);
         assert_eq!(route("GET", "/nope"), Route::NotFound);

@@ -1,7 +1,7 @@
 //! Shared by the binary tests: a spawned `iop-mockprov` on port 0.
 
 use std::{
-    io::{BufRead, BufReader},
+    io::{BufRead, BufReader, Read, Write},
     net::SocketAddr,
     process::{Child, Command, Stdio},
 };
@@ -48,6 +48,20 @@ impl MockProv {
     #[allow(dead_code)] // used by one of the two test binaries
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+}
+
+impl MockProv {
+    /// `GET path` on a fresh connection: the body of a 200 answer as JSON.
+    #[allow(dead_code)] // used by one of the two test binaries
+    pub fn get_json(&self, path: &str) -> serde_json::Value {
+        let mut s = std::net::TcpStream::connect(self.addr).expect("connect");
+        write!(s, "GET {path} HTTP/1.1\r\nhost: mock\r\nconnection: close\r\n\r\n").expect("write");
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).expect("read");
+        let (head, body) = raw.split_once("\r\n\r\n").expect("a whole answer");
+        assert!(head.starts_with("HTTP/1.1 200 "), "{head}");
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
     }
 }
 
