@@ -1,0 +1,294 @@
+"""`run.py compare`: per scenario, each system's numbers (the median over the
+rounds) and iop's ratios against the targets of issue 8, met or not met."""
+
+import statistics
+
+from scenarios import TITLES, describe
+
+IOP = ["iop-tunnel", "iop-normalized"]
+ORDER = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized", "iop-mock"]
+
+
+def metrics(rec, cores=1):
+    """The numbers of one run, flat; None when the run failed. `cores`: the
+    machine's, for the share of it the run kept busy."""
+    if "error" in rec or "load" not in rec:
+        return None
+    sid, load = rec["scenario"], rec["load"]
+    m = {"errors": load["errors"]["total"], "completed": load["completed"]}
+    cpu = rec.get("cpu_sec", {})
+    if load["completed"] and "system" in cpu:
+        m["cpu_us_req"] = cpu["system"] / load["completed"] * 1e6
+    if "loadtest" in cpu and load["elapsed_sec"]:
+        m["gen_cores"] = cpu["loadtest"] / load["elapsed_sec"]
+    if "mock" in cpu and load["elapsed_sec"]:
+        m["mock_cores"] = cpu["mock"] / load["elapsed_sec"]
+    if {"system", "loadtest"} <= set(cpu) and load["elapsed_sec"]:
+        mock = cpu.get("mock", 0.0) if rec["system"] != "direct" else 0.0
+        m["busy_pct"] = (cpu["system"] + mock + cpu["loadtest"]) / load["elapsed_sec"] / cores * 100
+    lat = load["latency_us"]
+    m["req_s"] = load["requests_per_sec"]
+    if sid in ("S2", "S7"):
+        m["events_s"] = load["events_per_sec"]
+        m["mb_s"] = load["body_bytes_per_sec"] / 1e6
+        m["tokens_s"] = load["tokens_per_sec"]
+        m["events_req"] = load["events"] / load["completed"] if load["completed"] else None
+    if sid == "S3":
+        m["ttft_p50"], m["ttft_p99"] = lat["ttft"]["p50"] / 1000, lat["ttft"]["p99"] / 1000
+        m["gap_p50"], m["gap_p99"] = lat["itl"]["p50"] / 1000, lat["itl"]["p99"] / 1000
+    if sid == "S4":
+        for group, v in rec["rss_kib_per_stream"].items():
+            m["rss_" + group] = v
+        m["all_open"] = rec.get("all_open_seen")
+    if sid == "S5":
+        d = rec["disconnect"]
+        m["close_p50"], m["close_p99"], m["never_closed"], m["cut"] = d["p50_ms"], d["p99_ms"], d["never_closed"], d["cut"]
+    if sid == "S6":
+        wb, big = rec["with_big"], rec["big"]
+        m["gap_p99_alone"] = lat["itl"]["p99"] / 1000
+        m["gap_p99_big"] = wb["latency_us"]["itl"]["p99"] / 1000
+        m["gap_shift"] = m["gap_p99_big"] - m["gap_p99_alone"]
+        m["big_done"], m["big_late"] = big["completed"], big["late_starts"]
+        m["errors"] += wb["errors"]["total"] + big["errors"]["total"]
+        m["big_total_p99"] = big["latency_us"]["total"]["p99"] / 1000
+    return m
+
+
+def median(values):
+    values = [v for v in values if v is not None]
+    return statistics.median(values) if values else None
+
+
+def spread(values):
+    values = [v for v in values if v is not None]
+    if len(values) < 2:
+        return None
+    mid = statistics.median(values)
+    return (max(values) - min(values)) / 2 / abs(mid) * 100 if mid else None
+
+
+class Agg:
+    """Runs grouped by (scenario, system, workers), metrics by round."""
+
+    def __init__(self, results):
+        self.by = {}
+        self.failed = []
+        cores = results["meta"]["machine"].get("affinity") or results["meta"]["machine"].get("nproc") or 1
+        for rec in results["runs"]:
+            key = (rec["scenario"], rec["system"], rec.get("workers"))
+            m = metrics(rec, cores)
+            if m is None:
+                self.failed.append(rec)
+                continue
+            self.by.setdefault(key, {})[rec["round"]] = m
+
+    def rounds(self, sid, system, workers):
+        return self.by.get((sid, system, workers), {})
+
+    def value(self, sid, system, workers, name):
+        return median([m.get(name) for m in self.rounds(sid, system, workers).values()])
+
+    def values(self, sid, system, workers, name):
+        return [m.get(name) for _, m in sorted(self.rounds(sid, system, workers).items())]
+
+    def added(self, sid, system, workers, name):
+        """Per round: the system's value minus direct's in the same round; the median."""
+        base = self.rounds(sid, "direct", workers)
+        diffs = [m.get(name) - base[r][name] for r, m in self.rounds(sid, system, workers).items()
+                 if r in base and m.get(name) is not None and base[r].get(name) is not None]
+        return median(diffs), diffs
+
+    def systems(self, sid):
+        present = {k[1] for k in self.by if k[0] == sid}
+        return [s for s in ORDER if s in present] + sorted(present - set(ORDER))
+
+
+def fmt(v, digits=2):
+    if v is None:
+        return "n/a"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if abs(v) >= 1000:
+        return "{:,.0f}".format(v).replace(",", " ")
+    if abs(v) >= 100:
+        return "%.0f" % v
+    return ("%." + str(digits) + "f") % v
+
+
+def cell(agg, sid, system, workers, name, digits=2):
+    v = agg.value(sid, system, workers, name)
+    s = spread(agg.values(sid, system, workers, name))
+    return fmt(v, digits) + (" ±%.0f%%" % s if s is not None and s >= 0.5 else "")
+
+
+def table(headers, rows, md, left=1):
+    if md:
+        out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+        out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+        return "\n".join(out)
+    widths = [max(len(str(x)) for x in col) for col in zip(headers, *rows)]
+    line = lambda r: "  " + "  ".join(str(c).ljust(w) if i < left else str(c).rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(headers)] + [line(r) for r in rows])
+
+
+def ratio(a, b):
+    return a / b if a is not None and b not in (None, 0) else None
+
+
+def verdict(ok):
+    return "n/a" if ok is None else ("met" if ok else "NOT MET")
+
+
+def targets(agg, workers):
+    """(scenario, target, system, value, verdict) for every target of issue 8."""
+    out = []
+    w = workers
+
+    def at_least(sid, name, system, other, label, limit=1.0):
+        r = ratio(agg.value(sid, system, w, name), agg.value(sid, other, w, name))
+        out.append((sid, label, system, fmt(r) + "×" if r is not None else "n/a", verdict(None if r is None else r >= limit)))
+
+    for s in IOP:
+        at_least("S1", "req_s", s, "nginx2", "req/s ≥ 1.0× nginx2")
+        r = ratio(agg.value("S1", s, w, "cpu_us_req"), agg.value("S1", "nginx2", w, "cpu_us_req"))
+        out.append(("S1", "CPU/request ≤ nginx2", s, fmt(r) + "×" if r is not None else "n/a",
+                    verdict(None if r is None else r <= 1.0)))
+    for s in IOP:
+        at_least("S2", "events_s", s, "nginx2", "events/s ≥ 1.0× nginx2")
+    at_least("S2", "events_s", "iop-tunnel", "nginx1", "events/s ≥ 1.0× nginx1")
+    for name, label in (("ttft_p99", "added TTFT p99 ≤ nginx2's"), ("gap_p99", "added gap p99 ≤ nginx2's")):
+        theirs, _ = agg.added("S3", "nginx2", w, name)
+        for s in IOP:
+            ours, _ = agg.added("S3", s, w, name)
+            ok = None if ours is None or theirs is None else ours <= theirs
+            out.append(("S3", label, s, "%s vs %s ms" % (fmt(ours), fmt(theirs)), verdict(ok)))
+    for s in IOP:
+        per = {g: agg.value("S4", s, w, "rss_" + g) for g in ("edge", "node")}
+        worst = max((v for v in per.values() if v is not None), default=None)
+        out.append(("S4", "≤ 8 KiB per stream per process", s,
+                    "edge %s, node %s KiB" % (fmt(per["edge"]), fmt(per["node"])),
+                    verdict(None if worst is None else worst <= 8.0)))
+    for s in IOP:
+        v = agg.value("S5", s, w, "close_p99")
+        never = agg.value("S5", s, w, "never_closed")
+        ok = None if v is None else (v <= 5.0 and not never)
+        out.append(("S5", "upstream close p99 ≤ 5 ms", s, "%s ms" % fmt(v) + (", %s never closed" % fmt(never, 0) if never else ""),
+                    verdict(ok)))
+    for s in IOP:
+        v = agg.value("S6", s, w, "gap_shift")
+        out.append(("S6", "paced gap p99 moves ≤ 1 ms", s, "%+.2f ms" % v if v is not None else "n/a",
+                    verdict(None if v is None else v <= 1.0)))
+    for s in IOP:
+        r = ratio(agg.value("S7", s, 2, "events_s"), agg.value("S7", s, 1, "events_s"))
+        busy = agg.value("S7", s, 2, "busy_pct")
+        value = (fmt(r) + "×" if r is not None else "n/a") + (" (machine %.0f%% busy)" % busy if busy is not None else "")
+        out.append(("S7", "2 workers ≥ 1.6× 1 worker", s, value, verdict(None if r is None else r >= 1.6)))
+    return out
+
+
+def header(results, md):
+    meta = results["meta"]
+    mc, v = meta["machine"], meta["versions"]
+    runs = results["runs"]
+    loads = [r["loadavg_before"][0] for r in runs if "loadavg_before" in r]
+    built = sum(1 for r in runs if r.get("builds_running_before") or r.get("builds_running_after"))
+    other = [r["other_cpu_sec"] / max(r.get("wall_sec", 1), 0.001) for r in runs if "other_cpu_sec" in r]
+    lines = [
+        "machine   nproc=%s kernel=%s cpu=%r %s MHz ram=%s GiB" % (mc["nproc"], mc["kernel"], mc["cpu"], mc.get("cpu_mhz"), mc["ram_gib"]),
+        "versions  git %s%s, %s, %s, %s" % (v["git"], " (dirty tree)" if v.get("dirty") else "", v["rustc"], v["nginx"], v["iop_edge"]),
+        "binaries  %s (newest built %s)" % (meta["bin_dir"], max(meta.get("binaries_built", {}).values(), default="?")),
+        "command   %s" % meta["command"],
+        "date      %s to %s; %d rounds%s; %d runs, %d failed" % (
+            meta["started_at"], results.get("finished_at", "(unfinished)"), meta["rounds"],
+            " (--quick)" if meta["quick"] else "", len(runs), sum(1 for r in runs if "error" in r)),
+        "busy      1-min load average before runs %s–%s; a build (cargo/rustc) ran during %d of %d runs; "
+        "other processes used at most %.2f cores" % (fmt(min(loads, default=None)), fmt(max(loads, default=None)), built, len(runs),
+                                                       max(other, default=0.0)),
+        "iop-node  `workers` key: %s" % ("applied" if meta.get("node_workers") else
+                                         "not supported by this build, S7 scaled the edge only"),
+    ]
+    if md:
+        return "\n".join("- %s: %s" % tuple(l.split(None, 1)) for l in lines).replace(meta["command"], "`%s`" % meta["command"])
+    return "\n".join(lines)
+
+
+def render(results, md=False):
+    agg = Agg(results)
+    w = results["meta"]["workers"]
+    out = ["iop vs nginx (issue 8 benchmark)", "", header(results, md), ""]
+
+    def section(sid, headers, rows, note=None):
+        if not rows:
+            return
+        title = "%s  %s" % (sid, TITLES[sid])
+        text = describe(sid, results["meta"]["params"][sid]) + ("; " + note if note else "")
+        if md:
+            out.extend(["**%s**" % title, "", text, "", table(headers, rows, md), ""])
+        else:
+            out.extend([title, text, table(headers, rows, md), ""])
+
+    sid = "S1"
+    section(sid, ["system", "req/s", "CPU µs/req", "mock cores", "gen cores", "machine busy %", "errors"],
+            [[s, cell(agg, sid, s, w, "req_s"), cell(agg, sid, s, w, "cpu_us_req", 1), cell(agg, sid, s, w, "mock_cores"),
+              cell(agg, sid, s, w, "gen_cores"), cell(agg, sid, s, w, "busy_pct", 0), fmt(agg.value(sid, s, w, "errors"), 0)]
+             for s in agg.systems(sid)])
+    sid = "S2"
+    section(sid, ["system", "events/s", "MB/s", "tokens/s", "events/req", "CPU µs/req", "gen cores", "machine busy %",
+                  "errors"],
+            [[s, cell(agg, sid, s, w, "events_s"), cell(agg, sid, s, w, "mb_s"), cell(agg, sid, s, w, "tokens_s"),
+              cell(agg, sid, s, w, "events_req", 0), cell(agg, sid, s, w, "cpu_us_req", 0), cell(agg, sid, s, w, "gen_cores"),
+              cell(agg, sid, s, w, "busy_pct", 0), fmt(agg.value(sid, s, w, "errors"), 0)] for s in agg.systems(sid)])
+    sid = "S3"
+    rows = []
+    for s in agg.systems(sid):
+        added = [agg.added(sid, s, w, n)[0] if s != "direct" else None for n in ("ttft_p50", "ttft_p99", "gap_p50", "gap_p99")]
+        rows.append([s, cell(agg, sid, s, w, "ttft_p50"), cell(agg, sid, s, w, "ttft_p99"), cell(agg, sid, s, w, "gap_p50"),
+                     cell(agg, sid, s, w, "gap_p99")] + [fmt(a) for a in added] + [fmt(agg.value(sid, s, w, "errors"), 0)])
+    section(sid, ["system", "TTFT p50", "TTFT p99", "gap p50", "gap p99", "+TTFT p50", "+TTFT p99", "+gap p50", "+gap p99",
+                  "errors"], rows, "ms; + = added over direct in the same round (median over rounds)")
+    sid = "S4"
+    rows = []
+    for s in agg.systems(sid):
+        groups = sorted({k[4:] for m in agg.rounds(sid, s, w).values() for k in m if k.startswith("rss_")})
+        rows.append([s, ", ".join("%s %s" % (g, cell(agg, sid, s, w, "rss_" + g)) for g in groups),
+                     fmt(agg.value(sid, s, w, "completed"), 0), fmt(agg.value(sid, s, w, "errors"), 0)])
+    section(sid, ["system", "RSS KiB per stream (VmRSS with all open − before, ÷ streams)", "streams done", "errors"], rows)
+    sid = "S5"
+    section(sid, ["system", "close p50 ms", "close p99 ms", "cut", "never closed", "errors"],
+            [[s, cell(agg, sid, s, w, "close_p50", 3), cell(agg, sid, s, w, "close_p99", 3), fmt(agg.value(sid, s, w, "cut"), 0),
+              fmt(agg.value(sid, s, w, "never_closed"), 0), fmt(agg.value(sid, s, w, "errors"), 0)] for s in agg.systems(sid)],
+            "from the client's close to the mock seeing its upstream connection close (wall clock, per tagged request)")
+    sid = "S6"
+    section(sid, ["system", "gap p99 alone", "gap p99 beside big", "shift", "big done", "big late", "big total p99", "errors"],
+            [[s, cell(agg, sid, s, w, "gap_p99_alone"), cell(agg, sid, s, w, "gap_p99_big"), cell(agg, sid, s, w, "gap_shift"),
+              fmt(agg.value(sid, s, w, "big_done"), 0), fmt(agg.value(sid, s, w, "big_late"), 0),
+              cell(agg, sid, s, w, "big_total_p99", 1), fmt(agg.value(sid, s, w, "errors"), 0)] for s in agg.systems(sid)], "ms")
+    sid = "S7"
+    rows = []
+    for s in agg.systems(sid):
+        one, two = agg.value(sid, s, 1, "events_s"), agg.value(sid, s, 2, "events_s")
+        rows.append([s, cell(agg, sid, s, 1, "events_s"), cell(agg, sid, s, 2, "events_s"), fmt(ratio(two, one)) + "×",
+                     cell(agg, sid, s, 1, "gen_cores"), cell(agg, sid, s, 2, "gen_cores"), cell(agg, sid, s, 1, "busy_pct", 0),
+                     cell(agg, sid, s, 2, "busy_pct", 0),
+                     fmt((agg.value(sid, s, 1, "errors") or 0) + (agg.value(sid, s, 2, "errors") or 0), 0)])
+    section(sid, ["system", "events/s 1 worker", "events/s 2 workers", "ratio", "gen cores (1)", "gen cores (2)", "busy % (1)",
+                  "busy % (2)", "errors"], rows,
+            "the load generator and the mock share the machine (%s cores): where busy %% (2) is near 100, "
+            "the machine is the limit, not the binary" % results["meta"]["machine"]["nproc"])
+
+    out.append(("**%s**\n" if md else "%s") % "Targets (iop, ratios within this run)")
+    ran = set(results["meta"]["scenarios"])
+    out.append(table(["scenario", "target", "system", "value", "verdict"],
+                     [t for t in targets(agg, w) if t[0] in ran and t[2] in results["meta"]["systems"]], md, left=3))
+    if agg.failed:
+        out.append("")
+        out.append("failed runs:")
+        for r in agg.failed:
+            out.append("  %s %s round %s workers %s: %s" % (r["scenario"], r["system"], r["round"], r.get("workers"),
+                                                           r.get("error", "no load report")))
+    errs = [(k, m["errors"]) for k, rounds in agg.by.items() for m in rounds.values() if m.get("errors")]
+    if errs:
+        out.append("")
+        out.append("runs with request errors (their numbers are suspect): " +
+                   ", ".join("%s/%s/w%s: %d" % (k[0], k[1], k[2], e) for k, e in errs))
+    return "\n".join(out) + "\n"

@@ -1,0 +1,337 @@
+"""The seven scenarios of issue 8: their parameters (full and --quick) and
+how one run of one scenario on one system is measured."""
+
+import json
+import math
+import os
+import subprocess
+import tempfile
+import threading
+import time
+
+import procs
+import systems
+
+TITLES = {
+    "S1": "non-stream, 64 concurrent, 16 tokens",
+    "S2": "stream, 64 concurrent, 256 tokens, no pacing",
+    "S3": "stream, 256 concurrent, 64 tokens at 20 ms",
+    "S4": "1000 concurrent streams, 20 tokens at 500 ms",
+    "S5": "client disconnect mid-stream",
+    "S6": "100-400 KB prompts at a few per second beside 256 paced streams",
+    "S7": "scaling: S2 with 1 and 2 workers",
+}
+ALL = list(TITLES)
+
+
+def params(quick, duration, warmup):
+    """Per scenario: the mock's pacing (tokens, interval_ms) and the load.
+    `duration` bounds each closed-loop run in seconds; `warmup` seconds of
+    the same load run first, unmeasured (S1, S2, S3, S6, S7)."""
+    d = duration
+    out = _params(quick, d)
+    for sid in ("S1", "S2", "S3", "S6", "S7"):
+        out[sid]["warmup"] = warmup
+    return out
+
+
+def _params(quick, d):
+    if quick:
+        return {
+            "S1": {"tokens": 16, "interval_ms": 0, "load": ["--concurrency", 64, "--no-stream", "--duration-sec", d]},
+            "S2": {"tokens": 256, "interval_ms": 0, "load": ["--concurrency", 64, "--stream", "--duration-sec", d]},
+            "S3": {"tokens": 16, "interval_ms": 20, "load": ["--concurrency", 64, "--stream", "--duration-sec", d]},
+            "S4": {"tokens": 4, "interval_ms": 250, "streams": 200},
+            "S5": {"tokens": 1000, "interval_ms": 20, "disconnect_after": 5,
+                   "load": ["--concurrency", 8, "--stream", "--duration-sec", d]},
+            "S6": {"tokens": 16, "interval_ms": 20, "paced": ["--concurrency", 64, "--stream", "--duration-sec", d],
+                   "big": {"rate": 4, "concurrency": 8, "min": 100_000, "max": 400_000}},
+            "S7": {"tokens": 256, "interval_ms": 0, "load": ["--concurrency", 64, "--stream", "--duration-sec", d]},
+        }
+    return {
+        "S1": {"tokens": 16, "interval_ms": 0, "load": ["--concurrency", 64, "--no-stream", "--duration-sec", d]},
+        "S2": {"tokens": 256, "interval_ms": 0, "load": ["--concurrency", 64, "--stream", "--duration-sec", d]},
+        "S3": {"tokens": 64, "interval_ms": 20, "load": ["--concurrency", 256, "--stream", "--duration-sec", d]},
+        "S4": {"tokens": 20, "interval_ms": 500, "streams": 1000},
+        "S5": {"tokens": 1000, "interval_ms": 20, "disconnect_after": 5,
+               "load": ["--concurrency", 32, "--stream", "--duration-sec", d]},
+        "S6": {"tokens": 64, "interval_ms": 20, "paced": ["--concurrency", 256, "--stream", "--duration-sec", d],
+               "big": {"rate": 4, "concurrency": 16, "min": 100_000, "max": 400_000}},
+        "S7": {"tokens": 256, "interval_ms": 0, "load": ["--concurrency", 64, "--stream", "--duration-sec", d]},
+    }
+
+
+def describe(sid, p):
+    """The parameters of a scenario in words (they differ with --quick)."""
+    mock = "mock: %d tokens at %d ms" % (p["tokens"], p["interval_ms"])
+    if sid == "S4":
+        return "%s; %d streams at once, RSS sampled once the mock serves all of them" % (mock, p["streams"])
+    if sid == "S5":
+        return "%s; load: %s, each stream cut after %d tokens" % (mock, " ".join(map(str, p["load"])), p["disconnect_after"])
+    if sid == "S6":
+        b = p["big"]
+        return ("%s; paced: %s (after %s s of warm-up), then the same beside big: %d-%d KB prompts at %s/s over %d "
+                "connections, --no-stream --max-tokens 1") % (
+            mock, " ".join(map(str, p["paced"])), p.get("warmup", 0), b["min"] // 1000, b["max"] // 1000, b["rate"],
+            b["concurrency"])
+    return "%s; load: %s (after %s s of warm-up)" % (mock, " ".join(map(str, p["load"])), p.get("warmup", 0))
+
+
+def applies(sid, system):
+    """Whether scenario `sid` means anything on `system`."""
+    if sid == "S5" and system == "iop-mock":
+        return False  # no upstream connection to close
+    if sid == "S7" and system == "direct":
+        return False  # iop-mockprov has one thread
+    return True
+
+
+class Gen:
+    """One iop-loadtest process, started now; `wait()` gives its JSON report
+    and the CPU seconds it used (its own rusage, from wait4)."""
+
+    def __init__(self, ctx, url, args, name, limit_sec):
+        self.cmd = [ctx.bin("iop-loadtest"), "--url", url, "--model", "mock"] + [str(a) for a in args] + ["--json"]
+        self.name = name
+        self.out = tempfile.TemporaryFile()
+        self.err_path = os.path.join(ctx.log_dir, name + ".log")
+        self.err = open(self.err_path, "ab")
+        self.p = subprocess.Popen(self.cmd, stdout=self.out, stderr=self.err, stdin=subprocess.DEVNULL)
+        self.timer = threading.Timer(limit_sec, self._kill)
+        self.timer.daemon = True
+        self.timer.start()
+        self.killed = False
+
+    def _kill(self):
+        self.killed = True
+        try:
+            self.p.kill()
+        except OSError:
+            pass
+
+    def command(self):
+        return procs.quote(self.cmd)
+
+    def wait(self):
+        _, status, usage = os.wait4(self.p.pid, 0)
+        self.p.returncode = os.waitstatus_to_exitcode(status)
+        self.timer.cancel()
+        self.err.close()
+        self.out.seek(0)
+        text = self.out.read().decode(errors="replace")
+        self.out.close()
+        if self.killed:
+            raise RuntimeError("%s ran past its time limit and was killed" % self.name)
+        if self.p.returncode != 0:
+            raise RuntimeError("%s exited with %s (log: %s)" % (self.name, self.p.returncode, self.err_path))
+        return json.loads(text), round(usage.ru_utime + usage.ru_stime, 3)
+
+
+def group_cpu(run):
+    out = {}
+    for group, pids in run.groups.items():
+        values = [procs.cpu_seconds(p) for p in pids]
+        if any(v is None for v in values):
+            raise RuntimeError("a %s process exited during the run" % group)
+        out[group] = sum(values)
+    if run.mock and "mock" not in run.groups:
+        out["_mock"] = procs.cpu_seconds(run.mock.pid) or 0.0
+    return out
+
+
+def cpu_delta(before, after):
+    d = {k: round(after[k] - before[k], 3) for k in after}
+    system = round(sum(v for k, v in d.items() if not k.startswith("_")), 3)
+    return {"system": system, "by_group": {k: v for k, v in d.items() if not k.startswith("_")},
+            "mock": d.get("_mock", d.get("mock", 0.0))}
+
+
+def group_rss(run):
+    out = {}
+    for group, pids in run.groups.items():
+        out[group] = {str(p): procs.rss_kib(p) for p in pids}
+    return out
+
+
+def percentile(sorted_values, q):
+    """Nearest rank: the smallest value with at least q of the values at or below it."""
+    if not sorted_values:
+        return None
+    i = max(0, min(len(sorted_values) - 1, math.ceil(q * len(sorted_values)) - 1))
+    return sorted_values[i]
+
+
+def time_limit(load_args, extra=0):
+    """Seconds a generator may take: its duration, its request timeout and slack."""
+    args = [str(a) for a in load_args]
+    d = int(args[args.index("--duration-sec") + 1]) if "--duration-sec" in args else 60
+    return d + 120 + extra
+
+
+def measure(sid, run, ctx, p, gens):
+    """Measures scenario `sid` on the started system `run`; `gens` collects
+    the generator commands. Returns the scenario's raw results."""
+    if sid in ("S1", "S2", "S3", "S7"):
+        warm_up(run, ctx, p, p["load"], gens)
+        return closed_loop(run, ctx, p["load"], gens)
+    if sid == "S4":
+        return many_streams(run, ctx, p, gens)
+    if sid == "S5":
+        return disconnects(run, ctx, p, gens)
+    if sid == "S6":
+        return big_prompts(run, ctx, p, gens)
+    raise ValueError(sid)
+
+
+def with_duration(load, secs):
+    args = list(load)
+    args[args.index("--duration-sec") + 1] = secs
+    return args
+
+
+def warm_up(run, ctx, p, load, gens):
+    """The same load for p["warmup"] seconds, not measured."""
+    if p.get("warmup"):
+        gen = Gen(ctx, run.url, with_duration(load, p["warmup"]), "warmup", time_limit(load))
+        gens.append(gen.command())
+        gen.wait()
+
+
+def closed_loop(run, ctx, load, gens, name="loadtest"):
+    before = group_cpu(run)
+    gen = Gen(ctx, run.url, load, name, time_limit(load))
+    gens.append(gen.command())
+    report, gen_cpu = gen.wait()
+    after = group_cpu(run)
+    return {"load": report, "cpu_sec": dict(cpu_delta(before, after), loadtest=gen_cpu)}
+
+
+def many_streams(run, ctx, p, gens):
+    """S4: RSS of every system process with `streams` streams open, minus before."""
+    n, tokens, interval = p["streams"], p["tokens"], p["interval_ms"]
+    load = ["--concurrency", n, "--requests", n, "--stream", "--timeout-sec", 120]
+    before = group_rss(run)
+    gen = Gen(ctx, run.url, load, "loadtest", 300)
+    gens.append(gen.command())
+    stream_sec = tokens * interval / 1000
+    opened, deadline = None, time.time() + stream_sec
+    if run.mock:
+        # Every stream is open once the mock serves n at once.
+        while time.time() < deadline:
+            status, body = procs.http("GET", "http://%s/stats" % run.mock_addr)
+            if status == 200 and json.loads(body)["active_streams"] >= n:
+                opened = n
+                break
+            time.sleep(0.05)
+    else:
+        time.sleep(stream_sec / 2)
+    # One more token interval, so every stream has carried tokens.
+    time.sleep(interval / 1000)
+    during = group_rss(run)
+    active = None
+    if run.mock:
+        status, body = procs.http("GET", "http://%s/stats" % run.mock_addr)
+        active = json.loads(body)["active_streams"] if status == 200 else None
+    report, gen_cpu = gen.wait()
+    per_stream = {}
+    for group in before:
+        b = sum(v or 0 for v in before[group].values())
+        d = sum(v or 0 for v in during[group].values())
+        per_stream[group] = round((d - b) / n, 2)
+    return {"load": report, "rss_kib_before": before, "rss_kib_during": during, "streams": n,
+            "all_open_seen": opened == n if run.mock else None, "active_at_sample": active,
+            "rss_kib_per_stream": per_stream, "cpu_sec": {"loadtest": gen_cpu}}
+
+
+def disconnects(run, ctx, p, gens):
+    """S5: the client cuts each stream after a few tokens; the mock stamps
+    when it sees the upstream connection close; both stamps are wall clock."""
+    load = p["load"] + ["--disconnect-after", p["disconnect_after"]]
+    out = closed_loop(run, ctx, load, gens)
+    cut = out["load"].get("disconnects") or []
+    want = {d["tag"]: d["unix_ns"] for d in cut}
+    # Closes still travelling: wait until all arrived, or 3 s without news.
+    seen, last_count, quiet_since = {}, -1, time.time()
+    while True:
+        status, body = procs.http("GET", "http://%s/closes" % run.mock_addr)
+        if status == 200:
+            seen = {c["tag"]: c["closed_unix_ns"] for c in json.loads(body)}
+        if all(t in seen for t in want):
+            break
+        if len(seen) != last_count:
+            last_count, quiet_since = len(seen), time.time()
+        elif time.time() - quiet_since > 3:
+            break
+        time.sleep(0.05)
+    lat = sorted((seen[t] - at) / 1e6 for t, at in want.items() if t in seen)
+    out["disconnect"] = {
+        "cut": len(want), "closed": len(lat), "never_closed": len(want) - len(lat),
+        "p50_ms": percentile(lat, 0.50), "p90_ms": percentile(lat, 0.90), "p99_ms": percentile(lat, 0.99),
+        "max_ms": lat[-1] if lat else None, "min_ms": lat[0] if lat else None,
+    }
+    out["load"]["disconnects"] = "%d entries (dropped from the record)" % len(cut)
+    return out
+
+
+def big_prompts(run, ctx, p, gens):
+    """S6: paced streams alone, then the same beside an open-loop stream of
+    big prompts on the same processes; the paced gap p99 should not move."""
+    warm_up(run, ctx, p, p["paced"], gens)
+    alone = closed_loop(run, ctx, p["paced"], gens, name="paced-alone")
+    b = p["big"]
+    args = [str(a) for a in p["paced"]]
+    d = int(args[args.index("--duration-sec") + 1])
+    big_load = ["--rate", b["rate"], "--concurrency", b["concurrency"], "--no-stream", "--max-tokens", 1,
+                "--prompt-bytes", b["min"], "--prompt-bytes-max", b["max"], "--duration-sec", d + 2]
+    before = group_cpu(run)
+    big = Gen(ctx, run.url, big_load, "big-prompts", time_limit(big_load))
+    gens.append(big.command())
+    paced = Gen(ctx, run.url, p["paced"], "paced-with-big", time_limit(p["paced"]))
+    gens.append(paced.command())
+    paced_report, paced_cpu = paced.wait()
+    big_report, big_cpu = big.wait()
+    after = group_cpu(run)
+    return {"load": alone["load"], "cpu_sec": alone["cpu_sec"], "with_big": paced_report, "big": big_report,
+            "cpu_sec_with_big": dict(cpu_delta(before, after), loadtest=round(paced_cpu + big_cpu, 3))}
+
+
+def run_one(ctx, sid, system, round_no, workers, p, wait_idle):
+    """Starts `system` fresh, measures `sid`, stops it; the record says what
+    ran, how, and what else was busy."""
+    waited = wait_for_builds(wait_idle)
+    rec = {"scenario": sid, "system": system, "round": round_no, "workers": workers,
+           "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "loadavg_before": procs.loadavg(), "builds_running_before": procs.builds_running(),
+           "waited_for_builds_sec": waited, "params": p}
+    gens = []
+    t0 = time.time()
+    run = None
+    try:
+        run = systems.start(system, ctx, p, workers)
+        rec["configs"] = run.configs
+        rec["pids"] = run.groups
+        rec["driver"] = run.driver
+        rec["notes"] = run.notes
+        snap = procs.all_cpu()
+        rec.update(measure(sid, run, ctx, p, gens))
+        ours = run.all_pids() | {os.getpid()}
+        rec["other_cpu_sec"], rec["other_top"] = procs.others_busy(snap, procs.all_cpu(), ours)
+    except Exception as e:  # one failed run must not end the benchmark
+        rec["error"] = "%s: %s" % (type(e).__name__, e)
+    finally:
+        if run:
+            rec["commands"] = run.commands() + gens
+            run.stop()
+        else:
+            rec["commands"] = gens
+    rec["builds_running_after"] = procs.builds_running()
+    rec["wall_sec"] = round(time.time() - t0, 2)
+    return rec
+
+
+def wait_for_builds(limit):
+    """Waits up to `limit` seconds for cargo/rustc to finish; seconds waited."""
+    t0 = time.time()
+    while limit > 0 and procs.builds_running() and time.time() - t0 < limit:
+        time.sleep(1)
+    return round(time.time() - t0, 1)

@@ -1,0 +1,219 @@
+"""The systems under test, each started fresh for one run and stopped after it.
+
+- direct:          the load generator against iop-mockprov
+- nginx1:          nginx -> mock
+- nginx2:          nginx -> nginx -> mock (two instances: the hop-count twin of edge + node)
+- iop-tunnel:      iop-edge + iop-node (two processes), provider openai_compat -> the mock's /v1
+- iop-normalized:  iop-edge + iop-node, provider ollama -> the mock's /api/chat
+- iop-mock:        iop-edge + iop-node, the node's in-process mock provider (no upstream; extra row)
+"""
+
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+
+from procs import Proc, children, free_port, wait_http
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SYSTEMS = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized", "iop-mock"]
+DEFAULT_SYSTEMS = SYSTEMS[:5]
+TOKEN = "bench-node-token"
+# Every process logs warnings only: logging is not what is measured.
+QUIET = {"IOP_LOG": "warn"}
+
+
+class Ctx:
+    """What every start needs: binaries, nginx, and where logs go."""
+
+    def __init__(self, bin_dir, nginx, node_workers):
+        self.bin_dir = bin_dir
+        self.nginx = nginx
+        self.node_workers = node_workers
+        self.log_dir = None
+
+    def bin(self, name):
+        return os.path.join(self.bin_dir, name)
+
+
+class Running:
+    """One started system: the URL to load, its processes by group, the
+    upstream mock (if any), and how it was started."""
+
+    def __init__(self, name, workers, run_dir):
+        self.name = name
+        self.workers = workers
+        self.url = None
+        self.groups = {}
+        self.mock = None
+        self.mock_addr = None
+        self.procs = []
+        self.configs = {}
+        self.driver = None
+        self.notes = []
+        # Configs and nginx prefixes stay beside the logs, so every recorded
+        # command can be run again as it is.
+        self.dir = run_dir
+        os.makedirs(self.dir, exist_ok=True)
+        os.chmod(self.dir, 0o755)
+
+    def add(self, proc):
+        self.procs.append(proc)
+        return proc
+
+    def commands(self):
+        return [p.command() for p in self.procs]
+
+    def system_pids(self):
+        return [pid for pids in self.groups.values() for pid in pids]
+
+    def all_pids(self):
+        pids = set(self.system_pids())
+        pids.update(p.pid for p in self.procs)
+        return pids
+
+    def stop(self):
+        for p in reversed(self.procs):
+            p.stop()
+
+
+def start(name, ctx, scen, workers):
+    """Starts system `name` for scenario parameters `scen` (tokens,
+    interval_ms) with `workers` workers per process; the caller stops it."""
+    run = Running(name, workers, ctx.log_dir)
+    try:
+        if name != "iop-mock":
+            run.mock = run.add(Proc("mockprov", [ctx.bin("iop-mockprov"), "--listen", "127.0.0.1:0", "--tokens",
+                                                 scen["tokens"], "--token-interval-ms", scen["interval_ms"], "--no-record"],
+                                    ctx.log_dir, env=QUIET, ready=r"listening on (\S+)"))
+            run.mock_addr = run.mock.match.group(1)
+        if name == "direct":
+            run.url = "http://" + run.mock_addr
+            run.groups = {"mock": [run.mock.pid]}
+        elif name in ("nginx1", "nginx2"):
+            if not ctx.nginx:
+                raise RuntimeError("nginx is not installed")
+            back = start_nginx(run, ctx, "nginx-back" if name == "nginx2" else "nginx", run.mock_addr, workers)
+            if name == "nginx2":
+                front = start_nginx(run, ctx, "nginx-front", back, workers)
+                run.url = "http://" + front
+            else:
+                run.url = "http://" + back
+            wait_http("GET", run.url + "/healthz", what=name)
+            for group, pids in run.groups.items():
+                run.groups[group] = pids + children(pids[0])
+        elif name.startswith("iop-"):
+            start_iop(run, ctx, name, scen, workers)
+        else:
+            raise RuntimeError("unknown system %r" % name)
+    except BaseException:
+        run.stop()
+        raise
+    return run
+
+
+def start_nginx(run, ctx, group, upstream, workers):
+    """One nginx instance proxying to `upstream`; returns its listen address."""
+    prefix = os.path.join(run.dir, group)
+    os.makedirs(prefix, exist_ok=True)
+    os.chmod(prefix, 0o755)  # nginx workers may run as another user
+    with open(os.path.join(HERE, "nginx.conf.in")) as f:
+        template = f.read()
+    last = None
+    for _ in range(3):
+        listen = "127.0.0.1:%d" % free_port()
+        conf = template.format(workers=workers, prefix=prefix, upstream=upstream, listen=listen)
+        path = os.path.join(prefix, "nginx.conf")
+        with open(path, "w") as f:
+            f.write(conf)
+        proc = Proc(group, [ctx.nginx, "-p", prefix, "-c", path, "-e", os.path.join(prefix, "error.log"), "-g",
+                            "daemon off;"], ctx.log_dir)
+        host, port = listen.rsplit(":", 1)
+        if wait_port(proc, host, int(port)):
+            run.add(proc)
+            run.configs[group + ".conf"] = conf
+            run.groups[group] = [proc.pid]
+            return listen
+        last = open(os.path.join(prefix, "error.log")).read()[-500:] if os.path.exists(
+            os.path.join(prefix, "error.log")) else ""
+        proc.stop()
+    raise RuntimeError("%s did not start: %s" % (group, last))
+
+
+def wait_port(proc, host, port, timeout=10):
+    """Until `proc` accepts TCP connections on host:port (False if it exited)."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if not proc.alive():
+            return False
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return True
+        except OSError:
+            time.sleep(0.02)
+    return False
+
+
+def edge_config(name, mock_addr, scen, workers):
+    provider = {
+        "iop-tunnel": 'kind = "openai_compat"\nbase_url = "http://%s/v1"\n' % mock_addr,
+        "iop-normalized": 'kind = "ollama"\nbase_url = "http://%s"\n' % mock_addr,
+        "iop-mock": 'kind = "mock"\n',
+    }[name]
+    text = "workers = %d\nshutdown_grace_sec = 0\n" % workers
+    text += '[http]\nlisten = "127.0.0.1:0"\nmax_body_bytes = 1048576\n'
+    text += '[node_listener]\nlisten = "127.0.0.1:0"\n'
+    text += '[[nodes]]\nid = "bench-node"\ntoken = "%s"\n' % TOKEN
+    text += '[[nodes.providers]]\nid = "p"\n' + provider + "capacity = 4096\n"
+    if name == "iop-mock":
+        text += "[nodes.providers.mock]\ntokens = %d\ntoken_interval_ms = %d\n" % (scen["tokens"], scen["interval_ms"])
+    text += '[[models]]\nname = "mock"\nprovider = "p"\nmax_waiters = 4096\n'
+    if name != "iop-mock":
+        text += 'upstream_model = "mock"\n'
+    return text
+
+
+def node_config(edge_nodes, workers, with_workers):
+    text = 'edge = "%s"\ntoken = "%s"\nshutdown_grace_sec = 0\n' % (edge_nodes, TOKEN)
+    if with_workers:
+        text = "workers = %d\n" % workers + text
+    text += "[reconnect]\nmax_attempts = 30\ninterval_sec = 1\n"
+    return text
+
+
+def start_iop(run, ctx, name, scen, workers):
+    edge_cfg = os.path.join(run.dir, "edge.toml")
+    text = edge_config(name, run.mock_addr, scen, workers)
+    with open(edge_cfg, "w") as f:
+        f.write(text)
+    run.configs["edge.toml"] = text
+    edge = run.add(Proc("edge", [ctx.bin("iop-edge"), "--config", edge_cfg], ctx.log_dir, env=QUIET,
+                        ready=r"ready http=(\S+) nodes=(\S+) driver=(\S+)"))
+    http_addr, nodes_addr, run.driver = edge.match.group(1), edge.match.group(2), edge.match.group(3)
+    node_cfg = os.path.join(run.dir, "node.toml")
+    text = node_config(nodes_addr, workers, ctx.node_workers)
+    with open(node_cfg, "w") as f:
+        f.write(text)
+    run.configs["node.toml"] = text
+    if not ctx.node_workers:
+        run.notes.append("iop-node has no `workers` key: it ran with its default")
+    node = run.add(Proc("node", [ctx.bin("iop-node"), "--config", node_cfg], ctx.log_dir, env=QUIET))
+    run.url = "http://" + http_addr
+    probe = {"model": "mock", "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1}
+    wait_http("POST", run.url + "/v1/chat/completions", probe, what=name)
+    run.groups = {"edge": [edge.pid], "node": [node.pid]}
+
+
+def node_workers_supported(ctx):
+    """Whether this iop-node accepts a top-level `workers` key (being added on main)."""
+    tmp = tempfile.mkdtemp(prefix="iop-bench-probe-")
+    try:
+        path = os.path.join(tmp, "node.toml")
+        with open(path, "w") as f:
+            f.write(node_config("127.0.0.1:1", 1, True))
+        r = subprocess.run([ctx.bin("iop-node"), "--check-config", "--config", path], capture_output=True, text=True)
+        return r.returncode == 0
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
