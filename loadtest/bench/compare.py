@@ -204,8 +204,9 @@ def header(results, md):
         "busy      1-min load average before runs %s–%s; a build (cargo/rustc) ran during %d of %d runs; "
         "other processes used at most %.2f cores" % (fmt(min(loads, default=None)), fmt(max(loads, default=None)), built, len(runs),
                                                        max(other, default=0.0)),
-        "iop-node  `workers` key: %s" % ("applied" if meta.get("node_workers") else
-                                         "not supported by this build, S7 scaled the edge only"),
+        "iop-node  `workers` key: %s" % (
+            "applied" if meta.get("node_workers") else "n/a (no iop system ran)" if meta.get("node_workers") is None
+            else "not supported by this build, S7 scaled the edge only"),
     ]
     if md:
         return "\n".join("- %s: %s" % tuple(l.split(None, 1)) for l in lines).replace(meta["command"], "`%s`" % meta["command"])
@@ -286,6 +287,12 @@ def render(results, md=False):
         for r in agg.failed:
             out.append("  %s %s round %s workers %s: %s" % (r["scenario"], r["system"], r["round"], r.get("workers"),
                                                            r.get("error", "no load report")))
+    retried = [r for r in results["runs"] if r.get("failed_attempts")]
+    if retried:
+        out.append("")
+        out.append("runs measured on a second attempt (the first failed): " + ", ".join(
+            "%s/%s/r%s/w%s (%s)" % (r["scenario"], r["system"], r["round"], r.get("workers"), r["failed_attempts"][0])
+            for r in retried))
     errs = [(k, m["errors"]) for k, rounds in agg.by.items() for m in rounds.values() if m.get("errors")]
     if errs:
         out.append("")

@@ -28,6 +28,16 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def alive(pid):
+    """Whether `pid` runs (a zombie that is not reaped yet does not)."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
 def rss_kib(pid):
     """VmRSS from /proc/PID/status, in KiB; None once gone."""
     try:
@@ -57,7 +67,8 @@ def children(pid):
 
 
 def all_cpu():
-    """{pid: (comm, cpu seconds)} of every process on the machine."""
+    """{pid: (start time, comm, cpu seconds)} of every process on the machine
+    (the start time tells a reused pid apart; a kworker's comm changes)."""
     out = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -69,7 +80,7 @@ def all_cpu():
             continue
         comm = raw[raw.index("(") + 1 : raw.rindex(")")]
         fields = raw.rsplit(")", 1)[1].split()
-        out[int(entry)] = (comm, (int(fields[11]) + int(fields[12])) / TICK)
+        out[int(entry)] = (int(fields[19]), comm, (int(fields[11]) + int(fields[12])) / TICK)
     return out
 
 
@@ -77,11 +88,11 @@ def others_busy(before, after, ours):
     """CPU seconds used between two all_cpu() snapshots by processes not in
     `ours`, and the three busiest of them."""
     used = []
-    for pid, (comm, cpu) in after.items():
+    for pid, (start, comm, cpu) in after.items():
         if pid in ours:
             continue
         prev = before.get(pid)
-        delta = cpu - prev[1] if prev and prev[0] == comm else cpu
+        delta = cpu - prev[2] if prev and prev[0] == start else cpu
         if delta > 0:
             used.append((delta, comm, pid))
     used.sort(reverse=True)
@@ -163,35 +174,55 @@ class Proc:
         return (env + " " if env else "") + quote(self.args)
 
     def alive(self):
-        return self.p.poll() is None
+        return alive(self.pid)
 
     def stop(self, grace=3.0):
-        """SIGTERM to its process group, SIGKILL after `grace` seconds."""
-        if self.p.poll() is None:
+        """SIGTERM to its process group, SIGKILL after `grace` seconds, then
+        SIGKILL to whatever is left of the group (nginx workers of a killed
+        master). Signals go out only while the leader is not reaped, so its
+        pid (and group id) cannot belong to anyone else yet."""
+        if self.p.returncode is None:
             try:
                 os.killpg(self.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            try:
-                self.p.wait(grace)
-            except subprocess.TimeoutExpired:
+            if not wait_exit(self.pid, grace):
                 try:
                     os.killpg(self.pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
-                self.p.wait()
-        # Workers left behind by a killed master.
-        try:
-            os.killpg(self.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+                wait_exit(self.pid, None)
+            try:
+                os.killpg(self.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.p.wait()
         self.log.close()
 
 
-def http(method, url, body=None, timeout=5):
+def wait_exit(pid, timeout):
+    """Waits until child `pid` has exited, without reaping it (so its pid
+    stays ours); False on timeout (`None`: no limit)."""
+    deadline = None if timeout is None else time.time() + timeout
+    while True:
+        try:
+            info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT | (os.WNOHANG if deadline else 0))
+        except ChildProcessError:
+            return True
+        if info is not None:
+            return True
+        if time.time() >= deadline:
+            return False
+        time.sleep(0.01)
+
+
+def http(method, url, body=None, timeout=5, token=None):
     """(status, body bytes); status 0 when the connection failed."""
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method, headers={"content-type": "application/json"})
+    headers = {"content-type": "application/json"}
+    if token:
+        headers["authorization"] = "Bearer " + token
+    req = urllib.request.Request(url, data=data, method=method, headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read()

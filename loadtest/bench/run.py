@@ -142,14 +142,15 @@ def estimate(runs, params):
 
 
 def summary_line(rec):
+    retried = " (retried after: %s)" % "; ".join(rec["failed_attempts"]) if rec.get("failed_attempts") else ""
     if "error" in rec:
-        return "ERROR " + rec["error"]
+        return "ERROR " + rec["error"] + retried
     m = compare.metrics(rec, os.cpu_count() or 1) or {}
     sid = rec["scenario"]
     keys = {"S1": ["req_s", "cpu_us_req"], "S2": ["events_s", "mb_s", "cpu_us_req"], "S3": ["ttft_p99", "gap_p99"],
             "S4": [k for k in m if k.startswith("rss_")], "S5": ["close_p50", "close_p99", "never_closed"],
             "S6": ["gap_p99_alone", "gap_p99_big", "gap_shift"], "S7": ["events_s"]}[sid]
-    return " ".join("%s=%s" % (k, compare.fmt(m.get(k))) for k in keys) + " errors=%s" % m.get("errors")
+    return " ".join("%s=%s" % (k, compare.fmt(m.get(k))) for k in keys) + " errors=%s" % m.get("errors") + retried
 
 
 def save(path, results):
@@ -186,19 +187,20 @@ def cmd_run(a):
         if subprocess.run(BUILD, cwd=REPO).returncode != 0:
             raise SystemExit("build failed")
     bin_dir = os.path.abspath(a.bin_dir or default_bin_dir())
-    missing = [b for b in BINARIES if not os.access(os.path.join(bin_dir, b), os.X_OK)]
+    needed = [b for b in BINARIES if b not in ("iop-edge", "iop-node") or any(s.startswith("iop-") for s in names)]
+    missing = [b for b in needed if not os.access(os.path.join(bin_dir, b), os.X_OK)]
     if missing:
         raise SystemExit("missing in %s: %s (build them: %s)" % (bin_dir, ", ".join(missing), " ".join(BUILD)))
     nginx = ensure_nginx() if any(s.startswith("nginx") for s in names) else find_nginx()
     fd_limit = raise_fd_limit()
-    ctx = systems.Ctx(bin_dir, nginx, node_workers=False)
-    ctx.node_workers = systems.node_workers_supported(ctx)
+    ctx = systems.Ctx(bin_dir, nginx, node_workers=False, fd_limit=fd_limit)
+    ctx.node_workers = systems.node_workers_supported(ctx) if "iop-edge" in needed else None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = os.path.abspath(a.out or os.path.join(HERE, "results", stamp + ("-quick" if quick else "") + ".json"))
     os.makedirs(os.path.dirname(out), exist_ok=True)
     log_root = os.path.splitext(out)[0] + ".logs"
     os.makedirs(log_root, exist_ok=True)
-    built = {b: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.path.getmtime(os.path.join(bin_dir, b)))) for b in BINARIES}
+    built = {b: time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(os.path.getmtime(os.path.join(bin_dir, b)))) for b in needed}
     results = {
         "meta": {
             "command": procs.quote([sys.executable] + sys.argv),
@@ -214,7 +216,7 @@ def cmd_run(a):
     }
     print("benchmark: %d runs (%s x %s, %d rounds), about %.0f min; results: %s" % (
         len(runs), ",".join(sids), ",".join(names), rounds, estimate(runs, params) / 60, out), flush=True)
-    if not ctx.node_workers:
+    if ctx.node_workers is False:
         print("note: this iop-node has no `workers` key; S7 scales the edge only", flush=True)
     t0 = time.time()
     try:

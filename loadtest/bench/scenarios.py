@@ -41,7 +41,7 @@ def _params(quick, d):
             "S1": {"tokens": 16, "interval_ms": 0, "load": ["--concurrency", 64, "--no-stream", "--duration-sec", d]},
             "S2": {"tokens": 256, "interval_ms": 0, "load": ["--concurrency", 64, "--stream", "--duration-sec", d]},
             "S3": {"tokens": 16, "interval_ms": 20, "load": ["--concurrency", 64, "--stream", "--duration-sec", d]},
-            "S4": {"tokens": 4, "interval_ms": 250, "streams": 200},
+            "S4": {"tokens": 8, "interval_ms": 250, "streams": 200},
             "S5": {"tokens": 1000, "interval_ms": 20, "disconnect_after": 5,
                    "load": ["--concurrency", 8, "--stream", "--duration-sec", d]},
             "S6": {"tokens": 16, "interval_ms": 20, "paced": ["--concurrency", 64, "--stream", "--duration-sec", d],
@@ -65,7 +65,7 @@ def describe(sid, p):
     """The parameters of a scenario in words (they differ with --quick)."""
     mock = "mock: %d tokens at %d ms" % (p["tokens"], p["interval_ms"])
     if sid == "S4":
-        return "%s; %d streams at once, RSS sampled once the mock serves all of them" % (mock, p["streams"])
+        return "%s; %d streams at once, RSS sampled one token interval after all are open" % (mock, p["streams"])
     if sid == "S5":
         return "%s; load: %s, each stream cut after %d tokens" % (mock, " ".join(map(str, p["load"])), p["disconnect_after"])
     if sid == "S6":
@@ -103,9 +103,10 @@ class Gen:
         self.killed = False
 
     def _kill(self):
+        # Runs only before wait() has reaped the process (it joins this timer first).
         self.killed = True
         try:
-            self.p.kill()
+            os.kill(self.p.pid, 9)
         except OSError:
             pass
 
@@ -113,6 +114,9 @@ class Gen:
         return procs.quote(self.cmd)
 
     def wait(self):
+        procs.wait_exit(self.p.pid, None)
+        self.timer.cancel()
+        self.timer.join()
         _, status, usage = os.wait4(self.p.pid, 0)
         self.p.returncode = os.waitstatus_to_exitcode(status)
         self.timer.cancel()
@@ -130,9 +134,9 @@ class Gen:
 def group_cpu(run):
     out = {}
     for group, pids in run.groups.items():
-        values = [procs.cpu_seconds(p) for p in pids]
+        values = [procs.cpu_seconds(p) if procs.alive(p) else None for p in pids]
         if any(v is None for v in values):
-            raise RuntimeError("a %s process exited during the run" % group)
+            raise RuntimeError("a %s process exited during the run (see its log)" % group)
         out[group] = sum(values)
     if run.mock and "mock" not in run.groups:
         out["_mock"] = procs.cpu_seconds(run.mock.pid) or 0.0
@@ -207,40 +211,66 @@ def closed_loop(run, ctx, load, gens, name="loadtest"):
 
 
 def many_streams(run, ctx, p, gens):
-    """S4: RSS of every system process with `streams` streams open, minus before."""
+    """S4: RSS of every system process with `streams` streams open, minus
+    before. The reading counts only if every stream was open both just
+    before and just after it (the mock's active streams, or the edge's
+    leases for the in-process mock); otherwise the run fails."""
     n, tokens, interval = p["streams"], p["tokens"], p["interval_ms"]
     load = ["--concurrency", n, "--requests", n, "--stream", "--timeout-sec", 120]
     before = group_rss(run)
     gen = Gen(ctx, run.url, load, "loadtest", 300)
     gens.append(gen.command())
-    stream_sec = tokens * interval / 1000
-    opened, deadline = None, time.time() + stream_sec
-    if run.mock:
-        # Every stream is open once the mock serves n at once.
-        while time.time() < deadline:
-            status, body = procs.http("GET", "http://%s/stats" % run.mock_addr)
-            if status == 200 and json.loads(body)["active_streams"] >= n:
-                opened = n
-                break
-            time.sleep(0.05)
-    else:
-        time.sleep(stream_sec / 2)
-    # One more token interval, so every stream has carried tokens.
-    time.sleep(interval / 1000)
+    # The streams last (tokens - 1) intervals once open; leave one interval
+    # (after all are open) for every stream to carry tokens, and one for
+    # the reading.
+    stream_sec = max(tokens - 1, 1) * interval / 1000
+    t_start, open_at, deadline = time.time(), None, time.time() + stream_sec
+    while time.time() < deadline:
+        if open_streams(run) >= n:
+            open_at = time.time()
+            break
+        time.sleep(0.05)
+    if open_at is not None:
+        time.sleep(interval / 1000)
+    open_before = open_streams(run)
     during = group_rss(run)
-    active = None
-    if run.mock:
-        status, body = procs.http("GET", "http://%s/stats" % run.mock_addr)
-        active = json.loads(body)["active_streams"] if status == 200 else None
+    open_after = open_streams(run)
     report, gen_cpu = gen.wait()
     per_stream = {}
     for group in before:
         b = sum(v or 0 for v in before[group].values())
         d = sum(v or 0 for v in during[group].values())
         per_stream[group] = round((d - b) / n, 2)
-    return {"load": report, "rss_kib_before": before, "rss_kib_during": during, "streams": n,
-            "all_open_seen": opened == n if run.mock else None, "active_at_sample": active,
-            "rss_kib_per_stream": per_stream, "cpu_sec": {"loadtest": gen_cpu}}
+    out = {"load": report, "rss_kib_before": before, "rss_kib_during": during, "streams": n,
+           "all_open_seen": open_at is not None,
+           "all_open_after_sec": round(open_at - t_start, 3) if open_at is not None else None,
+           "open_at_sample": [open_before, open_after], "rss_kib_per_stream": per_stream,
+           "cpu_sec": {"loadtest": gen_cpu}}
+    if open_at is None or min(open_before, open_after) < n:
+        raise MeasureError("S4: not all %d streams were open at the RSS reading (open before/after it: %s/%s; "
+                           "all open seen: %s)" % (n, open_before, open_after, open_at is not None), out)
+    return out
+
+
+class MeasureError(RuntimeError):
+    """A measurement that does not count; `partial` keeps what was read."""
+
+    def __init__(self, msg, partial):
+        super().__init__(msg)
+        self.partial = partial
+
+
+def open_streams(run):
+    """Streams being served now: the mock's active streams, else the leases
+    in use at the edge; -1 when unknown."""
+    if run.mock:
+        status, body = procs.http("GET", "http://%s/stats" % run.mock_addr)
+        return json.loads(body)["active_streams"] if status == 200 else -1
+    if run.admin:
+        status, body = procs.http("GET", run.admin, token=systems.ADMIN_TOKEN)
+        if status == 200:
+            return sum(p["leases_in_use"] for node in json.loads(body)["nodes"] for p in node["providers"])
+    return -1
 
 
 def disconnects(run, ctx, p, gens):
@@ -295,9 +325,27 @@ def big_prompts(run, ctx, p, gens):
             "cpu_sec_with_big": dict(cpu_delta(before, after), loadtest=round(paced_cpu + big_cpu, 3))}
 
 
-def run_one(ctx, sid, system, round_no, workers, p, wait_idle):
+def run_one(ctx, sid, system, round_no, workers, p, wait_idle, retries=1):
+    """run_once, again (up to `retries` times) if it failed: a process
+    killed from outside must not cost the benchmark its numbers. The record
+    keeps the earlier attempts' errors."""
+    failed = []
+    while True:
+        rec = run_once(ctx, sid, system, round_no, workers, p, wait_idle, attempt=len(failed))
+        if "error" not in rec or len(failed) >= retries:
+            break
+        failed.append(rec["error"])
+    if failed:
+        rec["failed_attempts"] = failed
+    return rec
+
+
+def run_once(ctx, sid, system, round_no, workers, p, wait_idle, attempt=0):
     """Starts `system` fresh, measures `sid`, stops it; the record says what
     ran, how, and what else was busy."""
+    if attempt:
+        ctx.log_dir = ctx.log_dir.rstrip("/") + "-retry%d" % attempt
+        os.makedirs(ctx.log_dir, exist_ok=True)
     waited = wait_for_builds(wait_idle)
     rec = {"scenario": sid, "system": system, "round": round_no, "workers": workers,
            "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -314,9 +362,15 @@ def run_one(ctx, sid, system, round_no, workers, p, wait_idle):
         rec["notes"] = run.notes
         snap = procs.all_cpu()
         rec.update(measure(sid, run, ctx, p, gens))
+        dead = [proc.name for proc in run.procs if not procs.alive(proc.pid)]
+        dead += [g for g, pids in run.groups.items() if not all(procs.alive(pid) for pid in pids)]
+        if dead:
+            raise RuntimeError("exited during the run: %s (see the logs)" % ", ".join(sorted(set(dead))))
         ours = run.all_pids() | {os.getpid()}
         rec["other_cpu_sec"], rec["other_top"] = procs.others_busy(snap, procs.all_cpu(), ours)
     except Exception as e:  # one failed run must not end the benchmark
+        if isinstance(e, MeasureError):
+            rec["partial"] = e.partial
         rec["error"] = "%s: %s" % (type(e).__name__, e)
     finally:
         if run:

@@ -21,6 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 SYSTEMS = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized", "iop-mock"]
 DEFAULT_SYSTEMS = SYSTEMS[:5]
 TOKEN = "bench-node-token"
+ADMIN_TOKEN = "bench-admin-token"
 # Every process logs warnings only: logging is not what is measured.
 QUIET = {"IOP_LOG": "warn"}
 
@@ -28,10 +29,13 @@ QUIET = {"IOP_LOG": "warn"}
 class Ctx:
     """What every start needs: binaries, nginx, and where logs go."""
 
-    def __init__(self, bin_dir, nginx, node_workers):
+    def __init__(self, bin_dir, nginx, node_workers, fd_limit=65536):
         self.bin_dir = bin_dir
         self.nginx = nginx
         self.node_workers = node_workers
+        # nginx workers raise their own limit to this (an unprivileged nginx
+        # cannot go past the hard limit it inherits).
+        self.fd_limit = fd_limit
         self.log_dir = None
 
     def bin(self, name):
@@ -49,6 +53,7 @@ class Running:
         self.groups = {}
         self.mock = None
         self.mock_addr = None
+        self.admin = None
         self.procs = []
         self.configs = {}
         self.driver = None
@@ -124,7 +129,8 @@ def start_nginx(run, ctx, group, upstream, workers):
     last = None
     for _ in range(3):
         listen = "127.0.0.1:%d" % free_port()
-        conf = template.format(workers=workers, prefix=prefix, upstream=upstream, listen=listen)
+        conf = template.format(workers=workers, prefix=prefix, upstream=upstream, listen=listen,
+                               nofile=min(ctx.fd_limit, 65536))
         path = os.path.join(prefix, "nginx.conf")
         with open(path, "w") as f:
             f.write(conf)
@@ -162,7 +168,7 @@ def edge_config(name, mock_addr, scen, workers):
         "iop-normalized": 'kind = "ollama"\nbase_url = "http://%s"\n' % mock_addr,
         "iop-mock": 'kind = "mock"\n',
     }[name]
-    text = "workers = %d\nshutdown_grace_sec = 0\n" % workers
+    text = 'workers = %d\nshutdown_grace_sec = 0\nadmin_token = "%s"\n' % (workers, ADMIN_TOKEN)
     text += '[http]\nlisten = "127.0.0.1:0"\nmax_body_bytes = 1048576\n'
     text += '[node_listener]\nlisten = "127.0.0.1:0"\n'
     text += '[[nodes]]\nid = "bench-node"\ntoken = "%s"\n' % TOKEN
@@ -204,6 +210,7 @@ def start_iop(run, ctx, name, scen, workers):
     probe = {"model": "mock", "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1}
     wait_http("POST", run.url + "/v1/chat/completions", probe, what=name)
     run.groups = {"edge": [edge.pid], "node": [node.pid]}
+    run.admin = run.url + "/admin/v1/nodes"
 
 
 def node_workers_supported(ctx):

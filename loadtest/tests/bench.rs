@@ -1,64 +1,87 @@
-//! The benchmark harness (`loadtest/bench/run.py`) end to end in `--quick`
-//! mode: every system (the mock, one and two nginx, iop on both paths and
-//! with its in-process mock) through every scenario, then `compare`.
+//! The benchmark harness (`loadtest/bench/run.py`), exercised from cargo.
 //!
-//! Needs nginx (`apt-get install nginx`), `python3`, and the `iop-edge` and
-//! `iop-node` binaries beside this package's (`cargo build -p iop-edge -p
-//! iop-node`, or after `cargo test --workspace`):
+//! - `dry_run_interleaves_rounds`: the run plan (python3 only).
+//! - `quick_run_direct_and_compare`: a short `--quick` run of every scenario
+//!   that applies to `direct` (the mock alone: S1-S6) with this package's
+//!   binaries, then `compare` as text and markdown. Needs python3 only.
+//! - `quick_run_nginx_and_iop` (ignored: it needs nginx and the iop-edge and
+//!   iop-node binaries, which `cargo test -p iop-loadtest` does not build):
+//!   a short `--quick` run through one and two nginx and both iop paths.
 //!
 //! ```sh
+//! cargo test -p iop-loadtest --test bench
 //! cargo build -p iop-edge -p iop-node && cargo test -p iop-loadtest --test bench -- --ignored
 //! ```
+//!
+//! `IOP_BENCH_BIN_DIR` points the last one at other binaries (e.g.
+//! `target/release`).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 use serde_json::Value;
+
+/// The load runs one at a time: they share the machine's cores.
+static LOAD: Mutex<()> = Mutex::new(());
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("workspace root").to_path_buf()
 }
 
-#[test]
-#[ignore = "needs nginx (apt-get install nginx); CI runs it"]
-fn quick_benchmark_runs_every_system_and_scenario() {
-    let bin_dir = Path::new(env!("CARGO_BIN_EXE_iop-loadtest")).parent().unwrap().to_path_buf();
-    for bin in ["iop-edge", "iop-node"] {
-        assert!(
-            bin_dir.join(bin).exists(),
-            "{bin} missing in {}: cargo build -p iop-edge -p iop-node",
-            bin_dir.display()
-        );
-    }
-    let out_dir = std::env::temp_dir().join(format!("iop-bench-test-{}", std::process::id()));
-    std::fs::create_dir_all(&out_dir).unwrap();
-    let results = out_dir.join("results.json");
-    let script = repo_root().join("loadtest/bench/run.py");
-    let run = Command::new("python3")
-        .arg(&script)
-        .args(["run", "--quick", "--duration", "1", "--systems", "all", "--wait-idle", "0", "--bin-dir"])
-        .arg(&bin_dir)
-        .arg("--out")
-        .arg(&results)
-        .output()
-        .expect("run python3");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(run.status.success(), "run.py failed: {}\n{stdout}", String::from_utf8_lossy(&run.stderr));
+fn script() -> PathBuf {
+    repo_root().join("loadtest/bench/run.py")
+}
 
+/// Where `iop-mockprov` and `iop-loadtest` of this build are.
+fn own_bin_dir() -> PathBuf {
+    Path::new(env!("CARGO_BIN_EXE_iop-loadtest")).parent().unwrap().to_path_buf()
+}
+
+fn python(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new("python3")
+        .arg(script())
+        .args(args)
+        .output()
+        .expect("python3 (3.11 or newer) must be installed to test the benchmark harness");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("iop-bench-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// `run.py run --quick` with `args`; the results file, parsed, and stdout.
+fn quick_run(name: &str, bin_dir: &Path, args: &[&str]) -> (Value, String, PathBuf) {
+    let dir = scratch(name);
+    let results = dir.join("results.json");
+    let mut all = vec!["run", "--quick", "--duration", "1", "--warmup", "0", "--wait-idle", "0", "--bin-dir"];
+    all.push(bin_dir.to_str().unwrap());
+    all.extend(["--out", results.to_str().unwrap()]);
+    all.extend(args);
+    let (ok, stdout, stderr) = python(&all);
+    assert!(ok, "run.py failed:\n{stderr}\n{stdout}");
     let r: Value = serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
+    (r, stdout, dir)
+}
+
+/// What every run record must hold, and no request errors.
+fn check_runs(r: &Value, stdout: &str) {
     let meta = &r["meta"];
-    for key in ["machine", "versions", "command", "binaries_built"] {
+    for key in ["machine", "versions", "command", "binaries_built", "params"] {
         assert!(!meta[key].is_null(), "meta.{key} missing");
     }
-    let runs = r["runs"].as_array().unwrap();
-    // 7 scenarios × 6 systems, less S5 on the in-process mock and S7 on the
-    // mock alone, S7 twice (1 and 2 workers) on the 5 others.
-    assert_eq!(runs.len(), 7 * 6 - 2 + 5, "{stdout}");
-    for rec in runs {
+    for rec in r["runs"].as_array().unwrap() {
         let what = format!("{} {} w{}", rec["scenario"], rec["system"], rec["workers"]);
-        assert!(rec.get("error").is_none(), "{what}: {}", rec["error"]);
+        assert!(rec.get("error").is_none(), "{what}: {}\n{stdout}", rec["error"]);
         assert!(!rec["commands"].as_array().unwrap().is_empty(), "{what}");
         assert!(rec["loadavg_before"].is_array() && rec["other_cpu_sec"].is_number(), "{what}");
         let errors = rec["load"]["errors"]["total"].as_u64().unwrap()
@@ -66,39 +89,109 @@ fn quick_benchmark_runs_every_system_and_scenario() {
             + rec.get("big").map_or(0, |b| b["errors"]["total"].as_u64().unwrap());
         assert_eq!(errors, 0, "{what}: request errors");
         assert!(rec["load"]["completed"].as_u64().unwrap() > 0, "{what}");
-        if rec["scenario"] == "S5" {
-            let d = &rec["disconnect"];
-            assert!(d["cut"].as_u64().unwrap() > 0, "{what}: {d}");
-            assert_eq!(d["never_closed"], 0, "{what}: {d}");
+        match rec["scenario"].as_str().unwrap() {
+            "S4" => {
+                // Read from /proc with every stream open before and after the reading.
+                let n = rec["streams"].as_u64().unwrap();
+                assert_eq!(rec["open_at_sample"], serde_json::json!([n, n]), "{what}");
+                for (group, pids) in rec["rss_kib_during"].as_object().unwrap() {
+                    for (pid, kib) in pids.as_object().unwrap() {
+                        assert!(kib.as_u64().unwrap() > 0, "{what}: {group} {pid} has no VmRSS");
+                    }
+                }
+            }
+            "S5" => {
+                let d = &rec["disconnect"];
+                assert!(d["cut"].as_u64().unwrap() > 0, "{what}: {d}");
+                assert_eq!(d["never_closed"], 0, "{what}: {d}");
+                assert!(d["p99_ms"].as_f64().unwrap() > 0.0, "{what}: {d}");
+            }
+            _ => {}
         }
     }
-    // Every target has a verdict.
-    for out in [stdout.to_string(), compare(&script, &results, false), compare(&script, &results, true)] {
-        for sid in ["S1", "S2", "S3", "S4", "S5", "S6", "S7"] {
+}
+
+/// `compare` as text and as markdown: a section per scenario, and a
+/// verdict on every target row.
+fn check_compare(results: &Path, sids: &[&str], targets: usize) {
+    for md in [false, true] {
+        let mut args = vec!["compare", results.to_str().unwrap()];
+        if md {
+            args.push("--markdown");
+        }
+        let (ok, out, stderr) = python(&args);
+        assert!(ok, "compare failed: {stderr}");
+        for sid in sids {
             assert!(out.contains(&format!("{sid}  ")), "no {sid} section:\n{out}");
         }
-        let targets = out.split_once("Targets (iop").expect("a targets table").1;
-        let rows: Vec<&str> = targets
+        if md {
+            assert!(out.contains("|---|"), "no markdown table:\n{out}");
+        }
+        let rest = out.split_once("Targets (iop").expect("a targets table").1;
+        let rows: Vec<&str> = rest
             .lines()
             .map(|l| l.trim().trim_start_matches('|').trim())
             .filter(|l| l.starts_with('S') && l.as_bytes().get(1).is_some_and(u8::is_ascii_digit))
             .collect();
-        assert_eq!(rows.len(), 19, "19 targets expected:\n{out}");
+        assert_eq!(rows.len(), targets, "{targets} targets expected:\n{out}");
         for row in rows {
             let row = row.trim_end_matches('|').trim_end();
             assert!(row.ends_with(" met") || row.ends_with("NOT MET"), "no verdict: {row}\n{out}");
         }
     }
-    std::fs::remove_dir_all(&out_dir).ok();
 }
 
-fn compare(script: &Path, results: &Path, markdown: bool) -> String {
-    let mut cmd = Command::new("python3");
-    cmd.arg(script).arg("compare").arg(results);
-    if markdown {
-        cmd.arg("--markdown");
+#[test]
+fn dry_run_interleaves_rounds() {
+    let (ok, out, stderr) = python(&["run", "--dry-run", "--rounds", "2", "--workers", "2"]);
+    assert!(ok, "{stderr}");
+    let runs: Vec<Vec<&str>> =
+        out.lines().filter(|l| l.contains(" round ")).map(|l| l.split_whitespace().collect()).collect();
+    // 7 scenarios x 5 systems x 2 rounds, less S7 on direct, S7 twice (1 and 2 workers).
+    assert_eq!(runs.len(), (6 * 5 + 4 * 2) * 2, "{out}");
+    let systems = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized"];
+    let s1: Vec<(&str, &str)> = runs.iter().filter(|r| r[1] == "S1").map(|r| (r[3], r[4])).collect();
+    let want: Vec<(&str, &str)> = ["1", "2"].iter().flat_map(|rnd| systems.iter().map(move |s| (*rnd, *s))).collect();
+    assert_eq!(s1, want, "S1 is not A B C D E, A B C D E:\n{out}");
+    let s7: Vec<(&str, &str)> = runs.iter().filter(|r| r[1] == "S7" && r[3] == "1").map(|r| (r[4], r[6])).collect();
+    assert_eq!(s7[..2], [("nginx1", "1"), ("nginx1", "2")], "{out}");
+    assert!(out.contains("min"), "no time estimate:\n{out}");
+}
+
+#[test]
+fn quick_run_direct_and_compare() {
+    let _one = LOAD.lock().unwrap_or_else(|e| e.into_inner());
+    let sids = ["S1", "S2", "S3", "S4", "S5", "S6"];
+    let (r, stdout, dir) =
+        quick_run("direct", &own_bin_dir(), &["--systems", "direct", "--scenarios", "S1,S2,S3,S4,S5,S6"]);
+    assert_eq!(r["runs"].as_array().unwrap().len(), sids.len(), "{stdout}");
+    check_runs(&r, &stdout);
+    // No iop system ran: the targets table is there, without rows.
+    check_compare(&dir.join("results.json"), &sids, 0);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+#[ignore = "needs nginx (apt-get install nginx) and iop-edge + iop-node beside this test \
+            (cargo build -p iop-edge -p iop-node) or in IOP_BENCH_BIN_DIR"]
+fn quick_run_nginx_and_iop() {
+    let _one = LOAD.lock().unwrap_or_else(|e| e.into_inner());
+    let bin_dir = std::env::var_os("IOP_BENCH_BIN_DIR").map_or_else(own_bin_dir, PathBuf::from);
+    for bin in ["iop-edge", "iop-node", "iop-mockprov", "iop-loadtest"] {
+        assert!(
+            bin_dir.join(bin).exists(),
+            "{bin} missing in {}: cargo build -p iop-edge -p iop-node",
+            bin_dir.display()
+        );
     }
-    let out = cmd.output().expect("run python3");
-    assert!(out.status.success(), "compare failed: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
+    let (r, stdout, dir) = quick_run(
+        "all",
+        &bin_dir,
+        &["--systems", "direct,nginx1,nginx2,iop-tunnel,iop-normalized", "--scenarios", "S1,S2,S4,S5"],
+    );
+    assert_eq!(r["runs"].as_array().unwrap().len(), 4 * 5, "{stdout}");
+    check_runs(&r, &stdout);
+    // S1: 2 per path, S2: 3, S4 and S5: 1 per path.
+    check_compare(&dir.join("results.json"), &["S1", "S2", "S4", "S5"], 4 + 3 + 2 + 2);
+    std::fs::remove_dir_all(&dir).ok();
 }
