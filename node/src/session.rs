@@ -60,7 +60,7 @@ pub async fn run(cfg: &NodeConfig, link: &LinkSpec, shutdown: &LocalCancel) -> S
     let mut stream = None;
     for addr in addrs {
         let attempt = monoio::select! {
-            r = monoio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect_addr(addr)) => r,
+            r = iop_core::rt::time::timeout(CONNECT_TIMEOUT, TcpStream::connect_addr(addr)) => r,
             _ = shutdown.cancelled() => return SessionEnd::Shutdown,
         };
         match attempt {
@@ -99,7 +99,7 @@ async fn next_frame<R: monoio::io::CancelableAsyncReadRent>(
     // A handshake timeout or shutdown ends the connection, so losing a
     // half-read frame is moot.
     let read = monoio::select! {
-        r = monoio::time::timeout(HANDSHAKE_TIMEOUT, reader.next()) => r,
+        r = iop_core::rt::time::timeout(HANDSHAKE_TIMEOUT, reader.next()) => r,
         _ = shutdown.cancelled() => return Err(SessionEnd::Shutdown),
     };
     match read {
@@ -289,11 +289,11 @@ async fn drain_on_shutdown(
     let draining = pb::NodeDraining { reason: "shutdown".into() };
     let _ = writer.send(&envelope(0, Body::NodeDraining(draining)));
     tracing::info!(active = manager.active(), "shutdown: draining in-flight runs");
-    let drained = monoio::time::timeout(grace, manager.wait_idle()).await.is_ok();
+    let drained = iop_core::rt::time::timeout(grace, manager.wait_idle()).await.is_ok();
     if !drained {
         tracing::warn!(active = manager.active(), "drain deadline passed; cancelling the remaining runs");
         manager.cancel_all();
-        let _ = monoio::time::timeout(std::time::Duration::from_secs(1), manager.wait_idle()).await;
+        let _ = iop_core::rt::time::timeout(std::time::Duration::from_secs(1), manager.wait_idle()).await;
     }
     stopper.stop();
 }

@@ -12,7 +12,7 @@ pub mod error;
 pub mod request;
 pub mod response;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 
 pub use chunked::{BodyDecoder, BodyKind};
 pub use client::{parse_response_head, write_request_head, ResponseHead};
@@ -56,8 +56,8 @@ pub(crate) type HeadStatus<T> = Result<httparse::Status<(usize, usize, T)>, http
 
 /// Runs `parse` over the first `max_head_bytes` of `buf` with `max_headers`
 /// header slots. On a complete head, removes it from `buf` and returns the
-/// parse output and the headers with lower-cased names and zero-copy values
-/// sliced from the head.
+/// parse output and the headers with lower-cased names and values sliced
+/// from one copy of the head.
 pub(crate) fn parse_head<T>(
     buf: &mut BytesMut,
     limits: &Limits,
@@ -98,7 +98,11 @@ pub(crate) fn parse_head<T>(
         Err(httparse::Error::TooManyHeaders) => return Err(HttpError::HeadTooLarge),
         Err(e) => return Err(HttpError::Malformed(httparse_error(e))),
     };
-    let head = buf.split_to(len).freeze();
+    // Copied out (a few hundred bytes): the values live as long as the
+    // request or response, and slices of `buf` would keep the whole read
+    // buffer (and the body bytes read with the head) alive that long.
+    let head = Bytes::copy_from_slice(&buf[..len]);
+    buf.advance(len);
     let mut headers = Vec::with_capacity(offsets.len());
     for (name, start, end) in offsets {
         let value = head.get(start..end).ok_or(HttpError::Malformed("header value out of range"))?;

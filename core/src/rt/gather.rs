@@ -18,7 +18,7 @@ use monoio::{buf::IoVecBuf, io::AsyncWriteRent};
 const MAX_IOVECS: usize = 1024;
 /// Glue is allocated in blocks of this size: sealing shares the block
 /// with the segment, so without a block size every seal would allocate.
-const GLUE_BLOCK: usize = 4096;
+const GLUE_BLOCK: usize = 512;
 
 /// Bytes waiting to be written, in order. See the module docs.
 #[derive(Debug, Default)]

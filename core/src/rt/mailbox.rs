@@ -1,11 +1,17 @@
 //! Bounded multi-producer single-consumer mailbox that works across cores:
-//! a lock-free `SegQueue` with an atomic length bound, plus an `AtomicWaker`
-//! (monoio's `sync` feature makes wakers callable from other threads). Also
-//! used within one core, where it costs only a few atomics. Segments are
-//! allocated as the queue fills, so a generous bound (a run's event burst)
-//! costs memory only when used.
+//! a queue with an atomic length bound, plus an `AtomicWaker` (monoio's
+//! `sync` feature makes wakers callable from other threads). Also used
+//! within one core, where it costs only a few atomics.
+//!
+//! Two queues: [`mailbox`] is crossbeam's lock-free `SegQueue` (segments
+//! allocated as it fills), for the few long-lived, busy core inboxes.
+//! [`stream_mailbox`] is a short-held lock around a `VecDeque` whose memory
+//! follows what is queued and is given back once drained, for the one every
+//! open stream has: a segment queue keeps a 31-slot block per queue even
+//! when empty, which was most of an idle stream's memory.
 
 use std::{
+    collections::VecDeque,
     future::Future,
     pin::Pin,
     sync::{
@@ -19,8 +25,51 @@ use atomic_waker::AtomicWaker;
 use crossbeam_queue::SegQueue;
 use parking_lot::Mutex;
 
+/// A drained stream queue holding more slots than this gives them back.
+const KEEP_SLOTS: usize = 16;
+
+enum Queue<T> {
+    /// Boxed: its two cache-padded ends would make every stream's mailbox
+    /// a quarter KiB larger.
+    Segments(Box<SegQueue<T>>),
+    Deque(Mutex<VecDeque<T>>),
+}
+
+impl<T> Queue<T> {
+    fn push(&self, msg: T) {
+        match self {
+            Queue::Segments(q) => q.push(msg),
+            Queue::Deque(q) => q.lock().push_back(msg),
+        }
+    }
+
+    fn pop(&self) -> Option<T> {
+        match self {
+            Queue::Segments(q) => q.pop(),
+            Queue::Deque(q) => {
+                let mut q = q.lock();
+                let msg = q.pop_front();
+                if q.is_empty() && q.capacity() > KEEP_SLOTS {
+                    *q = VecDeque::new();
+                }
+                msg
+            }
+        }
+    }
+
+    fn clear(&self) {
+        match self {
+            Queue::Segments(q) => while q.pop().is_some() {},
+            Queue::Deque(q) => {
+                let queued = std::mem::take(&mut *q.lock());
+                drop(queued); // outside the lock
+            }
+        }
+    }
+}
+
 struct Inner<T> {
-    queue: SegQueue<T>,
+    queue: Queue<T>,
     len: AtomicUsize,
     capacity: usize,
     recv_waker: AtomicWaker,
@@ -59,10 +108,20 @@ pub struct Receiver<T> {
     inner: Arc<Inner<T>>,
 }
 
-/// A mailbox holding at most `capacity` messages.
+/// A mailbox holding at most `capacity` messages (lock-free segments).
 pub fn mailbox<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
+    with_queue(Queue::Segments(Box::new(SegQueue::new())), capacity)
+}
+
+/// A mailbox holding at most `capacity` messages whose memory follows what
+/// is queued (see the module docs).
+pub fn stream_mailbox<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
+    with_queue(Queue::Deque(Mutex::new(VecDeque::new())), capacity)
+}
+
+fn with_queue<T>(queue: Queue<T>, capacity: usize) -> (Sender<T>, Receiver<T>) {
     let inner = Arc::new(Inner {
-        queue: SegQueue::new(),
+        queue,
         len: AtomicUsize::new(0),
         capacity: capacity.max(1),
         recv_waker: AtomicWaker::new(),
@@ -178,7 +237,7 @@ impl<T> Drop for Receiver<T> {
         self.inner.receiver_alive.store(false, Ordering::Release);
         self.wake_space_waiters();
         // Drop queued messages now so resources they own are released.
-        while self.inner.queue.pop().is_some() {}
+        self.inner.queue.clear();
     }
 }
 
@@ -211,9 +270,21 @@ impl<T> Future for Recv<'_, T> {
 mod tests {
     use super::*;
 
+    type Make = fn(usize) -> (Sender<u64>, Receiver<u64>);
+
+    fn both() -> [Make; 2] {
+        [mailbox::<u64>, stream_mailbox::<u64>]
+    }
+
     #[test]
     fn full_and_closed() {
-        let (tx, rx) = mailbox::<u32>(2);
+        for make in both() {
+            full_and_closed_with(make);
+        }
+    }
+
+    fn full_and_closed_with(make: Make) {
+        let (tx, rx) = make(2);
         tx.try_send(1).unwrap();
         tx.try_send(2).unwrap();
         assert_eq!(tx.try_send(3), Err(SendError::Full(3)));
@@ -223,8 +294,34 @@ mod tests {
     }
 
     #[test]
+    fn stream_queue_gives_back_a_drained_burst() {
+        let (tx, rx) = stream_mailbox::<u64>(1024);
+        let capacity = |rx: &Receiver<u64>| match &rx.inner.queue {
+            Queue::Deque(q) => q.lock().capacity(),
+            Queue::Segments(_) => unreachable!(),
+        };
+        for i in 0..500 {
+            tx.try_send(i).unwrap();
+        }
+        assert!(capacity(&rx) >= 500);
+        for i in 0..500 {
+            assert_eq!(rx.try_recv(), Some(i), "in order");
+        }
+        assert_eq!(capacity(&rx), 0, "drained: memory given back");
+        tx.try_send(7).unwrap();
+        assert_eq!(rx.try_recv(), Some(7));
+        assert!(capacity(&rx) <= KEEP_SLOTS, "a trickle keeps a few slots");
+    }
+
+    #[test]
     fn cross_thread_wakes_receiver_and_blocked_sender() {
-        let (tx, rx) = mailbox::<u64>(4);
+        for make in both() {
+            cross_thread_with(make);
+        }
+    }
+
+    fn cross_thread_with(make: Make) {
+        let (tx, rx) = make(4);
         let producer = std::thread::spawn(move || {
             crate::rt::block_on_current(async move {
                 for i in 0..10_000u64 {

@@ -15,6 +15,7 @@ pub mod listener;
 pub mod mailbox;
 pub mod oneshot;
 pub mod signal;
+pub mod time;
 mod worker;
 
 pub use worker::{block_on_current, spawn_worker, yield_now, Driver};

@@ -93,7 +93,7 @@ pub async fn admit(worker: &Rc<Worker>, group: &ModelGroup, class: LeaseClass) -
             let _ = worker.shared.inboxes[owner].send(msg).await;
         }
     }
-    let outcome = monoio::time::timeout(group.queue_timeout, waiter.outcome()).await;
+    let outcome = iop_core::rt::time::timeout(group.queue_timeout, waiter.outcome()).await;
     drop(guard);
     match outcome {
         Ok(Ok(lease)) => {

@@ -60,7 +60,9 @@ impl Conn {
             return Ok(());
         }
         let out = std::mem::take(&mut self.out);
-        let (res, mut out) = self.wr.write_all(out).await;
+        // Boxed: the write's state is large, brief, and would otherwise be
+        // part of every (long-lived) future that might respond.
+        let (res, mut out) = Box::pin(self.wr.write_all(out)).await;
         out.clear();
         self.out = out;
         res.map(|_| ())
@@ -153,6 +155,11 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::Socket
             Ok(body) => body,
             Err(e) => return fail(&mut conn, e, 0).await,
         };
+        if conn.buf.is_empty() {
+            // The request is read: its read buffer is not kept for the
+            // (maybe long) response. A next request gets a fresh one.
+            conn.buf = BytesMut::new();
+        }
         let keep_alive = {
             let _active = ActiveRequest::new(&worker.shared);
             surface::handle(&worker, &mut conn, &head, body).await
@@ -209,7 +216,7 @@ async fn linger(conn: &mut Conn, unread: usize) {
     while left > 0 {
         scratch.clear();
         // The connection is closing: a timed-out read loses nothing.
-        match monoio::time::timeout_at(deadline, read_append(&mut conn.rd, &mut scratch, READ_RESERVE)).await {
+        match iop_core::rt::time::timeout_at(deadline, read_append(&mut conn.rd, &mut scratch, READ_RESERVE)).await {
             Ok(Ok(n)) if n > 0 => left = left.saturating_sub(n),
             _ => return,
         }
@@ -247,7 +254,7 @@ async fn read_head(
         // A timeout closes the connection, so a dropped read (which takes
         // the buffer with it) loses nothing we need.
         let partial = !conn.buf.is_empty();
-        match monoio::time::timeout_at(deadline, read_append(&mut conn.rd, &mut conn.buf, HEAD_RESERVE)).await {
+        match iop_core::rt::time::timeout_at(deadline, read_append(&mut conn.rd, &mut conn.buf, HEAD_RESERVE)).await {
             Err(_) if !partial => return Ok(None),
             Err(_) => return Err(ConnError::Timeout("request head")),
             Ok(Ok(0)) if conn.buf.is_empty() => return Ok(None),
@@ -287,7 +294,7 @@ fn reserve_body(worker: &Worker, head: &RequestHead) -> Result<Option<BodyPermit
 /// One read for the body, bounded by the progress and total deadlines.
 async fn read_more(conn: &mut Conn, reserve: usize, t: &Timeouts, read_deadline: Instant) -> Result<usize, ConnError> {
     let deadline = (Instant::now() + t.body).min(read_deadline);
-    match monoio::time::timeout_at(deadline, read_append(&mut conn.rd, &mut conn.buf, reserve)).await {
+    match iop_core::rt::time::timeout_at(deadline, read_append(&mut conn.rd, &mut conn.buf, reserve)).await {
         Err(_) => Err(ConnError::Timeout("request body")),
         Ok(Ok(n)) => Ok(n),
         Ok(Err(_)) => Err(ConnError::Io),

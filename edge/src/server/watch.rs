@@ -3,7 +3,7 @@
 
 use std::{
     future::{poll_fn, Future},
-    pin::pin,
+    pin::{pin, Pin},
     task::Poll,
 };
 
@@ -16,11 +16,14 @@ enum First<A, B> {
 }
 
 /// Runs `body` while a read on `rd` watches for the client closing.
-/// Returns `None` when the client disconnected first (`body` is dropped).
+/// Returns `None` when the client disconnected first (`body` is dropped by
+/// its owner). `body` is pinned by the caller, in the caller's own state: an
+/// owned future would be stored twice (the parameter and its pinned move),
+/// and this runs around every streamed response.
 /// Bytes the client sent meanwhile (a pipelined request) are appended to
 /// `buf`. The watch read is cancelled and awaited, never dropped in flight
 /// (io_uring could otherwise lose bytes).
-pub async fn with_disconnect_watch<R, F, T>(rd: &mut R, buf: &mut BytesMut, body: F) -> Option<T>
+pub async fn with_disconnect_watch<R, F, T>(rd: &mut R, buf: &mut BytesMut, mut body: Pin<&mut F>) -> Option<T>
 where
     R: CancelableAsyncReadRent,
     F: Future<Output = T>,
@@ -30,8 +33,9 @@ where
         return Some(body.await);
     }
     let canceller = Canceller::new();
-    let mut watch = pin!(rd.cancelable_read(BytesMut::with_capacity(4096), canceller.handle()));
-    let mut body = pin!(body);
+    // Small: it only notices a close (a pipelined request that arrives
+    // meanwhile is read on after the response).
+    let mut watch = pin!(rd.cancelable_read(BytesMut::with_capacity(512), canceller.handle()));
     let first = poll_fn(|cx| {
         if let Poll::Ready(v) = body.as_mut().poll(cx) {
             return Poll::Ready(First::Body(v));

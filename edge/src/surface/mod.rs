@@ -25,9 +25,11 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
     let result = match (method, path) {
         ("POST", _) if route.is_some() => {
             let Some(route) = route else { return false };
-            return openai::handle(worker, conn, head, body, route).await;
+            // Boxed: an idle keep-alive connection's task holds only its
+            // reading state, a busy one that of its route.
+            return Box::pin(openai::handle(worker, conn, head, body, route)).await;
         }
-        (_, p) if admin::is_admin_path(p) => return admin::handle(worker, conn, head, body).await,
+        (_, p) if admin::is_admin_path(p) => return Box::pin(admin::handle(worker, conn, head, body)).await,
         ("GET", "/v1/models") => {
             let body = openai::models::list(&worker.config.borrow());
             conn.respond(200, "application/json", &[], &body, keep).await

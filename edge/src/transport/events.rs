@@ -124,7 +124,7 @@ pub struct StreamRx<T> {
 
 /// A stream's channel.
 pub fn channel<T>() -> (StreamTx<T>, StreamRx<T>) {
-    let (tx, rx) = mailbox::mailbox(RUN_EVENT_CAPACITY);
+    let (tx, rx) = mailbox::stream_mailbox(RUN_EVENT_CAPACITY);
     let shared = Arc::new(Shared::default());
     (StreamTx { tx, shared: shared.clone() }, StreamRx { rx, shared })
 }

@@ -133,7 +133,7 @@ async fn first_frame(
     deadline: Instant,
 ) -> Option<(u64, pb::RegisterRequest)> {
     // A timeout here ends the connection, so losing a half-read frame is moot.
-    let first = match monoio::time::timeout_at(deadline.into(), reader.next()).await {
+    let first = match iop_core::rt::time::timeout_at(deadline, reader.next()).await {
         Ok(Ok(Some(env))) => env,
         Ok(Ok(None)) => return None,
         Ok(Err(e)) => {
@@ -183,7 +183,7 @@ async fn answer_and_close(stream: &mut TcpStream, correlation_id: u64, resp: pb:
         .is_ok()
     {
         let write = monoio::io::AsyncWriteRentExt::write_all(stream, out);
-        let _ = monoio::time::timeout(std::time::Duration::from_secs(1), write).await;
+        let _ = iop_core::rt::time::timeout(std::time::Duration::from_secs(1), write).await;
     }
 }
 

@@ -103,7 +103,7 @@ impl OllamaAdapter {
                 Operation::Embeddings => self.embed(&spec, sink).await,
             }
         };
-        let failure = match monoio::time::timeout(self.request_timeout, attempt).await {
+        let failure = match iop_core::rt::time::timeout(self.request_timeout, attempt).await {
             Ok(Ok(())) | Ok(Err(Halt::Sink)) => return,
             Ok(Err(Halt::Fail(f))) => f,
             // The attempt (and its connection) was dropped.
@@ -245,7 +245,7 @@ impl OllamaAdapter {
             Ok((status, body))
         };
         let limit = self.request_timeout.min(NATIVE_API_TIMEOUT);
-        monoio::time::timeout(limit, call).await.unwrap_or_else(|_| Err(timeout_failure(limit)))
+        iop_core::rt::time::timeout(limit, call).await.unwrap_or_else(|_| Err(timeout_failure(limit)))
     }
 }
 

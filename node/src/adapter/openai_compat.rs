@@ -100,7 +100,7 @@ impl OpenAiCompatAdapter {
 
     /// Streams one chat completion for `spec`.
     pub async fn execute<S: EventSink>(&self, spec: RunSpec, sink: &mut S) {
-        let outcome = monoio::time::timeout(self.request_timeout, self.attempt(&spec, sink)).await;
+        let outcome = iop_core::rt::time::timeout(self.request_timeout, self.attempt(&spec, sink)).await;
         let failure = match outcome {
             Ok(Ok(())) | Ok(Err(Halt::Sink)) => return,
             Ok(Err(Halt::Fail(f))) => f,
@@ -200,7 +200,7 @@ pub(super) async fn drain(resp: &mut Response) {
             }
         }
     };
-    let _ = monoio::time::timeout(DRAIN_AFTER_DONE, rest).await;
+    let _ = iop_core::rt::time::timeout(DRAIN_AFTER_DONE, rest).await;
 }
 
 pub(super) fn is_json(resp: &Response) -> bool {
@@ -418,7 +418,8 @@ mod tests {
             let mut sink = VecSink::default();
             // The stream never ends: the timeout drops the execute future.
             let dropped =
-                monoio::time::timeout(Duration::from_millis(300), a.execute(spec("m", "x", None), &mut sink)).await;
+                iop_core::rt::time::timeout(Duration::from_millis(300), a.execute(spec("m", "x", None), &mut sink))
+                    .await;
             assert!(dropped.is_err(), "execute returned on an open stream");
             (sink.events, a.client().idle_connections("127.0.0.1", server.addr.port()))
         })

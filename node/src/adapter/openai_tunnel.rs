@@ -21,9 +21,9 @@ use crate::{
 impl OpenAiCompatAdapter {
     /// Sends `spec` to the provider and relays its answer to `sink`:
     /// `Start`, body chunks, then `End` (with usage) or `Error`.
-    pub async fn tunnel<S: TunnelSink>(&self, spec: TunnelSpec, sink: &mut S) {
+    pub async fn tunnel<S: TunnelSink>(&self, mut spec: TunnelSpec, sink: &mut S) {
         let limit = spec.deadline.map_or(self.request_timeout, |d| d.min(self.request_timeout));
-        let failure = match monoio::time::timeout(limit, self.relay(&spec, sink)).await {
+        let failure = match iop_core::rt::time::timeout(limit, self.relay(&mut spec, sink)).await {
             Ok(Ok(())) | Ok(Err(Halt::Sink)) => return,
             Ok(Err(Halt::Fail(f))) => f,
             // The attempt (and its connection) was dropped.
@@ -38,7 +38,7 @@ impl OpenAiCompatAdapter {
         let _ = sink.send(TunnelItem::Error(failure)).await;
     }
 
-    async fn relay<S: TunnelSink>(&self, spec: &TunnelSpec, sink: &mut S) -> Result<(), Halt> {
+    async fn relay<S: TunnelSink>(&self, spec: &mut TunnelSpec, sink: &mut S) -> Result<(), Halt> {
         let target = format!("{}{}", self.url.path_prefix, spec.path);
         let mut headers: Vec<(&str, &[u8])> = spec.headers.iter().map(|(n, v)| (n.as_str(), &v[..])).collect();
         if let Some(auth) = &self.authorization {
@@ -52,7 +52,15 @@ impl OpenAiCompatAdapter {
             headers: &headers,
             body: &spec.body,
         };
-        let mut resp = super::send_upstream(&self.client, &req, &self.id, &spec.id).await.map_err(Halt::Fail)?;
+        // Boxed: connecting and sending are brief, and a stream's task then
+        // holds only the relay loop's state for the rest of the answer.
+        let sent = Box::pin(super::send_upstream(&self.client, &req, &self.id, &spec.id)).await;
+        let mut resp = sent.map_err(Halt::Fail)?;
+        drop(headers);
+        // Sent: the request's bytes are slices of the link's read buffer, which
+        // they must not keep alive for the whole (maybe long) answer.
+        spec.body = Bytes::new();
+        spec.headers = Vec::new();
         let mut watch = BodyWatch::new(resp.header("content-type"), spec.hide_usage_chunk);
         // Content-Length stays (the edge frames the body with it) unless
         // the body is about to change.

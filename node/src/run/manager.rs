@@ -348,7 +348,7 @@ async fn execute(
     let mut expired = false;
     let expiry = async {
         match deadline {
-            Some(d) => monoio::time::sleep(d).await,
+            Some(d) => iop_core::rt::time::sleep(d).await,
             None => std::future::pending().await,
         }
     };

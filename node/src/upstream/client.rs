@@ -25,8 +25,11 @@ use super::{
     ClientConfig, UpstreamError,
 };
 
-/// Bytes asked of the kernel per read.
-const READ_CHUNK: usize = 16 * 1024;
+/// Reads (head and body) start this small (a paced stream brings a few hundred bytes
+/// per read, and a read buffer per open stream is what its memory is) and
+/// double, up to [`MAX_BODY_READ`], while reads fill them.
+const MIN_READ: usize = 1024;
+const MAX_BODY_READ: usize = 64 * 1024;
 
 /// One HTTP request to send.
 #[derive(Clone, Copy)]
@@ -171,7 +174,9 @@ impl UpstreamClient {
             Err(e) => return Err(Attempt::NothingSent(UpstreamError::Io(e))),
         }
         let limits = self.inner.cfg.limits;
-        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        // The head's header values are slices of this buffer and live as
+        // long as the response: it starts small and grows only for a big head.
+        let mut buf = BytesMut::with_capacity(MIN_READ);
         let mut received = false;
         let head = loop {
             if received {
@@ -181,7 +186,7 @@ impl UpstreamClient {
                     break head;
                 }
             }
-            match read_append(&mut stream, &mut buf, READ_CHUNK).await {
+            match read_append(&mut stream, &mut buf, MIN_READ).await {
                 Ok(0) if received => {
                     return Err(Attempt::Failed(UpstreamError::Closed("in the middle of the response head")))
                 }
@@ -200,6 +205,7 @@ impl UpstreamClient {
             key,
             reused,
             done: false,
+            read_size: MIN_READ,
         };
         if resp.decoder.is_done() {
             resp.finish();
@@ -250,6 +256,8 @@ pub struct Response {
     key: PoolKey,
     reused: bool,
     done: bool,
+    /// Room the next body read asks for.
+    read_size: usize,
 }
 
 impl fmt::Debug for Response {
@@ -323,7 +331,14 @@ impl Response {
             let Some(stream) = self.conn.as_mut() else {
                 return Err(UpstreamError::Closed("before the end of the body"));
             };
-            match read_append(stream, &mut self.buf, READ_CHUNK).await {
+            let room = self.buf.capacity() - self.buf.len();
+            let ask = if room >= self.read_size { room } else { self.read_size };
+            let read = read_append(stream, &mut self.buf, self.read_size).await;
+            if matches!(read, Ok(n) if n >= ask) {
+                // The read filled what it had: ask for more next time.
+                self.read_size = (self.read_size * 2).min(MAX_BODY_READ);
+            }
+            match read {
                 Ok(0) => {
                     // The connection is finished either way.
                     self.conn = None;

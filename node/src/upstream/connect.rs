@@ -39,7 +39,7 @@ pub(crate) async fn connect(host: &str, port: u16, timeout: Duration) -> Result<
         }
         Err(UpstreamError::Connect { authority: authority(host, port), source: last })
     };
-    match monoio::time::timeout(timeout, attempt).await {
+    match iop_core::rt::time::timeout(timeout, attempt).await {
         Ok(res) => res,
         Err(_) => Err(UpstreamError::ConnectTimeout { authority: authority(host, port) }),
     }

@@ -161,7 +161,7 @@ pub async fn handle(
     }
     let mut responses = Vec::with_capacity(answers.len());
     for (index, rx) in answers {
-        match monoio::time::timeout(COMMAND_TIMEOUT, rx).await {
+        match iop_core::rt::time::timeout(COMMAND_TIMEOUT, rx).await {
             Ok(Some(resp)) => responses.push((index, resp)),
             Ok(None) => {
                 let msg = format!("node `{node}` went away before answering");

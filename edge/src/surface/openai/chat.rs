@@ -112,7 +112,7 @@ async fn stream(
     write_timeout: std::time::Duration,
 ) -> bool {
     let Conn { rd, wr, buf, out, .. } = conn;
-    let Some(first) = with_disconnect_watch(rd, buf, run.next()).await else {
+    let Some(first) = with_disconnect_watch(rd, buf, std::pin::pin!(run.next())).await else {
         return false; // client gone; dropping `run` cancels it on the node
     };
     let first = match first {
@@ -131,7 +131,7 @@ async fn stream(
     let reported = if let ExecEvent::Start { model } = &first { model.as_str() } else { "" };
     let enc = ChunkEncoder::new(&meta.id, meta.model(reported), meta.created);
     let mut render = StreamRender::new(enc, include_usage);
-    let body = stream_body(wr, out, &mut run, &mut render, first, write_timeout);
+    let body = std::pin::pin!(stream_body(wr, out, &mut run, &mut render, first, write_timeout));
     match with_disconnect_watch(rd, buf, body).await {
         Some(Ok(())) => keep,
         _ => false,
@@ -233,7 +233,8 @@ async fn stream_body<W: AsyncWriteRentExt>(
             http::write_last_chunk(out);
         }
         // A timed-out write closes the connection, so dropping it loses nothing.
-        let Ok((res, mut written)) = monoio::time::timeout(write_timeout, wr.write_all(std::mem::take(out))).await
+        let Ok((res, mut written)) =
+            iop_core::rt::time::timeout(write_timeout, wr.write_all(std::mem::take(out))).await
         else {
             return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading"));
         };
@@ -399,7 +400,7 @@ async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
 async fn aggregate(conn: &mut Conn, mut run: RunStream, meta: &Meta, keep: bool) -> bool {
     let result = {
         let Conn { rd, buf, .. } = &mut *conn;
-        with_disconnect_watch(rd, buf, collect(&mut run)).await
+        with_disconnect_watch(rd, buf, std::pin::pin!(collect(&mut run))).await
     };
     let agg = match result {
         None => return false,
@@ -433,24 +434,28 @@ fn usage_value(u: &Usage) -> Value {
 async fn embeddings(conn: &mut Conn, mut run: RunStream, meta: &Meta, base64: bool, keep: bool) -> bool {
     let result = {
         let Conn { rd, buf, .. } = &mut *conn;
-        with_disconnect_watch(rd, buf, async {
-            let (mut vectors, mut model) = (None, String::new());
-            while let Some(ev) = run.next().await {
-                match ev {
-                    ExecEvent::Start { model: m } => model = m,
-                    ExecEvent::Embeddings(v) => vectors = Some(v),
-                    ExecEvent::Complete { usage, .. } => {
-                        return vectors
-                            .map(|v| (v, usage, model))
-                            .ok_or_else(|| protocol("the provider sent no embeddings"))
+        with_disconnect_watch(
+            rd,
+            buf,
+            std::pin::pin!(async {
+                let (mut vectors, mut model) = (None, String::new());
+                while let Some(ev) = run.next().await {
+                    match ev {
+                        ExecEvent::Start { model: m } => model = m,
+                        ExecEvent::Embeddings(v) => vectors = Some(v),
+                        ExecEvent::Complete { usage, .. } => {
+                            return vectors
+                                .map(|v| (v, usage, model))
+                                .ok_or_else(|| protocol("the provider sent no embeddings"))
+                        }
+                        ExecEvent::Error(f) => return Err(f),
+                        ExecEvent::Cancelled { reason } => return Err(node_cancelled(&reason)),
+                        _ => {}
                     }
-                    ExecEvent::Error(f) => return Err(f),
-                    ExecEvent::Cancelled { reason } => return Err(node_cancelled(&reason)),
-                    _ => {}
                 }
-            }
-            Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Edge, "run ended without a result"))
-        })
+                Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Edge, "run ended without a result"))
+            }),
+        )
         .await
     };
     let (vectors, usage, model) = match result {

@@ -103,7 +103,9 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
     };
     let admitted = {
         let Conn { rd, buf, .. } = &mut *conn;
-        with_disconnect_watch(rd, buf, pool::admit(worker, &group, class)).await
+        // Boxed, like the stages below: a connection's task then holds the
+        // state of the stage it is in, not the largest of all of them.
+        Box::pin(with_disconnect_watch(rd, buf, std::pin::pin!(pool::admit(worker, &group, class)))).await
     };
     let admitted = match admitted {
         None => return false, // client left while queued; the wait guard left the queue
@@ -123,9 +125,9 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
         .provider(&admitted.target.node, &admitted.target.provider)
         .is_some_and(|p| p.kind.is_openai_compatible());
     if tunnels {
-        tunnel::run(worker, conn, head, route, &top, bytes, permit, &group.name, admitted).await
+        Box::pin(tunnel::run(worker, conn, head, route, &top, bytes, permit, &group.name, admitted)).await
     } else {
-        chat::normalized(worker, conn, head, route, &top, bytes, permit, &group, admitted).await
+        Box::pin(chat::normalized(worker, conn, head, route, &top, bytes, permit, &group, admitted)).await
     }
 }
 

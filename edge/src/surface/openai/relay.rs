@@ -124,7 +124,7 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
         }
         if !out.is_empty() {
             // A timed-out write closes the connection, so dropping it loses nothing.
-            let Ok(res) = monoio::time::timeout(write_timeout, out.write_to(wr)).await else {
+            let Ok(res) = iop_core::rt::time::timeout(write_timeout, out.write_to(wr)).await else {
                 return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading"));
             };
             res?;

@@ -3,7 +3,7 @@
 //! `include_usage` for streams, changed), and the provider's status,
 //! headers and body come back to the client byte for byte.
 
-use std::{rc::Rc, time::Duration};
+use std::{future::Future, rc::Rc, time::Duration};
 
 use bytes::Bytes;
 use iop_core::{
@@ -41,11 +41,13 @@ fn forwarded_headers(head: &RequestHead, request_id: &str) -> Vec<pb::Header> {
 }
 
 /// Sends an admitted request through the tunnel and relays the answer;
-/// returns whether the connection may be kept.
+/// resolves to whether the connection may be kept. The sending is done
+/// before the returned future: it holds only what relaying needs (an open
+/// stream's task keeps this state for the whole answer).
 #[allow(clippy::too_many_arguments)]
-pub async fn run(
+pub fn run<'a>(
     worker: &Rc<Worker>,
-    conn: &mut Conn,
+    conn: &'a mut Conn,
     head: &RequestHead,
     route: Route,
     top: &Top,
@@ -53,7 +55,7 @@ pub async fn run(
     permit: Option<BodyPermit>,
     model: &str,
     admitted: Admitted,
-) -> bool {
+) -> impl Future<Output = bool> + 'a {
     let keep = head.keep_alive;
     let target = &admitted.target.upstream_model;
     // Chat and legacy completions stream usage only when asked; the
@@ -70,20 +72,22 @@ pub async fn run(
         hide_usage_chunk,
         ..Default::default()
     };
-    let submitted = dispatch::submit_tunnel(worker, model, admitted, req, |id| forwarded_headers(head, id));
+    let mut submitted = dispatch::submit_tunnel(worker, model, admitted, req, |id| forwarded_headers(head, id));
     drop(permit);
-    let stream = match submitted {
-        Ok(s) => s,
-        Err(e) => return reply::dispatch_error(conn, &e, keep).await,
-    };
     let write_timeout = worker.config.borrow().http.idle_timeout;
-    relay(conn, stream, keep, write_timeout).await
+    async move {
+        // By reference: a moved binding would be stored twice in this state.
+        match &mut submitted {
+            Ok(stream) => relay(conn, stream, keep, write_timeout).await,
+            Err(e) => reply::dispatch_error(conn, e, keep).await,
+        }
+    }
 }
 
-async fn relay(conn: &mut Conn, mut stream: TunnelStream, keep: bool, write_timeout: Duration) -> bool {
+async fn relay(conn: &mut Conn, stream: &mut TunnelStream, keep: bool, write_timeout: Duration) -> bool {
     let first = {
         let Conn { rd, buf, .. } = &mut *conn;
-        with_disconnect_watch(rd, buf, stream.next()).await
+        with_disconnect_watch(rd, buf, std::pin::pin!(stream.next())).await
     };
     let (status, headers) = match first {
         None => return false, // client gone; dropping the stream cancels the tunnel
@@ -115,8 +119,11 @@ async fn relay(conn: &mut Conn, mut stream: TunnelStream, keep: bool, write_time
     let mut out = Gather::new();
     out.put_with(|b| http::write_response_head(b, status, &out_headers, framing, keep));
     drop(out_headers);
+    // The header values are slices of the link's read buffer: not kept for
+    // the whole answer.
+    drop(headers);
     let Conn { rd, wr, buf, .. } = conn;
-    let body = relay_body(wr, &mut out, &mut stream, &mut frame, sse, write_timeout);
+    let body = std::pin::pin!(relay_body(wr, &mut out, stream, &mut frame, sse, write_timeout));
     match with_disconnect_watch(rd, buf, body).await {
         Some(Ok(BodyEnd::Complete)) => keep,
         _ => false,
