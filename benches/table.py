@@ -1,21 +1,26 @@
 #!/usr/bin/env python3
-"""Prints the latest `cargo bench -p iop-benches` results as a Markdown table.
+"""Prints `cargo bench -p iop-benches` results as a Markdown table.
 
-Reads criterion's `<target>/criterion/**/new/{benchmark,estimates}.json`
-(target: $CARGO_TARGET_DIR, else ./target) and prints, per group and
-parameter, each variant's median time and its ratio to the group's
-reference baseline (time / baseline time: below 1 is faster).
+Reads criterion's `<criterion>/**/<run>/{benchmark,estimates}.json`, where
+`<criterion>` is $CARGO_TARGET_DIR/criterion (else ./target/criterion) and
+`<run>` is `new` (the latest run) or the names given to `--save-baseline`.
+For each group and parameter it prints every variant's median time and its
+ratio to the group's reference baseline (time / baseline time, both from
+the same run: below 1 is faster). With several runs, the time and the
+ratio are the median over the runs, and the ratio's range is shown too.
 
-    python3 benches/table.py [criterion_dir]
+    python3 benches/table.py                 # the latest run
+    python3 benches/table.py r1 r2 r3        # runs saved with --save-baseline
 """
 
 import json
 import os
 import re
+import statistics
 import sys
 from collections import defaultdict
 
-# The baseline each group's ratio is taken against (others are listed too).
+# The baseline each group's ratio is taken against (the others are rows too).
 REFERENCE = {
     "codec/encode/": "prost_encode_to_vec_baseline",
     "codec/tunnel_queue": "copying_encode_baseline",
@@ -27,7 +32,6 @@ REFERENCE = {
     "mailbox/": "crossbeam_bounded_baseline",
     "yield": "monoio_sleep_zero_baseline",
 }
-
 
 UNITS = {"B": 1, "KiB": 1 << 10, "MiB": 1 << 20}
 
@@ -51,12 +55,15 @@ def fmt_time(ns):
     return f"{ns:.3g} ns"
 
 
-def main():
-    target = os.environ.get("CARGO_TARGET_DIR", "target")
-    root = sys.argv[1] if len(sys.argv) > 1 else os.path.join(target, "criterion")
-    rows = defaultdict(dict)  # (group, value) -> function -> median ns
+def fmt_ratio(r):
+    return f"{r:.3g}×" if r >= 0.01 else f"1/{1 / r:,.0f}"
+
+
+def load(root, run):
+    """(group, value) -> function -> median ns, for one run."""
+    rows = defaultdict(dict)
     for dirpath, _, files in os.walk(root):
-        if not dirpath.endswith(os.sep + "new") or "benchmark.json" not in files:
+        if os.path.basename(dirpath) != run or "benchmark.json" not in files:
             continue
         with open(os.path.join(dirpath, "benchmark.json")) as f:
             bench = json.load(f)
@@ -64,22 +71,47 @@ def main():
             est = json.load(f)
         key = (bench["group_id"], bench.get("value_str") or "")
         rows[key][bench["function_id"]] = est["median"]["point_estimate"]
-    if not rows:
-        sys.exit(f"no criterion results under {root}")
+    return rows
 
-    print("| group | parameter | variant | median | ratio to reference baseline |")
-    print("|---|---|---|---:|---:|")
-    for group, value in sorted(rows, key=lambda k: (group_key(k[0]), value_key(k[1]))):
-        funcs = rows[(group, value)]
-        ref = next((r for p, r in REFERENCE.items() if group.startswith(p)), None)
-        if ref not in funcs:
-            ref = next((f for f in sorted(funcs) if f.endswith("_baseline")), None)
+
+def reference(group, funcs):
+    ref = next((r for p, r in REFERENCE.items() if group.startswith(p)), None)
+    if ref not in funcs:
+        ref = next((f for f in sorted(funcs) if f.endswith("_baseline")), None)
+    return ref
+
+
+def main():
+    target = os.environ.get("CARGO_TARGET_DIR", "target")
+    root = os.path.join(target, "criterion")
+    names = sys.argv[1:] or ["new"]
+    runs = [load(root, n) for n in names]
+    if not all(runs):
+        sys.exit(f"missing criterion results under {root} for one of {names}")
+    keys = sorted(set().union(*runs), key=lambda k: (group_key(k[0]), value_key(k[1])))
+
+    many = len(runs) > 1
+    head = "| group | parameter | variant | median | ratio to reference baseline |"
+    print(head + (" ratio range over runs |" if many else ""))
+    print("|---|---|---|---:|---:|" + ("---:|" if many else ""))
+    for key in keys:
+        present = [r[key] for r in runs if key in r]
+        funcs = present[0]
+        ref = reference(key[0], funcs)
         order = sorted(funcs, key=lambda f: (f.endswith("_baseline"), f != ref, f))
         for f in order:
-            ratio = f"{funcs[f] / funcs[ref]:.3g}×" if ref else ""
+            times = [r[f] for r in present if f in r]
+            ratios = [r[f] / r[ref] for r in present if ref in r and f in r]
+            cells = [key[0], key[1], f, fmt_time(statistics.median(times))]
             if f == ref:
-                ratio = "1 (reference)"
-            print(f"| {group} | {value} | {f} | {fmt_time(funcs[f])} | {ratio} |")
+                cells.append("1 (reference)")
+                cells += [""] if many else []
+            elif ratios:
+                cells.append(fmt_ratio(statistics.median(ratios)))
+                cells += [f"{fmt_ratio(min(ratios))} – {fmt_ratio(max(ratios))}"] if many else []
+            else:
+                cells += [""] * (2 if many else 1)
+            print("| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":
