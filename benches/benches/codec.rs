@@ -1,5 +1,6 @@
-//! Frame codec: encode and decode of the two hot-path frames (a run-event text
-//! delta and a provider-tunnel body chunk) over payload sizes, and the
+//! Frame codec: encode and decode of the hot-path frames (a run-event text
+//! delta, a provider-tunnel body chunk, and a tunnel `BodyParts` frame of
+//! eight parts, the size being all eight together) over payload sizes, and the
 //! zero-copy queueing of tunnel body frames into the link's write queue.
 //!
 //! Every group has its baseline beside it:
@@ -7,11 +8,13 @@
 //!   prost's `encode_to_vec` (no length prefix, no limit check) and a plain
 //!   memcpy of the finished frame into a fresh `BytesMut`; each output is
 //!   dropped inside the timed loop.
-//! - `codec/tunnel_queue`: what `FrameWriter::send_tunnel_body` does (the
-//!   head from [`encode_tunnel_body_head`] into the glue, the payload pushed
-//!   as a segment of its own) beside what `FrameWriter::send` does with the
-//!   same frame ([`encode`] into the glue, which copies the payload) and a
-//!   memcpy of the whole frame into the glue.
+//! - `codec/tunnel_queue`: what `FrameWriter::send_tunnel_body` does
+//!   ([`encode_tunnel_body`]: the frame head into the glue, the payload
+//!   pushed as a segment of its own) beside what `FrameWriter::send` does
+//!   with the same frame ([`encode`] into the glue, which copies the
+//!   payload) and a memcpy of the whole frame into the glue. One payload
+//!   travels as `body`; `8x…` is one upstream read of eight events, sent as
+//!   one `BodyParts` frame of eight parts.
 //! - `codec/decode/*`: `iop` ([`decode`] off the front of a `BytesMut`
 //!   holding many frames, bytes fields as slices) beside prost over a
 //!   borrowed `&[u8]` (which copies bytes fields) and a memcpy of the frame;
@@ -32,7 +35,7 @@ use criterion::{
 use iop_core::{
     rt::gather::Gather,
     wire::{
-        decode, encode, encode_tunnel_body_head,
+        decode, encode, encode_tunnel_body,
         pb::{self, envelope::Body},
         DEFAULT_MAX_FRAME_BYTES,
     },
@@ -82,8 +85,15 @@ fn tunnel_body(size: usize) -> pb::Envelope {
     }
 }
 
+/// A `BodyParts` tunnel frame of eight parts, `size` bytes in all.
+fn tunnel_parts8(size: usize) -> pb::Envelope {
+    let parts: Vec<Bytes> = (0..8).map(|_| Bytes::from(vec![b'x'; size / 8])).collect();
+    tunnel_parts(&parts)
+}
+
 type Case = (&'static str, fn(usize) -> pb::Envelope);
-const CASES: [Case; 2] = [("run_event_delta", run_event_delta), ("tunnel_body", tunnel_body)];
+const CASES: [Case; 3] =
+    [("run_event_delta", run_event_delta), ("tunnel_body", tunnel_body), ("tunnel_parts8", tunnel_parts8)];
 
 fn frame_of(msg: &pb::Envelope) -> Bytes {
     let mut out = BytesMut::new();
@@ -136,31 +146,51 @@ fn queue_bench(b: &mut criterion::Bencher<'_>, mut put: impl FnMut(&mut Gather))
     black_box(queue.pushed());
 }
 
+/// A `BodyParts` tunnel frame of `parts`.
+fn tunnel_parts(parts: &[Bytes]) -> pb::Envelope {
+    pb::Envelope {
+        correlation_id: 0,
+        body: Some(Body::ProviderTunnelFrame(pb::ProviderTunnelFrame {
+            tunnel_id: Bytes::from_static(TUNNEL_ID.as_bytes()),
+            seq: SEQ,
+            kind: Some(pb::provider_tunnel_frame::Kind::Parts(pb::BodyParts { parts: parts.to_vec() })),
+            usage: None,
+        })),
+    }
+}
+
 fn bench_tunnel_queue(c: &mut Criterion) {
     let mut group = c.benchmark_group("codec/tunnel_queue");
     tune(&mut group);
-    for (size, label) in SIZES {
-        let payload = Bytes::from(vec![b'x'; size]);
-        let msg = tunnel_body(size);
+    // One payload of each size (a `body` frame), then eight payloads of one
+    // upstream read (a `BodyParts` frame).
+    let mut cases: Vec<(Vec<Bytes>, pb::Envelope, String)> = SIZES
+        .iter()
+        .map(|&(size, label)| (vec![Bytes::from(vec![b'x'; size])], tunnel_body(size), label.to_owned()))
+        .collect();
+    for (size, label) in [(128, "8x128B"), (1024, "8x1KiB")] {
+        let parts: Vec<Bytes> = (0..8).map(|_| Bytes::from(vec![b'x'; size])).collect();
+        let msg = tunnel_parts(&parts);
+        cases.push((parts, msg, label.to_owned()));
+    }
+    for (parts, msg, label) in cases {
         let frame = frame_of(&msg);
-        // The head plus the payload must be exactly the frame `encode` writes.
-        let mut head = BytesMut::new();
-        encode_tunnel_body_head(TUNNEL_ID, SEQ, &payload, &mut head, DEFAULT_MAX_FRAME_BYTES).expect("head fits");
-        head.extend_from_slice(&payload);
-        assert_eq!(head, frame, "encode_tunnel_body_head + payload == encode");
+        // The queued segments must be exactly the frame `encode` writes.
+        let mut check = Gather::new();
+        encode_tunnel_body(TUNNEL_ID, SEQ, &parts, &mut check, DEFAULT_MAX_FRAME_BYTES).expect("frame fits");
+        assert_eq!(check.to_vec(), &frame[..], "encode_tunnel_body == encode");
+        assert_eq!(check.pushed(), parts.len() as u64, "every part is a segment of its own");
 
         group.throughput(Throughput::Bytes(frame.len() as u64));
-        group.bench_function(BenchmarkId::new("iop_head_plus_segment", label), |b| {
+        group.bench_function(BenchmarkId::new("iop_head_plus_segments", &label), |b| {
             queue_bench(b, |q| {
-                q.put_with(|out| encode_tunnel_body_head(TUNNEL_ID, SEQ, &payload, out, DEFAULT_MAX_FRAME_BYTES))
-                    .expect("head fits");
-                q.push(black_box(&payload).clone());
+                encode_tunnel_body(TUNNEL_ID, SEQ, black_box(&parts), q, DEFAULT_MAX_FRAME_BYTES).expect("fits")
             })
         });
-        group.bench_function(BenchmarkId::new("copying_encode_baseline", label), |b| {
+        group.bench_function(BenchmarkId::new("copying_encode_baseline", &label), |b| {
             queue_bench(b, |q| q.put_with(|out| encode(black_box(&msg), out, DEFAULT_MAX_FRAME_BYTES)).expect("fits"))
         });
-        group.bench_function(BenchmarkId::new("memcpy_baseline", label), |b| {
+        group.bench_function(BenchmarkId::new("memcpy_baseline", &label), |b| {
             queue_bench(b, |q| q.put_slice(black_box(&frame)))
         });
     }

@@ -21,7 +21,7 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use iop_core::{config::EdgeConfig, rt::mailbox};
 use iop_edge::{
     pool::{LeaseClass, PoolView, ResourceKey, Shard},
-    worker::{CoreMsg, NodeRoute},
+    worker::{CoreMsg, LinkRoute, NodeRoute},
 };
 
 #[global_allocator]
@@ -59,7 +59,8 @@ fn bench_lease(c: &mut Criterion) {
         let mut shard = Shard::new(0, 1, inbox);
         shard.apply_config(&cfg, &view);
         let (session, _session_rx) = mailbox::mailbox(1);
-        let route = NodeRoute { generation: 1, session };
+        let links = vec![LinkRoute { index: 0, worker: 0, session }].into();
+        let route = NodeRoute { generation: 1, version: 0, links };
         shard.set_route("n", &route);
         shard.node_ready("n", 1);
         let key = ResourceKey::new("n", "p0");

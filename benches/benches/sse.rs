@@ -6,7 +6,11 @@
 //! - `sse/parse`: a naive `\n\n` split of the whole stream (no line-end
 //!   handling, no limits, no buffering across reads).
 //! - `sse/render_chat_chunk`: `serde_json::to_vec` of a derived `Serialize`
-//!   struct of the same chunk, framed with `format!`-style writes.
+//!   struct of the same chunk, framed with `format!`-style writes. The `iop`
+//!   variants render with the edge's own `ChunkEncoder::delta`
+//!   (`iop_edge::surface::openai::chunk`), except `iop_write_event_*`, which
+//!   needs the chunk's JSON without its SSE framing and so uses a mirror of
+//!   the encoder (checked to write the same bytes).
 
 // Setup failures should abort the bench loudly; they are not reachable at runtime.
 #![allow(clippy::expect_used)]
@@ -19,10 +23,12 @@ use criterion::{
     Throughput,
 };
 use iop_core::{
+    exec::{Delta, Part},
     http::{gather_chunk, parse_request_head, parse_response_head, write_chunk, Limits},
     rt::gather::Gather,
     sse::{write_event, SseParser},
 };
+use iop_edge::surface::openai::chunk::ChunkEncoder;
 
 #[global_allocator]
 static ALLOC: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -179,10 +185,11 @@ fn json_str(out: &mut BytesMut, s: &str) {
     let _ = serde_json::to_writer(out.writer(), s);
 }
 
-/// A mirror of the edge's private `ChunkEncoder` (`edge/src/surface/openai/
-/// chunk.rs`): the per-stream prefix `{"id":..,"object":..,"created":..,
-/// "model":..,` is built once, then each content delta is written straight
-/// into the buffer with no JSON tree.
+/// A mirror of the edge's `ChunkEncoder` (`edge/src/surface/openai/chunk.rs`)
+/// that can also write a chunk's JSON without SSE framing (the real one
+/// writes whole events only): the per-stream prefix `{"id":..,"object":..,
+/// "created":..,"model":..,` is built once, then each content delta is
+/// written straight into the buffer with no JSON tree.
 struct ChunkEncoderMirror {
     /// `{"id":..,"object":"chat.completion.chunk","created":..,"model":..,`.
     prefix: BytesMut,
@@ -272,20 +279,26 @@ fn token(size: usize) -> String {
 fn bench_sse_render(c: &mut Criterion) {
     let mut group = c.benchmark_group("sse/render_chat_chunk");
     tune(&mut group);
-    let enc = ChunkEncoderMirror::new(CHUNK_ID, MODEL, CREATED);
+    let mirror = ChunkEncoderMirror::new(CHUNK_ID, MODEL, CREATED);
+    let enc = ChunkEncoder::new(CHUNK_ID, MODEL, CREATED);
     for size in [5usize, 64, 1024] {
         let text = token(size);
+        // What the edge gets from the run's event stream (already decoded).
+        let delta = Delta { choice: 0, part: Part::Content(text.clone()), logprobs: None };
 
         // Every variant must write the same bytes.
         let mut expected = Vec::new();
         serde_event(&mut expected, &text);
         let mut sse = BytesMut::new();
-        enc.content_event(&mut sse, &text);
+        enc.delta(&mut sse, &delta);
         let mut out = BytesMut::new();
         write_chunk(&mut out, &sse);
-        assert_eq!(out[..], expected[..], "mirror == serde baseline");
+        assert_eq!(out[..], expected[..], "ChunkEncoder == serde baseline");
+        let mut mirrored = BytesMut::new();
+        mirror.content_event(&mut mirrored, &text);
+        assert_eq!(mirrored, sse, "mirror == ChunkEncoder");
         let mut json = BytesMut::new();
-        enc.content_json(&mut json, &text);
+        mirror.content_json(&mut json, &text);
         let mut via_write_event = BytesMut::new();
         write_event(&mut via_write_event, &json);
         assert_eq!(via_write_event, sse, "write_event == inline framing");
@@ -296,20 +309,21 @@ fn bench_sse_render(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("iop_edge_inline_write_chunk", size), |b| {
             let (mut sse, mut out) = (BytesMut::with_capacity(4096), BytesMut::with_capacity(4096));
             b.iter(|| {
-                enc.content_event(&mut sse, black_box(&text));
+                enc.delta(&mut sse, black_box(&delta));
                 write_chunk(&mut out, &sse);
                 sse.clear();
                 black_box(&out);
                 out.clear();
             })
         });
-        // The generic public pieces: JSON, then `sse::write_event` (which
-        // scans for line ends), then `http::write_chunk`.
+        // The generic public pieces: JSON (the mirror), then
+        // `sse::write_event` (which scans for line ends), then
+        // `http::write_chunk`.
         group.bench_function(BenchmarkId::new("iop_write_event_write_chunk", size), |b| {
             let (mut json, mut sse, mut out) =
                 (BytesMut::with_capacity(4096), BytesMut::with_capacity(4096), BytesMut::with_capacity(4096));
             b.iter(|| {
-                enc.content_json(&mut json, black_box(&text));
+                mirror.content_json(&mut json, black_box(&text));
                 write_event(&mut sse, &json);
                 write_chunk(&mut out, &sse);
                 json.clear();
@@ -324,7 +338,7 @@ fn bench_sse_render(c: &mut Criterion) {
         group.bench_function(BenchmarkId::new("iop_inline_gather_chunk", size), |b| {
             let (mut sse, mut queue) = (BytesMut::with_capacity(64 * 1024), Gather::new());
             b.iter(|| {
-                enc.content_event(&mut sse, black_box(&text));
+                enc.delta(&mut sse, black_box(&delta));
                 gather_chunk(&mut queue, sse.split().freeze());
                 if queue.len() >= 1 << 20 {
                     queue.clear();
