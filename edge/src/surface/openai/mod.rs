@@ -11,7 +11,7 @@
 //! which serves chat completions and embeddings.
 
 pub mod chat;
-mod chunk;
+pub mod chunk;
 pub mod error;
 pub mod models;
 pub mod relay;
