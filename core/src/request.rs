@@ -188,7 +188,10 @@ impl Top {
 fn apply(body: &Bytes, mut edits: Vec<(Range<usize>, String)>) -> Bytes {
     // Insertions at the same offset keep their order.
     edits.sort_by_key(|(r, _)| r.start);
-    let mut out = BytesMut::with_capacity(body.len() + 64);
+    // Exact: one allocation, never a regrowth (which could double it).
+    let removed: usize = edits.iter().map(|(r, _)| r.len()).sum();
+    let added: usize = edits.iter().map(|(_, t)| t.len()).sum();
+    let mut out = BytesMut::with_capacity((body.len() + added).saturating_sub(removed));
     let mut at = 0;
     for (range, text) in edits {
         out.extend_from_slice(&body[at..range.start]);
