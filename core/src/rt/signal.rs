@@ -3,9 +3,10 @@
 
 use std::{
     cell::{Cell, RefCell},
-    future::poll_fn,
+    future::{poll_fn, Future},
+    pin::Pin,
     rc::Rc,
-    task::{Poll, Waker},
+    task::{Context, Poll, Waker},
 };
 
 /// A cancellation flag shared by the tasks of one core. Cloning shares it.
@@ -17,7 +18,39 @@ pub struct LocalCancel {
 #[derive(Default)]
 struct CancelInner {
     cancelled: Cell<bool>,
-    waiters: RefCell<Vec<Waker>>,
+    waiters: RefCell<Waiters>,
+}
+
+/// One slot per waiting [`Cancelled`] future, freed when it is dropped, so
+/// the list holds only live waiters however often they are polled or
+/// re-created (a loop that selects on the flag makes one per iteration).
+#[derive(Default)]
+struct Waiters {
+    slots: Vec<Option<Waker>>,
+    free: Vec<usize>,
+}
+
+impl Waiters {
+    fn insert(&mut self, w: Waker) -> usize {
+        match self.free.pop() {
+            Some(i) if i < self.slots.len() => {
+                self.slots[i] = Some(w);
+                i
+            }
+            _ => {
+                self.slots.push(Some(w));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn remove(&mut self, i: usize) {
+        if let Some(slot) = self.slots.get_mut(i) {
+            if slot.take().is_some() {
+                self.free.push(i);
+            }
+        }
+    }
 }
 
 impl LocalCancel {
@@ -29,7 +62,8 @@ impl LocalCancel {
     /// Raises the flag and wakes every waiter. Idempotent.
     pub fn cancel(&self) {
         if !self.inner.cancelled.replace(true) {
-            for w in self.inner.waiters.take() {
+            let waiters = self.inner.waiters.take();
+            for w in waiters.slots.into_iter().flatten() {
                 w.wake();
             }
         }
@@ -41,19 +75,55 @@ impl LocalCancel {
     }
 
     /// Resolves once the flag is raised.
-    pub async fn cancelled(&self) {
-        poll_fn(|cx| {
-            if self.inner.cancelled.get() {
-                Poll::Ready(())
-            } else {
-                let mut ws = self.inner.waiters.borrow_mut();
-                if !ws.iter().any(|w| w.will_wake(cx.waker())) {
-                    ws.push(cx.waker().clone());
-                }
-                Poll::Pending
+    pub fn cancelled(&self) -> Cancelled<'_> {
+        Cancelled { inner: &self.inner, slot: None }
+    }
+
+    /// Waiters registered now (for tests).
+    #[cfg(test)]
+    fn waiters(&self) -> usize {
+        self.inner.waiters.borrow().slots.iter().filter(|s| s.is_some()).count()
+    }
+}
+
+/// Future returned by [`LocalCancel::cancelled`].
+pub struct Cancelled<'a> {
+    inner: &'a CancelInner,
+    slot: Option<usize>,
+}
+
+impl Future for Cancelled<'_> {
+    type Output = ();
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.inner.cancelled.get() {
+            return Poll::Ready(());
+        }
+        let mut waiters = self.inner.waiters.borrow_mut();
+        let registered = self.slot.and_then(|i| waiters.slots.get_mut(i)).and_then(Option::as_mut);
+        match registered {
+            // `will_wake` may say no for the same task (a waker and its
+            // clone can carry different vtables): then it is replaced in
+            // place, never added.
+            Some(w) if w.will_wake(cx.waker()) => {}
+            Some(w) => *w = cx.waker().clone(),
+            None => {
+                let i = waiters.insert(cx.waker().clone());
+                drop(waiters);
+                self.slot = Some(i);
             }
-        })
-        .await
+        }
+        Poll::Pending
+    }
+}
+
+impl Drop for Cancelled<'_> {
+    fn drop(&mut self) {
+        if let Some(i) = self.slot {
+            if let Ok(mut waiters) = self.inner.waiters.try_borrow_mut() {
+                waiters.remove(i);
+            }
+        }
     }
 }
 
@@ -94,5 +164,40 @@ impl LocalNotify {
             }
         })
         .await
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waiters_are_only_the_live_ones() {
+        crate::rt::block_on_current(async {
+            let cancel = LocalCancel::new();
+            // A loop that selects on the flag, as sessions and accept loops do.
+            for _ in 0..1000 {
+                monoio::select! {
+                    _ = cancel.cancelled() => unreachable!(),
+                    _ = crate::rt::yield_now() => {}
+                }
+            }
+            assert_eq!(cancel.waiters(), 0, "dropped futures leave no waker behind");
+            let mut held = std::pin::pin!(cancel.cancelled());
+            for _ in 0..1000 {
+                let polled = std::future::poll_fn(|cx| Poll::Ready(held.as_mut().poll(cx))).await;
+                assert!(polled.is_pending());
+            }
+            assert_eq!(cancel.waiters(), 1, "polling again replaces, never adds");
+            let c2 = cancel.clone();
+            let task = monoio::spawn(async move { c2.cancelled().await });
+            crate::rt::yield_now().await;
+            assert_eq!(cancel.waiters(), 2);
+            cancel.cancel();
+            task.await;
+            held.as_mut().await;
+        })
+        .unwrap();
     }
 }
