@@ -230,6 +230,17 @@ struct Route {
     timeout: Duration,
 }
 
+/// Whether a link of the node `admitted` is for still takes runs. A grant
+/// can outlive its route: the capacity a dying link's runs freed may be
+/// granted through the node's last link just before that one goes too.
+pub fn reachable(worker: &Worker, admitted: &Admitted) -> bool {
+    let open = |r: &crate::worker::NodeRoute| r.order(worker.index, 0).iter().any(|l| !l.session.is_closed());
+    match admitted.lease.route() {
+        Some(route) => open(route),
+        None => worker.routes.borrow().get(&admitted.target.node).is_some_and(open),
+    }
+}
+
 fn route(worker: &Worker, admitted: &Admitted) -> Result<Route, DispatchError> {
     let node_id = admitted.target.node.clone();
     let turn = worker.next_link_turn();

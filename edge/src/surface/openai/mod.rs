@@ -101,23 +101,37 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
         Some(t) if (bytes.len() as u64).div_ceil(4) > u64::from(t) => LeaseClass::Long,
         _ => LeaseClass::Normal,
     };
-    let admitted = {
-        let Conn { rd, buf, .. } = &mut *conn;
-        // Boxed, like the stages below: a connection's task then holds the
-        // state of the stage it is in, not the largest of all of them.
-        Box::pin(with_disconnect_watch(rd, buf, std::pin::pin!(pool::admit(worker, &group, class)))).await
-    };
-    let admitted = match admitted {
-        None => return false, // client left while queued; the wait guard left the queue
-        Some(Ok(a)) => a,
-        Some(Err(e)) => {
-            let (status, code) = match e {
-                AdmitError::QueueFull(_) => (429, "queue_full"),
-                AdmitError::Timeout(_) => (503, "queue_timeout"),
-                AdmitError::Unavailable(_) => (503, "no_ready_node"),
-            };
-            return reply::error(conn, status, &e.to_string(), Some(code), keep).await;
+    let mut regrants = 0;
+    let admitted = loop {
+        let admitted = {
+            let Conn { rd, buf, .. } = &mut *conn;
+            // Boxed, like the stages below: a connection's task then holds the
+            // state of the stage it is in, not the largest of all of them.
+            Box::pin(with_disconnect_watch(rd, buf, std::pin::pin!(pool::admit(worker, &group, class)))).await
+        };
+        let admitted = match admitted {
+            None => return false, // client left while queued; the wait guard left the queue
+            Some(Ok(a)) => a,
+            Some(Err(e)) => {
+                let (status, code) = match e {
+                    AdmitError::QueueFull(_) => (429, "queue_full"),
+                    AdmitError::Timeout(_) => (503, "queue_timeout"),
+                    AdmitError::Unavailable(_) => (503, "no_ready_node"),
+                };
+                return reply::error(conn, status, &e.to_string(), Some(code), keep).await;
+            }
+        };
+        // Granted through links that closed meanwhile (the node is going
+        // away): the lease goes back and the request asks again, so a
+        // queued client is not failed by a node it never reached. The
+        // node's fence is on its way to every core; a few turns suffice.
+        if regrants < MAX_REGRANTS && !crate::dispatch::reachable(worker, &admitted) {
+            regrants += 1;
+            drop(admitted);
+            iop_core::rt::yield_now().await;
+            continue;
         }
+        break admitted;
     };
     let tunnels = worker
         .config
@@ -130,6 +144,9 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
         Box::pin(chat::normalized(worker, conn, head, route, &top, bytes, permit, &group, admitted)).await
     }
 }
+
+/// Grants taken again, at most, when one came through links already closed.
+const MAX_REGRANTS: u32 = 8;
 
 /// The group with only the targets that can serve `route`; `None` when
 /// none can.
