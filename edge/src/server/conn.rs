@@ -56,16 +56,7 @@ pub struct Conn {
 impl Conn {
     /// Writes and clears `out`.
     pub async fn flush(&mut self) -> io::Result<()> {
-        if self.out.is_empty() {
-            return Ok(());
-        }
-        let out = std::mem::take(&mut self.out);
-        // Boxed: the write's state is large, brief, and would otherwise be
-        // part of every (long-lived) future that might respond.
-        let (res, mut out) = Box::pin(self.wr.write_all(out)).await;
-        out.clear();
-        self.out = out;
-        res.map(|_| ())
+        flush_out(&mut self.wr, &mut self.out).await
     }
 
     /// Writes a complete response with a body (its head only for `HEAD`).
@@ -77,14 +68,13 @@ impl Conn {
         body: &[u8],
         keep_alive: bool,
     ) -> io::Result<()> {
-        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(extra.len() + 1);
-        headers.push(("content-type", content_type));
-        headers.extend_from_slice(extra);
-        http::write_response_head(&mut self.out, status, &headers, Framing::Length(body.len()), keep_alive);
-        if !self.head_only {
-            self.out.extend_from_slice(body);
-        }
-        self.flush().await
+        self.responder().respond(status, content_type, extra, body, keep_alive).await
+    }
+
+    /// The writing side, apart from the read half (which a disconnect watch
+    /// may hold meanwhile).
+    pub fn responder(&mut self) -> Responder<'_> {
+        Responder { wr: &mut self.wr, out: &mut self.out, head_only: self.head_only }
     }
 
     /// Gives back buffer memory a large request or response left behind.
@@ -96,6 +86,76 @@ impl Conn {
             self.out = BytesMut::new();
         }
     }
+}
+
+/// Answers on a connection: a whole [`Conn`], or its [`Responder`].
+pub trait Respond {
+    /// Writes a complete response with a body (its head only for `HEAD`).
+    fn respond(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra: &[(&str, &str)],
+        body: &[u8],
+        keep_alive: bool,
+    ) -> impl std::future::Future<Output = io::Result<()>>;
+}
+
+impl Respond for Conn {
+    async fn respond(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra: &[(&str, &str)],
+        body: &[u8],
+        keep_alive: bool,
+    ) -> io::Result<()> {
+        Conn::respond(self, status, content_type, extra, body, keep_alive).await
+    }
+}
+
+/// The writing side of a connection.
+pub struct Responder<'a> {
+    /// Write half.
+    pub wr: &'a mut OwnedWriteHalf<TcpStream>,
+    /// Outgoing bytes, written by `respond`.
+    pub out: &'a mut BytesMut,
+    /// Responses carry their head only.
+    pub head_only: bool,
+}
+
+impl Respond for Responder<'_> {
+    async fn respond(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        extra: &[(&str, &str)],
+        body: &[u8],
+        keep_alive: bool,
+    ) -> io::Result<()> {
+        let mut headers: Vec<(&str, &str)> = Vec::with_capacity(extra.len() + 1);
+        headers.push(("content-type", content_type));
+        headers.extend_from_slice(extra);
+        http::write_response_head(self.out, status, &headers, Framing::Length(body.len()), keep_alive);
+        if !self.head_only {
+            self.out.extend_from_slice(body);
+        }
+        flush_out(self.wr, self.out).await
+    }
+}
+
+/// Writes and clears `out`.
+async fn flush_out(wr: &mut OwnedWriteHalf<TcpStream>, out: &mut BytesMut) -> io::Result<()> {
+    if out.is_empty() {
+        return Ok(());
+    }
+    let taken = std::mem::take(out);
+    // Boxed: the write's state is large, brief, and would otherwise be
+    // part of every (long-lived) future that might respond.
+    let (res, mut taken) = Box::pin(wr.write_all(taken)).await;
+    taken.clear();
+    *out = taken;
+    res.map(|_| ())
 }
 
 /// The read deadlines of one connection, fixed at accept.

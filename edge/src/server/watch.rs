@@ -32,6 +32,11 @@ where
         // Already holding the next request: EOF can't be told apart; just serve.
         return Some(body.await);
     }
+    // Often done at once (a grant with capacity free): then no watch is
+    // armed, which would cost a read and its cancellation.
+    if let Poll::Ready(v) = poll_fn(|cx| Poll::Ready(body.as_mut().poll(cx))).await {
+        return Some(v);
+    }
     let canceller = Canceller::new();
     // Small: it only notices a close (a pipelined request that arrives
     // meanwhile is read on after the response).

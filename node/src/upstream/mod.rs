@@ -45,7 +45,7 @@ impl Default for ClientConfig {
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(10),
-            max_idle_per_host: 32,
+            max_idle_per_host: 128,
             // Shorter server keep-alive timeouts are covered by the
             // stale-connection retry.
             idle_timeout: Duration::from_secs(30),

@@ -21,7 +21,7 @@ use super::{
 use crate::{
     dispatch::{self, TunnelStream},
     pool::Admitted,
-    server::{with_disconnect_watch, BodyPermit, Conn},
+    server::{with_disconnect_watch, BodyPermit, Conn, Responder},
     worker::Worker,
 };
 
@@ -85,17 +85,24 @@ pub fn run<'a>(
 }
 
 async fn relay(conn: &mut Conn, stream: &mut TunnelStream, keep: bool, write_timeout: Duration) -> bool {
-    let first = {
-        let Conn { rd, buf, .. } = &mut *conn;
-        with_disconnect_watch(rd, buf, std::pin::pin!(stream.next())).await
-    };
-    let (status, headers) = match first {
-        None => return false, // client gone; dropping the stream cancels the tunnel
-        Some(Some(TunnelItem::Start { status, headers })) => (status, headers),
-        Some(Some(TunnelItem::Error(f))) => return reply::failure(conn, &f, keep).await,
-        Some(_) => {
+    // One disconnect watch for the whole answer, status to last byte (each
+    // watch is a read and its cancellation on the client's socket).
+    let head_only = conn.head_only;
+    let Conn { rd, wr, buf, out, .. } = conn;
+    let mut w = Responder { wr, out, head_only };
+    let answer = std::pin::pin!(answer(&mut w, stream, keep, write_timeout));
+    // None: the client left; dropping the stream cancels the tunnel.
+    with_disconnect_watch(rd, buf, answer).await.unwrap_or(false)
+}
+
+/// The provider's status, headers and body to the client.
+async fn answer(w: &mut Responder<'_>, stream: &mut TunnelStream, keep: bool, write_timeout: Duration) -> bool {
+    let (status, headers) = match stream.next().await {
+        Some(TunnelItem::Start { status, headers }) => (status, headers),
+        Some(TunnelItem::Error(f)) => return reply::failure(w, &f, keep).await,
+        _ => {
             let msg = "node answered the tunnel without a status";
-            return reply::error(conn, 502, msg, Some("upstream_protocol"), keep).await;
+            return reply::error(w, 502, msg, Some("upstream_protocol"), keep).await;
         }
     };
     let length = headers
@@ -119,13 +126,12 @@ async fn relay(conn: &mut Conn, stream: &mut TunnelStream, keep: bool, write_tim
     let mut out = Gather::new();
     out.put_with(|b| http::write_response_head(b, status, &out_headers, framing, keep));
     drop(out_headers);
+    drop(request_id);
     // The header values are slices of the link's read buffer: not kept for
     // the whole answer.
     drop(headers);
-    let Conn { rd, wr, buf, .. } = conn;
-    let body = std::pin::pin!(relay_body(wr, &mut out, stream, &mut frame, sse, write_timeout));
-    match with_disconnect_watch(rd, buf, body).await {
-        Some(Ok(BodyEnd::Complete)) => keep,
+    match relay_body(w.wr, &mut out, stream, &mut frame, sse, write_timeout).await {
+        Ok(BodyEnd::Complete) => keep,
         _ => false,
     }
 }
