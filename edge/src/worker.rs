@@ -244,6 +244,10 @@ impl Worker {
         match msg {
             CoreMsg::NodeReady { node_id, route } => {
                 let generation = route.generation;
+                if self.shard.borrow().is_fenced(&node_id, generation) {
+                    // A link set of a generation whose fence came first.
+                    return;
+                }
                 self.shard.borrow_mut().set_route(&node_id, &route);
                 {
                     let mut routes = self.routes.borrow_mut();

@@ -88,6 +88,11 @@ pub struct Shard {
     resources: HashMap<ResourceKey, Resource>,
     /// Ready node connections, so resources added by a reload start online.
     ready: HashMap<String, NodeRoute>,
+    /// The newest generation of each node that ended. Links of one node end
+    /// on different cores, so a route published by one (the set without the
+    /// link it lost) can arrive after another's fence of the same
+    /// generation: it must not revive that generation.
+    fenced: HashMap<String, Generation>,
     /// Releases for resources this shard does not know (removed by a reload).
     pub stray_releases: u64,
 }
@@ -96,7 +101,15 @@ impl Shard {
     /// The shard of core `index` of `workers`; `inbox` is this core's own
     /// inbox (where lease guards send their release).
     pub fn new(index: usize, workers: usize, inbox: mailbox::Sender<CoreMsg>) -> Self {
-        Self { index, workers, inbox, resources: HashMap::new(), ready: HashMap::new(), stray_releases: 0 }
+        Self {
+            index,
+            workers,
+            inbox,
+            resources: HashMap::new(),
+            ready: HashMap::new(),
+            fenced: HashMap::new(),
+            stray_releases: 0,
+        }
     }
 
     /// Adopts the resources of `config` owned by this core (prepared `view`
@@ -203,6 +216,9 @@ impl Shard {
     /// Records the session of `node`'s ready connection; leases granted on
     /// its resources carry it. Call before [`Shard::node_ready`].
     pub fn set_route(&mut self, node: &str, route: &NodeRoute) {
+        if self.is_fenced(node, route.generation) {
+            return;
+        }
         if self.ready.get(node).is_none_or(|old| route.newer_than(old)) {
             self.ready.insert(node.to_owned(), route.clone());
         }
@@ -211,6 +227,17 @@ impl Shard {
                 r.route = Some(route.clone());
             }
         }
+    }
+
+    /// Whether a ready route of `node` is kept (for tests).
+    #[cfg(test)]
+    pub fn has_ready(&self, node: &str) -> bool {
+        self.ready.contains_key(node)
+    }
+
+    /// Whether `node`'s connection `generation` already ended.
+    pub fn is_fenced(&self, node: &str, generation: Generation) -> bool {
+        self.fenced.get(node).is_some_and(|g| generation <= *g)
     }
 
     /// Node `node` became ready with connection `generation`.
@@ -238,6 +265,8 @@ impl Shard {
 
     /// Node `node`'s connection `generation` ended. Stale generations change nothing.
     pub fn node_gone(&mut self, node: &str, generation: Generation) {
+        let fenced = self.fenced.entry(node.to_owned()).or_insert(generation);
+        *fenced = (*fenced).max(generation);
         if self.ready.get(node).is_some_and(|r| r.generation == generation) {
             self.ready.remove(node);
         }

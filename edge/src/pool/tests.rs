@@ -643,6 +643,34 @@ fn reconnect_and_ready_dispatch_waiting_requests_at_once() {
 }
 
 #[test]
+fn a_link_set_arriving_after_its_generations_fence_revives_nothing() {
+    run(async {
+        let mut sim = Sim::new(&config(2, &[("n0", "p0", 1, 0)]));
+        let k = key("n0", "p0");
+        sim.ready("n0", 1);
+        // Both links of generation 1 end on different cores: one publishes
+        // the set without its link, the other fences the generation, and the
+        // fence is applied first.
+        sim.gone("n0", 1);
+        sim.broadcast_ready("n0", 1);
+        sim.deliver_all();
+        assert!(!sim.online(&k), "a late link set revived a fenced generation");
+        assert!(sim.acquire(&k, Normal).is_none());
+        for shard in &sim.shards {
+            assert!(shard.is_fenced("n0", 1));
+            assert!(!shard.has_ready("n0"), "the fenced generation's route came back");
+        }
+        // The node's next connection is a new generation: it is taken.
+        sim.ready("n0", 2);
+        assert!(sim.online(&k));
+        let l = sim.acquire(&k, Normal).expect("capacity of the new generation");
+        drop(l);
+        sim.deliver_all();
+        sim.assert_idle(&k);
+    })
+}
+
+#[test]
 fn stale_generation_fence_changes_nothing() {
     run(async {
         let mut sim = Sim::new(&config(3, &[("n0", "p0", 1, 0)]));
