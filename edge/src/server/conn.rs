@@ -88,32 +88,6 @@ impl Conn {
     }
 }
 
-/// Answers on a connection: a whole [`Conn`], or its [`Responder`].
-pub trait Respond {
-    /// Writes a complete response with a body (its head only for `HEAD`).
-    fn respond(
-        &mut self,
-        status: u16,
-        content_type: &str,
-        extra: &[(&str, &str)],
-        body: &[u8],
-        keep_alive: bool,
-    ) -> impl std::future::Future<Output = io::Result<()>>;
-}
-
-impl Respond for Conn {
-    async fn respond(
-        &mut self,
-        status: u16,
-        content_type: &str,
-        extra: &[(&str, &str)],
-        body: &[u8],
-        keep_alive: bool,
-    ) -> io::Result<()> {
-        Conn::respond(self, status, content_type, extra, body, keep_alive).await
-    }
-}
-
 /// The writing side of a connection.
 pub struct Responder<'a> {
     /// Write half.
@@ -124,8 +98,9 @@ pub struct Responder<'a> {
     pub head_only: bool,
 }
 
-impl Respond for Responder<'_> {
-    async fn respond(
+impl Responder<'_> {
+    /// Writes a complete response with a body (its head only for `HEAD`).
+    pub async fn respond(
         &mut self,
         status: u16,
         content_type: &str,

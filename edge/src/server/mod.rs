@@ -8,7 +8,7 @@ mod watch;
 use std::{rc::Rc, time::Duration};
 
 pub use body::{Body, BodyBudget, BodyPermit};
-pub use conn::{Conn, Respond, Responder};
+pub use conn::{Conn, Responder};
 use iop_core::limits::LogThrottle;
 pub use watch::with_disconnect_watch;
 

@@ -59,7 +59,7 @@ pub async fn normalized(
     drop(permit);
     let run = match submitted {
         Ok(run) => run,
-        Err(e) => return reply::dispatch_error(conn, &e, keep).await,
+        Err(e) => return reply::dispatch_error(&mut conn.responder(), &e, keep).await,
     };
     // The answer names the model that answered (as the tunnel's does): the
     // provider's own name when it reported one, else the one asked for.
@@ -116,7 +116,7 @@ async fn stream(
         return false; // client gone; dropping `run` cancels it on the node
     };
     let first = match first {
-        Some(ExecEvent::Error(f)) => return reply::failure(conn, &f, keep).await,
+        Some(ExecEvent::Error(f)) => return reply::failure(&mut conn.responder(), &f, keep).await,
         Some(ev) => ev,
         None => return false,
     };
@@ -404,7 +404,7 @@ async fn aggregate(conn: &mut Conn, mut run: RunStream, meta: &Meta, keep: bool)
     };
     let agg = match result {
         None => return false,
-        Some(Err(f)) => return reply::failure(conn, &f, keep).await,
+        Some(Err(f)) => return reply::failure(&mut conn.responder(), &f, keep).await,
         Some(Ok(agg)) => agg,
     };
     let choices: Vec<Value> = agg.choices.iter().map(|(i, c)| c.to_json(*i)).collect();
@@ -460,7 +460,7 @@ async fn embeddings(conn: &mut Conn, mut run: RunStream, meta: &Meta, base64: bo
     };
     let (vectors, usage, model) = match result {
         None => return false,
-        Some(Err(f)) => return reply::failure(conn, &f, keep).await,
+        Some(Err(f)) => return reply::failure(&mut conn.responder(), &f, keep).await,
         Some(Ok(r)) => r,
     };
     let data: Vec<Value> = vectors

@@ -84,17 +84,17 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
     let (bytes, permit) = body.into_parts();
     let top = match iop_core::request::Top::parse(&bytes) {
         Ok(t) => t,
-        Err(msg) => return reply::error(conn, 400, &msg, Some("invalid_request"), keep).await,
+        Err(msg) => return reply::error(&mut conn.responder(), 400, &msg, Some("invalid_request"), keep).await,
     };
     let group = worker.config.borrow().model(&top.model).cloned();
     let Some(group) = group else {
         tracing::debug!(model_len = top.model.len(), "unknown model requested");
         let msg = format!("The model `{}` does not exist", error::clip(&top.model));
-        return reply::error(conn, 404, &msg, Some("model_not_found"), keep).await;
+        return reply::error(&mut conn.responder(), 404, &msg, Some("model_not_found"), keep).await;
     };
     let Some(group) = serving(worker, &group, route) else {
         let msg = format!("the model `{}` has no provider that serves {}", error::clip(&top.model), head.path());
-        return reply::error(conn, 400, &msg, Some("unsupported_endpoint"), keep).await;
+        return reply::error(&mut conn.responder(), 400, &msg, Some("unsupported_endpoint"), keep).await;
     };
     // Estimated prompt size: the body's bytes / 4 (before any tokenizer).
     let class = match group.long_context_threshold {
@@ -118,7 +118,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
                     AdmitError::Timeout(_) => (503, "queue_timeout"),
                     AdmitError::Unavailable(_) => (503, "no_ready_node"),
                 };
-                return reply::error(conn, status, &e.to_string(), Some(code), keep).await;
+                return reply::error(&mut conn.responder(), status, &e.to_string(), Some(code), keep).await;
             }
         };
         // Granted through links that closed meanwhile (the node is going

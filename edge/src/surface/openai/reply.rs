@@ -3,11 +3,11 @@
 use iop_core::exec::RunFailure;
 
 use super::error;
-use crate::{dispatch::DispatchError, server::Respond};
+use crate::{dispatch::DispatchError, server::Responder};
 
 /// An error answer; 429 and 503 carry `Retry-After: 1`. Returns whether the
 /// connection may be kept.
-pub async fn error(conn: &mut impl Respond, status: u16, msg: &str, code: Option<&str>, keep: bool) -> bool {
+pub async fn error(conn: &mut Responder<'_>, status: u16, msg: &str, code: Option<&str>, keep: bool) -> bool {
     let body = error::body(status, msg, code);
     let retry = [("retry-after", "1")];
     let extra: &[(&str, &str)] = if status == 503 || status == 429 { &retry } else { &[] };
@@ -15,7 +15,7 @@ pub async fn error(conn: &mut impl Respond, status: u16, msg: &str, code: Option
 }
 
 /// A dispatch that found no way to its node.
-pub async fn dispatch_error(conn: &mut impl Respond, e: &DispatchError, keep: bool) -> bool {
+pub async fn dispatch_error(conn: &mut Responder<'_>, e: &DispatchError, keep: bool) -> bool {
     let code = match e {
         DispatchError::NoReadyNode(_) => "no_ready_node",
         DispatchError::NodeBusy(_) => "node_busy",
@@ -25,7 +25,7 @@ pub async fn dispatch_error(conn: &mut impl Respond, e: &DispatchError, keep: bo
 
 /// A run failure before any byte of the answer: its status, the provider's
 /// error fields when it sent them, and its `Retry-After`.
-pub async fn failure(conn: &mut impl Respond, f: &RunFailure, keep: bool) -> bool {
+pub async fn failure(conn: &mut Responder<'_>, f: &RunFailure, keep: bool) -> bool {
     let body = error::failure_body(f);
     let retry = error::retry_after(f);
     let extra: Vec<(&str, &str)> = match &retry {

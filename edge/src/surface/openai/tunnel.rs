@@ -79,7 +79,7 @@ pub fn run<'a>(
         // By reference: a moved binding would be stored twice in this state.
         match &mut submitted {
             Ok(stream) => relay(conn, stream, keep, write_timeout).await,
-            Err(e) => reply::dispatch_error(conn, e, keep).await,
+            Err(e) => reply::dispatch_error(&mut conn.responder(), e, keep).await,
         }
     }
 }
