@@ -272,6 +272,7 @@ mod tests {
                 session_id: "s".into(),
                 deadline_ms: 1_700_000_000_000,
                 window_bytes: 1 << 20,
+                whole: true,
             }),
             run_event(Rk::Start(pb::RunStart { model: "m".into() })),
             run_event(Rk::Delta(pb::TextDelta { text: "hi".into() })),
@@ -606,6 +607,7 @@ mod tests {
                     session_id: String::new(),
                     deadline_ms,
                     window_bytes: 0,
+                    whole: embeddings,
                 })
             },
         )

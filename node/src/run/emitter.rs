@@ -5,7 +5,7 @@
 use std::{marker::PhantomData, rc::Rc};
 
 use iop_core::{
-    exec::ExecEvent,
+    exec::{Delta, ExecEvent, Part},
     rt::frames::{FrameWriter, SendError},
     tunnel::TunnelItem,
     wire::pb::{envelope::Body, Envelope},
@@ -73,13 +73,30 @@ pub struct Emitter<T = ExecEvent> {
     slot: Option<super::manager::Slot>,
     /// The stream's credit window (none: unlimited).
     credit: Option<Rc<Credit>>,
+    /// Merge consecutive text deltas (the client takes the answer whole).
+    merge: bool,
+    /// Text merged and not yet sent.
+    pending: Option<Delta>,
     _items: PhantomData<T>,
 }
+
+/// Merged text is sent once it reaches this size.
+const MAX_MERGED: usize = 16 * 1024;
 
 impl<T: Outgoing> Emitter<T> {
     /// An emitter for stream `id` on `writer`.
     pub fn new(writer: FrameWriter, id: String) -> Self {
-        Self { writer, id, seq: 0, terminal: false, slot: None, credit: None, _items: PhantomData }
+        Self {
+            writer,
+            id,
+            seq: 0,
+            terminal: false,
+            slot: None,
+            credit: None,
+            merge: false,
+            pending: None,
+            _items: PhantomData,
+        }
     }
 
     /// Waits for `credit` before each item but the terminal.
@@ -123,8 +140,62 @@ impl<T: Outgoing> Emitter<T> {
     }
 }
 
+impl Emitter<ExecEvent> {
+    /// Merges consecutive text deltas of a choice when `whole` (the edge
+    /// aggregates the answer: one event instead of one per token, the same
+    /// text in the same order).
+    pub(crate) fn merging(mut self, whole: bool) -> Self {
+        self.merge = whole;
+        self
+    }
+
+    /// Sends the merged text, if any.
+    async fn flush_merged(&mut self) -> Result<(), SinkClosed> {
+        match self.pending.take() {
+            Some(d) => self.send(ExecEvent::Delta(d)).await,
+            None => Ok(()),
+        }
+    }
+}
+
+/// The text of a delta that can be merged with its neighbours.
+fn text_mut(d: &mut Delta) -> Option<&mut String> {
+    if d.logprobs.is_some() {
+        return None;
+    }
+    match &mut d.part {
+        Part::Content(t) | Part::Reasoning(t) | Part::Refusal(t) => Some(t),
+        Part::ToolCall(_) => None,
+    }
+}
+
 impl EventSink for Emitter<ExecEvent> {
     async fn emit(&mut self, ev: ExecEvent) -> Result<(), SinkClosed> {
-        self.send(ev).await
+        if !self.merge {
+            return self.send(ev).await;
+        }
+        let ExecEvent::Delta(mut d) = ev else {
+            self.flush_merged().await?;
+            return self.send(ev).await;
+        };
+        if text_mut(&mut d).is_none() {
+            self.flush_merged().await?;
+            return self.send(ExecEvent::Delta(d)).await;
+        }
+        if let Some(p) = &mut self.pending {
+            let same = p.choice == d.choice && std::mem::discriminant(&p.part) == std::mem::discriminant(&d.part);
+            if same {
+                if let (Some(into), Some(from)) = (text_mut(p), text_mut(&mut d)) {
+                    into.push_str(from);
+                    if into.len() >= MAX_MERGED {
+                        return self.flush_merged().await;
+                    }
+                    return Ok(());
+                }
+            }
+        }
+        self.flush_merged().await?;
+        self.pending = Some(d);
+        Ok(())
     }
 }

@@ -196,7 +196,7 @@ impl RunManager {
         };
         let spec =
             RunSpec { run_id: run_id.clone(), target: req.target, body: req.body, operation: req.operation.into() };
-        let emitter = Emitter::new(self.writer.clone(), run_id).with_slot(slot).with_credit(credit);
+        let emitter = Emitter::new(self.writer.clone(), run_id).with_slot(slot).with_credit(credit).merging(req.whole);
         monoio::spawn(execute(adapter, spec, emitter, cancel, deadline));
     }
 
@@ -463,6 +463,59 @@ mod tests {
             manager.start_tunnel(tunnel("t2"));
             let (id, code, status) = next_error(&mut reader).await;
             assert_eq!((id.as_str(), status), ("t2", 501), "{code}");
+        })
+        .unwrap();
+    }
+
+    /// (text of every delta, number of delta events) of run `id` until its terminal.
+    async fn deltas(reader: &mut FrameReader<TcpStream>, id: &str) -> (String, usize) {
+        let (mut text, mut n) = (String::new(), 0);
+        loop {
+            let env = reader.next().await.unwrap().unwrap();
+            let Some(Body::RunEvent(ev)) = env.body else { continue };
+            if ev.run_id != id {
+                continue;
+            }
+            match ev.kind {
+                Some(pb::run_event::Kind::Delta(d)) => {
+                    n += 1;
+                    text.push_str(&d.text);
+                }
+                Some(pb::run_event::Kind::Complete(_)) => return (text, n),
+                Some(pb::run_event::Kind::Error(e)) => panic!("{e:?}"),
+                _ => {}
+            }
+        }
+    }
+
+    #[test]
+    fn a_whole_answer_travels_as_merged_text() {
+        iop_core::rt::block_on_current(async {
+            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+            let conn = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+            let (edge_side, _) = listener.accept().await.unwrap();
+            let writer = FrameWriter::new(DEFAULT_MAX_FRAME_BYTES, 1 << 20, 1 << 24);
+            monoio::spawn(writer.clone().run(conn));
+            let mut reader = FrameReader::new(edge_side, DEFAULT_MAX_FRAME_BYTES, BytesMut::new());
+            let settings = MockSettings { tokens: 20, token_interval: Duration::ZERO, ..Default::default() };
+            let adapters = vec![Adapter::Mock(MockAdapter::new("p".into(), 4, settings))];
+            let manager = RunManager::new(adapters, Gates::new(), writer);
+            let body = Bytes::from_static(br#"{"model":"m","messages":[{"role":"user","content":"x"}]}"#);
+            let run = |id: &str, whole: bool| pb::RunRequest {
+                run_id: id.into(),
+                adapter: "p".into(),
+                target: "m".into(),
+                body: body.clone(),
+                whole,
+                ..Default::default()
+            };
+            manager.start(run("streamed", false));
+            let (streamed, per_token) = deltas(&mut reader, "streamed").await;
+            manager.start(run("whole", true));
+            let (whole, merged) = deltas(&mut reader, "whole").await;
+            assert_eq!(whole, streamed, "the same text in the same order");
+            assert_eq!(per_token, 20);
+            assert_eq!(merged, 1, "one event for the whole text");
         })
         .unwrap();
     }

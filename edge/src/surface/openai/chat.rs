@@ -54,7 +54,7 @@ pub async fn normalized(
     let body = top.with_model(&bytes, &admitted.target.upstream_model);
     let asked_model = admitted.target.upstream_model.clone();
     drop(bytes);
-    let run_req = pb::RunRequest { body, operation: operation as i32, ..Default::default() };
+    let run_req = pb::RunRequest { body, operation: operation as i32, whole: !top.stream, ..Default::default() };
     let submitted = dispatch::submit(worker, &group.name, admitted, run_req);
     drop(permit);
     let run = match submitted {
