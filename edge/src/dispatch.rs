@@ -234,7 +234,7 @@ struct Route {
 /// can outlive its route: the capacity a dying link's runs freed may be
 /// granted through the node's last link just before that one goes too.
 pub fn reachable(worker: &Worker, admitted: &Admitted) -> bool {
-    let open = |r: &crate::worker::NodeRoute| r.order(worker.index, 0).iter().any(|l| !l.session.is_closed());
+    let open = |r: &crate::worker::NodeRoute| r.links.iter().any(|l| !l.session.is_closed());
     match admitted.lease.route() {
         Some(route) => open(route),
         None => worker.routes.borrow().get(&admitted.target.node).is_some_and(open),

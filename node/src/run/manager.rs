@@ -396,6 +396,16 @@ mod tests {
     use super::*;
     use crate::adapter::{mock::MockSettings, MockAdapter};
 
+    /// A node-side frame writer and the edge side's reader of one loopback link.
+    async fn link() -> (FrameWriter, FrameReader<TcpStream>) {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let conn = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
+        let (edge_side, _) = listener.accept().await.unwrap();
+        let writer = FrameWriter::new(DEFAULT_MAX_FRAME_BYTES, 1 << 20, 1 << 24);
+        monoio::spawn(writer.clone().run(conn));
+        (writer, FrameReader::new(edge_side, DEFAULT_MAX_FRAME_BYTES, BytesMut::new()))
+    }
+
     /// The first error a stream got, as (stream id, code, status).
     async fn next_error(reader: &mut FrameReader<TcpStream>) -> (String, String, u32) {
         loop {
@@ -417,12 +427,7 @@ mod tests {
     #[test]
     fn tunnels_and_runs_share_one_gate_per_provider() {
         iop_core::rt::block_on_current(async {
-            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-            let conn = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-            let (edge_side, _) = listener.accept().await.unwrap();
-            let writer = FrameWriter::new(DEFAULT_MAX_FRAME_BYTES, 1 << 20, 1 << 24);
-            monoio::spawn(writer.clone().run(conn));
-            let mut reader = FrameReader::new(edge_side, DEFAULT_MAX_FRAME_BYTES, BytesMut::new());
+            let (writer, mut reader) = link().await;
             // One slot; the mock streams slowly, so its run holds the slot.
             let settings =
                 MockSettings { tokens: 1000, token_interval: Duration::from_millis(10), ..Default::default() };
@@ -491,12 +496,7 @@ mod tests {
     #[test]
     fn a_whole_answer_travels_as_merged_text() {
         iop_core::rt::block_on_current(async {
-            let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-            let conn = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
-            let (edge_side, _) = listener.accept().await.unwrap();
-            let writer = FrameWriter::new(DEFAULT_MAX_FRAME_BYTES, 1 << 20, 1 << 24);
-            monoio::spawn(writer.clone().run(conn));
-            let mut reader = FrameReader::new(edge_side, DEFAULT_MAX_FRAME_BYTES, BytesMut::new());
+            let (writer, mut reader) = link().await;
             let settings = MockSettings { tokens: 20, token_interval: Duration::ZERO, ..Default::default() };
             let adapters = vec![Adapter::Mock(MockAdapter::new("p".into(), 4, settings))];
             let manager = RunManager::new(adapters, Gates::new(), writer);
