@@ -15,15 +15,17 @@ use bytes::BytesMut;
 use iop_core::{
     http::{self, BodyDecoder, BodyKind, Framing, HttpError, Limits, RequestHead},
     limits::SlotGuard,
-    rt::io::read_append,
 };
 use monoio::{
-    io::{AsyncWriteRent, AsyncWriteRentExt, OwnedReadHalf, OwnedWriteHalf, Splitable},
+    io::{AsyncWriteRent, AsyncWriteRentExt, OwnedWriteHalf, Splitable},
     net::TcpStream,
     time::Instant,
 };
 
-use super::body::{Body, BodyPermit};
+use super::{
+    body::{Body, BodyPermit},
+    reader::ReadSide,
+};
 use crate::{shared::ActiveRequest, surface, worker::Worker};
 
 const READ_RESERVE: usize = 16 * 1024;
@@ -39,8 +41,8 @@ const MAX_IDLE_BUFFER: usize = 64 * 1024;
 
 /// A client connection's halves and buffers.
 pub struct Conn {
-    /// Read half.
-    pub rd: OwnedReadHalf<TcpStream>,
+    /// Read half (a read may be posted on it across requests).
+    pub rd: ReadSide,
     /// Write half.
     pub wr: OwnedWriteHalf<TcpStream>,
     /// Received bytes not yet parsed (may hold a pipelined request).
@@ -160,7 +162,8 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::Socket
         )
     };
     let (rd, wr) = stream.into_split();
-    let mut conn = Conn { rd, wr, buf: BytesMut::new(), out: BytesMut::new(), head_only: false, peer };
+    let mut conn =
+        Conn { rd: ReadSide::new(rd), wr, buf: BytesMut::new(), out: BytesMut::new(), head_only: false, peer };
     // The first head is timed from accept: a connection that never sends a
     // byte does not hold its slot for a whole idle timeout.
     let mut accepted = Some(Instant::now());
@@ -251,7 +254,7 @@ async fn linger(conn: &mut Conn, unread: usize) {
     while left > 0 {
         scratch.clear();
         // The connection is closing: a timed-out read loses nothing.
-        match iop_core::rt::time::timeout_at(deadline, read_append(&mut conn.rd, &mut scratch, READ_RESERVE)).await {
+        match iop_core::rt::time::timeout_at(deadline, conn.rd.read_append(&mut scratch, READ_RESERVE)).await {
             Ok(Ok(n)) if n > 0 => left = left.saturating_sub(n),
             _ => return,
         }
@@ -286,10 +289,10 @@ async fn read_head(
             Some(b) => b + t.header.min(t.read),
             None => Instant::now() + t.idle,
         };
-        // A timeout closes the connection, so a dropped read (which takes
-        // the buffer with it) loses nothing we need.
+        // A timeout leaves the read posted (see `ReadSide`): a 408's
+        // lingering close reads on from it.
         let partial = !conn.buf.is_empty();
-        match iop_core::rt::time::timeout_at(deadline, read_append(&mut conn.rd, &mut conn.buf, HEAD_RESERVE)).await {
+        match iop_core::rt::time::timeout_at(deadline, conn.rd.read_append(&mut conn.buf, HEAD_RESERVE)).await {
             Err(_) if !partial => return Ok(None),
             Err(_) => return Err(ConnError::Timeout("request head")),
             Ok(Ok(0)) if conn.buf.is_empty() => return Ok(None),
@@ -329,7 +332,7 @@ fn reserve_body(worker: &Worker, head: &RequestHead) -> Result<Option<BodyPermit
 /// One read for the body, bounded by the progress and total deadlines.
 async fn read_more(conn: &mut Conn, reserve: usize, t: &Timeouts, read_deadline: Instant) -> Result<usize, ConnError> {
     let deadline = (Instant::now() + t.body).min(read_deadline);
-    match iop_core::rt::time::timeout_at(deadline, read_append(&mut conn.rd, &mut conn.buf, reserve)).await {
+    match iop_core::rt::time::timeout_at(deadline, conn.rd.read_append(&mut conn.buf, reserve)).await {
         Err(_) => Err(ConnError::Timeout("request body")),
         Ok(Ok(n)) => Ok(n),
         Ok(Err(_)) => Err(ConnError::Io),

@@ -3,6 +3,7 @@
 
 mod body;
 mod conn;
+mod reader;
 mod watch;
 
 use std::{rc::Rc, time::Duration};
@@ -10,6 +11,7 @@ use std::{rc::Rc, time::Duration};
 pub use body::{Body, BodyBudget, BodyPermit};
 pub use conn::{Conn, Responder};
 use iop_core::limits::LogThrottle;
+pub use reader::ReadSide;
 pub use watch::with_disconnect_watch;
 
 use crate::{accept::Gate, worker::Worker};

@@ -3,16 +3,22 @@
 
 use std::{
     future::{poll_fn, Future},
-    pin::{pin, Pin},
+    pin::Pin,
     task::Poll,
 };
 
 use bytes::BytesMut;
-use monoio::io::{CancelableAsyncReadRent, Canceller};
 
-enum First<A, B> {
+use super::reader::ReadSide;
+
+/// Spare room of a watching read. Small, as it is posted for as long as a
+/// response streams; it is also where the next keep-alive request lands
+/// (most fit, and a longer one is read on).
+const WATCH_RESERVE: usize = 1024;
+
+enum First<A> {
     Body(A),
-    Watch(B),
+    Read(std::io::Result<usize>),
 }
 
 /// Runs `body` while a read on `rd` watches for the client closing.
@@ -21,51 +27,35 @@ enum First<A, B> {
 /// owned future would be stored twice (the parameter and its pinned move),
 /// and this runs around every streamed response.
 /// Bytes the client sent meanwhile (a pipelined request) are appended to
-/// `buf`. The watch read is cancelled and awaited, never dropped in flight
-/// (io_uring could otherwise lose bytes).
-pub async fn with_disconnect_watch<R, F, T>(rd: &mut R, buf: &mut BytesMut, mut body: Pin<&mut F>) -> Option<T>
+/// `buf`. When `body` ends first the read stays posted (see [`ReadSide`]):
+/// it is the next request's read, never cancelled.
+pub async fn with_disconnect_watch<F, T>(rd: &mut ReadSide, buf: &mut BytesMut, mut body: Pin<&mut F>) -> Option<T>
 where
-    R: CancelableAsyncReadRent,
     F: Future<Output = T>,
 {
-    if !buf.is_empty() {
-        // Already holding the next request: EOF can't be told apart; just serve.
-        return Some(body.await);
+    if !rd.is_posted() {
+        if !buf.is_empty() {
+            // Already holding the next request: EOF can't be told apart; just serve.
+            return Some(body.await);
+        }
+        // Often done at once (a grant with capacity free): then no read is
+        // posted before the request has been answered.
+        if let Poll::Ready(v) = poll_fn(|cx| Poll::Ready(body.as_mut().poll(cx))).await {
+            return Some(v);
+        }
+        rd.post(buf, WATCH_RESERVE);
     }
-    // Often done at once (a grant with capacity free): then no watch is
-    // armed, which would cost a read and its cancellation.
-    if let Poll::Ready(v) = poll_fn(|cx| Poll::Ready(body.as_mut().poll(cx))).await {
-        return Some(v);
-    }
-    let canceller = Canceller::new();
-    // Small: it only notices a close (a pipelined request that arrives
-    // meanwhile is read on after the response).
-    let mut watch = pin!(rd.cancelable_read(BytesMut::with_capacity(512), canceller.handle()));
     let first = poll_fn(|cx| {
         if let Poll::Ready(v) = body.as_mut().poll(cx) {
             return Poll::Ready(First::Body(v));
         }
-        if let Poll::Ready(r) = watch.as_mut().poll(cx) {
-            return Poll::Ready(First::Watch(r));
-        }
-        Poll::Pending
+        rd.poll_read(cx, buf).map(First::Read)
     })
     .await;
     match first {
-        First::Body(v) => {
-            let _ = canceller.cancel();
-            let (res, got) = watch.await;
-            if matches!(res, Ok(n) if n > 0) {
-                buf.extend_from_slice(&got);
-            }
-            Some(v)
-        }
-        First::Watch((res, got)) => match res {
-            Ok(n) if n > 0 => {
-                buf.extend_from_slice(&got);
-                Some(body.await)
-            }
-            _ => None,
-        },
+        First::Body(v) => Some(v),
+        // A pipelined request (kept in `buf`): the response goes on unwatched.
+        First::Read(Ok(n)) if n > 0 => Some(body.await),
+        First::Read(_) => None,
     }
 }
