@@ -198,11 +198,12 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::Socket
             // (maybe long) response. A next request gets a fresh one.
             conn.buf = BytesMut::new();
         }
+        let asked_keep_alive = head.keep_alive;
         let keep_alive = {
             let _active = ActiveRequest::new(&worker.shared);
-            surface::handle(&worker, &mut conn, &head, body).await
+            surface::handle(&worker, &mut conn, head, body).await
         };
-        if !keep_alive || !head.keep_alive || worker.shared.draining.load(Ordering::Acquire) {
+        if !keep_alive || !asked_keep_alive || worker.shared.draining.load(Ordering::Acquire) {
             return;
         }
         conn.shrink();

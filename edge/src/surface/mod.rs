@@ -17,19 +17,27 @@ pub const ALLOW_GET: (&str, &str) = ("allow", "GET, HEAD");
 
 /// Routes one request; returns whether the connection may be kept open.
 /// `HEAD` is served as `GET` with the body left out (`Conn::head_only`).
-pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, body: Body) -> bool {
+/// The head is owned so it can go once the request is on its way: an open
+/// stream does not keep it.
+pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: RequestHead, body: Body) -> bool {
     let keep = head.keep_alive;
+    let route = openai::Route::from_path(head.path());
+    if let (Some(route), "POST") = (route, head.method.as_str()) {
+        // Boxed: an idle keep-alive connection's task holds only its
+        // reading state, a busy one that of its stage (admission, then the
+        // answer), never the largest of all.
+        let admission = match Box::pin(openai::admit(worker, conn, &head, body, route)).await {
+            Ok(a) => a,
+            Err(keep) => return keep,
+        };
+        let answer = openai::answer(worker, conn, &head, route, admission);
+        drop(head);
+        return answer.await;
+    }
     let path = head.path();
     let method = if head.method == "HEAD" { "GET" } else { head.method.as_str() };
-    let route = openai::Route::from_path(path);
     let result = match (method, path) {
-        ("POST", _) if route.is_some() => {
-            let Some(route) = route else { return false };
-            // Boxed: an idle keep-alive connection's task holds only its
-            // reading state, a busy one that of its route.
-            return Box::pin(openai::handle(worker, conn, head, body, route)).await;
-        }
-        (_, p) if admin::is_admin_path(p) => return Box::pin(admin::handle(worker, conn, head, body)).await,
+        (_, p) if admin::is_admin_path(p) => return Box::pin(admin::handle(worker, conn, &head, body)).await,
         ("GET", "/v1/models") => {
             let body = openai::models::list(&worker.config.borrow());
             conn.respond(200, "application/json", &[], &body, keep).await
@@ -43,8 +51,8 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
             let body = format!("{{\"status\":\"{label}\",\"nodes_ready\":{ready},\"worker\":{}}}", worker.index);
             conn.respond(status, "application/json", &[], body.as_bytes(), keep).await
         }
-        (_, _) if route.is_some() => method_not_allowed(conn, head, ("allow", "POST"), keep).await,
-        (_, "/v1/models" | "/healthz") => method_not_allowed(conn, head, ALLOW_GET, keep).await,
+        (_, _) if route.is_some() => method_not_allowed(conn, &head, ("allow", "POST"), keep).await,
+        (_, "/v1/models" | "/healthz") => method_not_allowed(conn, &head, ALLOW_GET, keep).await,
         _ => {
             let msg = format!("no route for {} {}", openai::error::clip(&head.method), openai::error::clip(path));
             let body = openai::error::body(404, &msg, Some("not_found"));

@@ -31,13 +31,15 @@ use crate::{
     worker::Worker,
 };
 
-/// Runs an admitted request on the normalized path; returns whether the
-/// connection may be kept. `permit` is the body's share of the core's
-/// budget, held until the run is handed to its node.
+/// Runs an admitted request on the normalized path; resolves to whether
+/// the connection may be kept. `permit` is the body's share of the core's
+/// budget, held until the run is handed to its node. The run is submitted
+/// before the returned future, which holds only what answering needs (the
+/// parsed request and the group are not kept while a stream lasts).
 #[allow(clippy::too_many_arguments)]
-pub async fn normalized(
+pub fn normalized<'a>(
     worker: &Rc<Worker>,
-    conn: &mut Conn,
+    conn: &'a mut Conn,
     head: &RequestHead,
     route: Route,
     top: &Top,
@@ -45,7 +47,7 @@ pub async fn normalized(
     permit: Option<BodyPermit>,
     group: &ModelGroup,
     admitted: Admitted,
-) -> bool {
+) -> impl std::future::Future<Output = bool> + 'a {
     let keep = head.keep_alive;
     let operation = match route {
         Route::Embeddings => pb::RunOperation::Embeddings,
@@ -57,23 +59,25 @@ pub async fn normalized(
     let run_req = pb::RunRequest { body, operation: operation as i32, whole: !top.stream, ..Default::default() };
     let submitted = dispatch::submit(worker, &group.name, admitted, run_req);
     drop(permit);
-    let run = match submitted {
-        Ok(run) => run,
-        Err(e) => return reply::dispatch_error(&mut conn.responder(), &e, keep).await,
-    };
-    // The answer names the model that answered (as the tunnel's does): the
-    // provider's own name when it reported one, else the one asked for.
-    let meta = Meta { model: asked_model, id: format!("chatcmpl-{}", run.run_id()), created: unix_now() };
-    if route == Route::Embeddings {
-        return embeddings(conn, run, &meta, top.encoding_base64(), keep).await;
-    }
-    if top.stream {
-        // A client that accepts nothing for this long is cut (its run is
-        // then cancelled on the node).
-        let write_timeout = worker.config.borrow().http.idle_timeout;
-        stream(conn, run, &meta, top.include_usage(), keep, write_timeout).await
-    } else {
-        aggregate(conn, run, &meta, keep).await
+    let (streams, include_usage, base64) = (top.stream, top.include_usage(), top.encoding_base64());
+    // A client that accepts nothing for this long is cut (its run is
+    // then cancelled on the node).
+    let write_timeout = worker.config.borrow().http.idle_timeout;
+    async move {
+        let run = match submitted {
+            Ok(run) => run,
+            Err(e) => return reply::dispatch_error(&mut conn.responder(), &e, keep).await,
+        };
+        // The answer names the model that answered (as the tunnel's does): the
+        // provider's own name when it reported one, else the one asked for.
+        let meta = Meta { model: asked_model, id: format!("chatcmpl-{}", run.run_id()), created: unix_now() };
+        if route == Route::Embeddings {
+            embeddings(conn, run, &meta, base64, keep).await
+        } else if streams {
+            stream(conn, run, &meta, include_usage, keep, write_timeout).await
+        } else {
+            aggregate(conn, run, &meta, keep).await
+        }
     }
 }
 

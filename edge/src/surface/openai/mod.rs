@@ -18,7 +18,7 @@ pub mod relay;
 mod reply;
 mod tunnel;
 
-use std::rc::Rc;
+use std::{future::Future, pin::Pin, rc::Rc};
 
 use iop_core::{config::ModelGroup, http::RequestHead};
 
@@ -75,26 +75,62 @@ impl Route {
     }
 }
 
-/// Handles one request on a model route; returns whether the connection
-/// may be kept.
-pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, body: Body, route: Route) -> bool {
+/// An admitted request, ready to be answered.
+pub struct Admission {
+    top: iop_core::request::Top,
+    bytes: bytes::Bytes,
+    permit: Option<crate::server::BodyPermit>,
+    group: ModelGroup,
+    admitted: pool::Admitted,
+    tunnels: bool,
+}
+
+/// The answer to an admitted request: it is sent to its node before this
+/// returns, and the future holds only what answering needs (the parsed
+/// request and the group end here; `head` may be dropped by the caller),
+/// so an open stream keeps none of them.
+pub fn answer<'a>(
+    worker: &Rc<Worker>,
+    conn: &'a mut Conn,
+    head: &RequestHead,
+    route: Route,
+    a: Admission,
+) -> Pin<Box<dyn Future<Output = bool> + 'a>> {
+    let Admission { top, bytes, permit, group, admitted, tunnels } = a;
+    // Boxed apart: a tunnel's answer is much smaller than a normalized one.
+    if tunnels {
+        Box::pin(tunnel::run(worker, conn, head, route, &top, bytes, permit, &group.name, admitted))
+    } else {
+        Box::pin(chat::normalized(worker, conn, head, route, &top, bytes, permit, &group, admitted))
+    }
+}
+
+/// Reads, routes and admits one request on a model route. `Err` holds
+/// whether the connection may be kept after the error it answered.
+pub async fn admit(
+    worker: &Rc<Worker>,
+    conn: &mut Conn,
+    head: &RequestHead,
+    body: Body,
+    route: Route,
+) -> Result<Admission, bool> {
     let keep = head.keep_alive;
     // The body's share of the core's budget is held until the request is
     // handed to its node (queueing included).
     let (bytes, permit) = body.into_parts();
     let top = match iop_core::request::Top::parse(&bytes) {
         Ok(t) => t,
-        Err(msg) => return reply::error(&mut conn.responder(), 400, &msg, Some("invalid_request"), keep).await,
+        Err(msg) => return Err(reply::error(&mut conn.responder(), 400, &msg, Some("invalid_request"), keep).await),
     };
     let group = worker.config.borrow().model(&top.model).cloned();
     let Some(group) = group else {
         tracing::debug!(model_len = top.model.len(), "unknown model requested");
         let msg = format!("The model `{}` does not exist", error::clip(&top.model));
-        return reply::error(&mut conn.responder(), 404, &msg, Some("model_not_found"), keep).await;
+        return Err(reply::error(&mut conn.responder(), 404, &msg, Some("model_not_found"), keep).await);
     };
     let Some(group) = serving(worker, &group, route) else {
         let msg = format!("the model `{}` has no provider that serves {}", error::clip(&top.model), head.path());
-        return reply::error(&mut conn.responder(), 400, &msg, Some("unsupported_endpoint"), keep).await;
+        return Err(reply::error(&mut conn.responder(), 400, &msg, Some("unsupported_endpoint"), keep).await);
     };
     // Estimated prompt size: the body's bytes / 4 (before any tokenizer).
     let class = match group.long_context_threshold {
@@ -105,12 +141,10 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
     let admitted = loop {
         let admitted = {
             let Conn { rd, buf, .. } = &mut *conn;
-            // Boxed, like the stages below: a connection's task then holds the
-            // state of the stage it is in, not the largest of all of them.
-            Box::pin(with_disconnect_watch(rd, buf, std::pin::pin!(pool::admit(worker, &group, class)))).await
+            with_disconnect_watch(rd, buf, std::pin::pin!(pool::admit(worker, &group, class))).await
         };
         let admitted = match admitted {
-            None => return false, // client left while queued; the wait guard left the queue
+            None => return Err(false), // client left while queued; the wait guard left the queue
             Some(Ok(a)) => a,
             Some(Err(e)) => {
                 let (status, code) = match e {
@@ -118,7 +152,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
                     AdmitError::Timeout(_) => (503, "queue_timeout"),
                     AdmitError::Unavailable(_) => (503, "no_ready_node"),
                 };
-                return reply::error(&mut conn.responder(), status, &e.to_string(), Some(code), keep).await;
+                return Err(reply::error(&mut conn.responder(), status, &e.to_string(), Some(code), keep).await);
             }
         };
         // Granted through links that closed meanwhile (the node is going
@@ -138,11 +172,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, bo
         .borrow()
         .provider(&admitted.target.node, &admitted.target.provider)
         .is_some_and(|p| p.kind.is_openai_compatible());
-    if tunnels {
-        Box::pin(tunnel::run(worker, conn, head, route, &top, bytes, permit, &group.name, admitted)).await
-    } else {
-        Box::pin(chat::normalized(worker, conn, head, route, &top, bytes, permit, &group, admitted)).await
-    }
+    Ok(Admission { top, bytes, permit, group, admitted, tunnels })
 }
 
 /// Grants taken again, at most, when one came through links already closed.
