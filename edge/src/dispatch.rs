@@ -1,10 +1,7 @@
 //! Submits an admitted run or tunnel to its node's session and streams its
 //! items back to the client's task.
 
-use std::{
-    pin::Pin,
-    time::{Duration, SystemTime, UNIX_EPOCH},
-};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use iop_core::{
     exec::{codes, ExecEvent, FailureSource, RunFailure, Usage},
@@ -85,7 +82,7 @@ pub struct Stream<T: Outcome> {
     usage: Option<std::sync::Arc<crate::pool::ModelUsage>>,
     /// The stream's deadline (its provider's `request_timeout_sec` from
     /// dispatch) plus [`DEADLINE_GRACE`].
-    deadline: Pin<Box<monoio::time::Sleep>>,
+    deadline: iop_core::rt::time::Sleep,
     timeout: Duration,
 }
 
@@ -111,7 +108,7 @@ impl<T: Outcome> Stream<T> {
                         .retryable(),
                 )
             }),
-            _ = deadline.as_mut() => self.expire(),
+            _ = &mut *deadline => self.expire(),
         };
         self.took(&item);
         Some(item)
@@ -304,7 +301,7 @@ impl Route {
             done: false,
             taken: 0,
             usage: worker.pool.borrow().usage.get(model).cloned(),
-            deadline: Box::pin(monoio::time::sleep(self.timeout + DEADLINE_GRACE)),
+            deadline: iop_core::rt::time::sleep(self.timeout + DEADLINE_GRACE),
             timeout: self.timeout,
         }
     }

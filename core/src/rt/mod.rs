@@ -16,6 +16,7 @@ pub mod mailbox;
 pub mod oneshot;
 pub mod signal;
 pub mod time;
+pub mod timers;
 mod worker;
 
 pub use worker::{block_on_current, spawn_worker, yield_now, Driver};

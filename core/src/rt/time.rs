@@ -1,9 +1,7 @@
-//! Deadlines that cost a pointer until they are armed. monoio's `Sleep`
-//! holds its timer entry inline: 640 bytes, aligned to a cache line pair,
-//! so every future holding a `monoio::time::timeout` (and every future
-//! around that one) grows by that and its padding, for its whole life.
-//! An open stream's task holds several such states; here the timer lives
-//! on the heap, and only while the deadline is being awaited.
+//! Deadlines that cost an instant and a number until they are armed, and
+//! a small entry in the core's timer table while they are (see
+//! [`super::timers`]): never monoio's 640-byte timer entry inline in a
+//! long-lived future.
 
 use std::{
     fmt,
@@ -13,8 +11,9 @@ use std::{
     time::Duration,
 };
 
-use monoio::time::Sleep;
 use pin_project_lite::pin_project;
+
+pub use super::timers::Sleep;
 
 /// The deadline passed before the future finished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,23 +32,23 @@ pin_project! {
     pub struct Timeout<F> {
         #[pin]
         fut: F,
-        sleep: Pin<Box<Sleep>>,
+        sleep: Sleep,
     }
 }
 
 /// Runs `fut` for at most `limit`.
 pub fn timeout<F: Future>(limit: Duration, fut: F) -> Timeout<F> {
-    Timeout { fut, sleep: Box::pin(monoio::time::sleep(limit)) }
+    Timeout { fut, sleep: Sleep::until(monoio::time::Instant::now() + limit) }
 }
 
 /// Runs `fut` until `deadline` at the latest.
 pub fn timeout_at<F: Future>(deadline: impl Into<monoio::time::Instant>, fut: F) -> Timeout<F> {
-    Timeout { fut, sleep: Box::pin(monoio::time::sleep_until(deadline.into())) }
+    Timeout { fut, sleep: Sleep::until(deadline.into()) }
 }
 
-/// A sleep whose timer entry is on the heap (see the module docs).
-pub fn sleep(d: Duration) -> Pin<Box<Sleep>> {
-    Box::pin(monoio::time::sleep(d))
+/// A sleep of `d` (see the module docs).
+pub fn sleep(d: Duration) -> Sleep {
+    Sleep::until(monoio::time::Instant::now() + d)
 }
 
 impl<F: Future> Future for Timeout<F> {
@@ -60,7 +59,7 @@ impl<F: Future> Future for Timeout<F> {
         if let Poll::Ready(v) = this.fut.poll(cx) {
             return Poll::Ready(Ok(v));
         }
-        match this.sleep.as_mut().poll(cx) {
+        match Pin::new(this.sleep).poll(cx) {
             Poll::Ready(()) => Poll::Ready(Err(Elapsed)),
             Poll::Pending => Poll::Pending,
         }
@@ -76,7 +75,7 @@ mod tests {
     fn small_and_both_outcomes() {
         crate::rt::block_on_current(async {
             let f = timeout(Duration::from_secs(1), std::future::ready(1u8));
-            assert!(std::mem::size_of_val(&f) <= 16, "a pointer and the future, not a timer entry");
+            assert!(std::mem::size_of_val(&f) <= 32, "a deadline and the future, not a timer entry");
             assert_eq!(timeout(Duration::from_secs(5), async { 7 }).await, Ok(7));
             let never = std::future::pending::<()>();
             assert_eq!(timeout(Duration::from_millis(5), never).await, Err(Elapsed));

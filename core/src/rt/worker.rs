@@ -33,7 +33,13 @@ impl Driver {
 /// Runs `root` to completion on a new monoio runtime on the current thread.
 pub fn block_on_current<F: Future>(root: F) -> io::Result<F::Output> {
     let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build()?;
-    Ok(rt.block_on(root))
+    Ok(rt.block_on(async {
+        let out = root.await;
+        // Inside the runtime: the tasks its deadlines' wakers may free are
+        // dropped while their runtime is current.
+        super::timers::reset();
+        out
+    }))
 }
 
 /// Starts worker `index` on its own thread, pinned to core `index % cores`
