@@ -19,7 +19,8 @@ pub use client::{parse_response_head, write_request_head, ResponseHead};
 pub use error::HttpError;
 pub use request::{parse_request_head, RequestHead};
 pub use response::{
-    gather_chunk, gather_chunk_parts, reason_phrase, write_chunk, write_last_chunk, write_response_head, Framing,
+    begin_chunk, end_chunk, gather_chunk, gather_chunk_parts, reason_phrase, write_chunk, write_last_chunk,
+    write_response_head, Framing,
 };
 
 /// Size limits applied while parsing.

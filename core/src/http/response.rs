@@ -58,6 +58,40 @@ pub fn write_chunk(out: &mut BytesMut, data: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
+/// Width of the chunk-size field [`begin_chunk`] reserves: eight hex
+/// digits (leading zeros are valid chunk-size syntax), so a chunk of up to
+/// 4 GiB is written in place and its size patched in after.
+const CHUNK_SIZE_DIGITS: usize = 8;
+
+/// Starts a chunk whose data is appended to `out` next (no staging buffer,
+/// no copy); returns where it starts, for [`end_chunk`].
+pub fn begin_chunk(out: &mut BytesMut) -> usize {
+    let start = out.len();
+    out.extend_from_slice(&[b'0'; CHUNK_SIZE_DIGITS]);
+    out.extend_from_slice(b"\r\n");
+    start
+}
+
+/// Ends the chunk begun at `start`: patches its size, or removes it when no
+/// data was appended (an empty chunk would end the body).
+pub fn end_chunk(out: &mut BytesMut, start: usize) {
+    let data_at = start + CHUNK_SIZE_DIGITS + 2;
+    let len = out.len().saturating_sub(data_at);
+    if len == 0 || u32::try_from(len).is_err() {
+        debug_assert!(len == 0, "a chunk over 4 GiB");
+        out.truncate(start);
+        return;
+    }
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let field = &mut out[start..start + CHUNK_SIZE_DIGITS];
+    let mut n = len;
+    for digit in field.iter_mut().rev() {
+        *digit = HEX[n & 0xf];
+        n >>= 4;
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
 /// Queues one chunk with its payload as a segment of its own (no copy;
 /// no-op for empty `data`).
 pub fn gather_chunk(out: &mut crate::rt::gather::Gather, data: bytes::Bytes) {
@@ -168,6 +202,28 @@ fn put_hex(out: &mut BytesMut, n: usize) {
 mod tests {
     use super::*;
     use crate::http::{parse_response_head, BodyDecoder, BodyKind, Limits};
+
+    #[test]
+    fn chunks_written_in_place_decode_and_empty_ones_vanish() {
+        let mut out = BytesMut::new();
+        let empty = begin_chunk(&mut out);
+        end_chunk(&mut out, empty);
+        assert!(out.is_empty());
+        for data in [&b"a"[..], &[b'x'; 300][..], b"data: {}\n\n"] {
+            let at = begin_chunk(&mut out);
+            out.extend_from_slice(data);
+            end_chunk(&mut out, at);
+        }
+        assert!(out.starts_with(b"00000001\r\na\r\n0000012c\r\n"));
+        write_last_chunk(&mut out);
+        let mut decoder = BodyDecoder::new(BodyKind::Chunked, 1 << 20);
+        let mut body = Vec::new();
+        while let Some(piece) = decoder.decode(&mut out).unwrap() {
+            body.extend_from_slice(&piece);
+        }
+        assert!(decoder.is_done());
+        assert_eq!(body.len(), 1 + 300 + 10);
+    }
 
     #[test]
     fn head_roundtrips_through_client_parser() {

@@ -225,6 +225,15 @@ impl FrameWriter {
         Ok(())
     }
 
+    /// Whether a frame can be queued now (`Ok(false)`: the buffer is at its
+    /// high-water mark; `wait_writable` would wait).
+    pub fn writable(&self) -> Result<bool, SendError> {
+        if self.inner.closed.is_cancelled() {
+            return Err(SendError::Closed);
+        }
+        Ok(self.inner.buf.borrow().len() < self.inner.high_water)
+    }
+
     /// Waits until the buffer is below the high-water mark.
     pub async fn wait_writable(&self) -> Result<(), SendError> {
         poll_fn(|cx| {

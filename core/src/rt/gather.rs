@@ -94,6 +94,14 @@ impl Gather {
         self.pushed
     }
 
+    /// Gives back the memory of an empty queue (its glue block and lists),
+    /// for a stream that waits: one that idles between writes holds none.
+    pub fn release(&mut self) {
+        if self.is_empty() {
+            *self = Self::new();
+        }
+    }
+
     /// Drops everything queued.
     pub fn clear(&mut self) {
         self.segments.clear();

@@ -25,8 +25,9 @@ use atomic_waker::AtomicWaker;
 use crossbeam_queue::SegQueue;
 use parking_lot::Mutex;
 
-/// A drained stream queue holding more slots than this gives them back.
-const KEEP_SLOTS: usize = 16;
+/// A drained stream queue whose slots take more bytes than this gives them
+/// back: a stream that waits between items holds (almost) nothing.
+const KEEP_BYTES: usize = 256;
 
 enum Queue<T> {
     /// Boxed: its two cache-padded ends would make every stream's mailbox
@@ -49,7 +50,7 @@ impl<T> Queue<T> {
             Queue::Deque(q) => {
                 let mut q = q.lock();
                 let msg = q.pop_front();
-                if q.is_empty() && q.capacity() > KEEP_SLOTS {
+                if q.is_empty() && q.capacity() * std::mem::size_of::<T>() > KEEP_BYTES {
                     *q = VecDeque::new();
                 }
                 msg
@@ -310,7 +311,7 @@ mod tests {
         assert_eq!(capacity(&rx), 0, "drained: memory given back");
         tx.try_send(7).unwrap();
         assert_eq!(rx.try_recv(), Some(7));
-        assert!(capacity(&rx) <= KEEP_SLOTS, "a trickle keeps a few slots");
+        assert!(capacity(&rx) * 8 <= KEEP_BYTES, "a trickle keeps a few slots");
     }
 
     #[test]

@@ -255,10 +255,10 @@ impl MockAdapter {
         let s = &self.settings;
         if step == 0 {
             if !s.first_token_delay.is_zero() {
-                monoio::time::sleep(s.first_token_delay).await;
+                iop_core::rt::time::sleep(s.first_token_delay).await;
             }
         } else if !s.token_interval.is_zero() {
-            monoio::time::sleep(s.token_interval).await;
+            iop_core::rt::time::sleep(s.token_interval).await;
         } else if step.is_multiple_of(YIELD_EVERY) {
             iop_core::rt::yield_now().await;
         }

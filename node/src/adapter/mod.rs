@@ -225,10 +225,12 @@ impl Adapter {
     /// Runs `spec`, sending its events to `sink` (see the module docs for
     /// the contract).
     pub async fn execute<S: EventSink>(&self, spec: RunSpec, sink: &mut S) {
+        // Boxed per kind: a run's task holds its own adapter's state, not
+        // the largest of all kinds.
         match self {
-            Adapter::Mock(a) => a.execute(spec, sink).await,
-            Adapter::OpenAiCompat(a) => a.execute(spec, sink).await,
-            Adapter::Ollama(a) => a.execute(spec, sink).await,
+            Adapter::Mock(a) => Box::pin(a.execute(spec, sink)).await,
+            Adapter::OpenAiCompat(a) => Box::pin(a.execute(spec, sink)).await,
+            Adapter::Ollama(a) => Box::pin(a.execute(spec, sink)).await,
         }
     }
 

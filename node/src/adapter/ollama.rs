@@ -118,6 +118,8 @@ impl OllamaAdapter {
     async fn chat<S: EventSink>(&self, spec: &RunSpec, sink: &mut S) -> Result<(), Halt> {
         let body = chat_body(&spec.body, &spec.target).map_err(Halt::Fail)?;
         let mut resp = self.post(&self.chat_path, &body, b"application/x-ndjson", &spec.run_id).await?;
+        // Sent: not kept while the answer streams.
+        drop(body);
         let mut state = ChatStream::new(&spec.run_id, &spec.target);
         let mut out = Vec::new();
         if is_json(&resp) {
@@ -131,6 +133,8 @@ impl OllamaAdapter {
         }
         let mut lines = LineSplitter::new(MAX_LINE_BYTES);
         loop {
+            // Emitted: the events' room goes back while the provider thinks.
+            out = Vec::new();
             let eof = match resp.chunk().await {
                 Ok(Some(bytes)) => {
                     lines.push(&bytes);

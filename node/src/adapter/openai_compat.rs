@@ -119,21 +119,25 @@ impl OpenAiCompatAdapter {
     /// Sends the request and emits everything, the terminal included, except
     /// for the failures it returns.
     async fn attempt<S: EventSink>(&self, spec: &RunSpec, sink: &mut S) -> Result<(), Halt> {
-        let body = request_body(spec).map_err(Halt::Fail)?;
-        let mut headers: Vec<(&str, &[u8])> =
-            vec![("content-type", b"application/json"), ("accept", b"text/event-stream")];
-        if let Some(auth) = &self.authorization {
-            headers.push(("authorization", auth.expose().as_bytes()));
-        }
-        let req = Request {
-            method: "POST",
-            host: &self.url.host,
-            port: self.url.port,
-            target: &self.path,
-            headers: &headers,
-            body: &body,
+        // In a block: the request's body and headers are not kept while the
+        // answer streams.
+        let mut resp = {
+            let body = request_body(spec).map_err(Halt::Fail)?;
+            let mut headers: Vec<(&str, &[u8])> =
+                vec![("content-type", b"application/json"), ("accept", b"text/event-stream")];
+            if let Some(auth) = &self.authorization {
+                headers.push(("authorization", auth.expose().as_bytes()));
+            }
+            let req = Request {
+                method: "POST",
+                host: &self.url.host,
+                port: self.url.port,
+                target: &self.path,
+                headers: &headers,
+                body: &body,
+            };
+            super::send_upstream(&self.client, &req, &self.id, &spec.run_id).await.map_err(Halt::Fail)?
         };
-        let mut resp = super::send_upstream(&self.client, &req, &self.id, &spec.run_id).await.map_err(Halt::Fail)?;
         let status = resp.status();
         if !(200..=299).contains(&status) {
             // An unreadable error body still leaves the status to report.
@@ -154,6 +158,8 @@ impl OpenAiCompatAdapter {
         }
         let mut parser = iop_core::sse::SseParser::new(MAX_SSE_EVENT);
         loop {
+            // Emitted: the events' room goes back while the provider thinks.
+            out = Vec::new();
             match resp.chunk().await {
                 Ok(Some(bytes)) => parser.push(&bytes),
                 Ok(None) => {

@@ -37,6 +37,16 @@ impl Credit {
         self.available.set(self.available.get().saturating_sub(cost));
     }
 
+    /// Takes `cost` if there is credit now (as [`Self::take`] would at once).
+    pub fn try_take(&self, cost: u64) -> bool {
+        if self.available.get() <= 0 {
+            return false;
+        }
+        let cost = i64::try_from(cost).unwrap_or(i64::MAX);
+        self.available.set(self.available.get().saturating_sub(cost));
+        true
+    }
+
     /// Credit left now (may be negative).
     pub fn available(&self) -> i64 {
         self.available.get()

@@ -117,10 +117,36 @@ impl<T: Outgoing> Emitter<T> {
     }
 
     /// Sends one item, waiting while the connection's buffer is full.
+    /// Queued at once when it can be (the usual case), with no await: the
+    /// waiting path is boxed, so a stream's task does not hold its state
+    /// (nor a copy of the item) while it waits for its provider.
     pub async fn send(&mut self, item: T) -> Result<(), SinkClosed> {
+        match self.try_send(item)? {
+            None => Ok(()),
+            Some(item) => Box::pin(self.send_waiting(item)).await,
+        }
+    }
+
+    /// Queues `item` if neither the credit window nor the connection's
+    /// buffer makes it wait; gives it back when one would.
+    fn try_send(&mut self, item: T) -> Result<Option<T>, SinkClosed> {
         if self.terminal {
             return Err(SinkClosed);
         }
+        if !self.writer.writable().map_err(|_| SinkClosed)? {
+            return Ok(Some(item));
+        }
+        let terminal = item.is_terminal();
+        if let (Some(credit), false) = (&self.credit, terminal) {
+            if !credit.try_take(iop_core::flow::cost(item.payload_bytes())) {
+                return Ok(Some(item));
+            }
+        }
+        self.queue(item, terminal)?;
+        Ok(None)
+    }
+
+    async fn send_waiting(&mut self, item: T) -> Result<(), SinkClosed> {
         let terminal = item.is_terminal();
         if let (Some(credit), false) = (&self.credit, terminal) {
             // No credit: this stream's client is behind; wait (and so stop
@@ -128,6 +154,10 @@ impl<T: Outgoing> Emitter<T> {
             credit.take(iop_core::flow::cost(item.payload_bytes())).await;
         }
         self.writer.wait_writable().await.map_err(|_| SinkClosed)?;
+        self.queue(item, terminal)
+    }
+
+    fn queue(&mut self, item: T, terminal: bool) -> Result<(), SinkClosed> {
         item.queue(&self.writer, &self.id, self.seq).map_err(|_| SinkClosed)?;
         self.seq += 1;
         if terminal {

@@ -323,62 +323,82 @@ fn time_left(deadline_ms: u64, run_id: &str) -> Option<std::time::Duration> {
     left
 }
 
-/// Runs one tunnel until its terminal, a cancel or the task's end.
-async fn relay(adapter: Rc<Adapter>, spec: TunnelSpec, mut emitter: Emitter<TunnelItem>, cancel: LocalCancel) {
-    monoio::select! {
-        _ = adapter.tunnel(spec, &mut emitter) => {}
-        _ = cancel.cancelled() => {}
+/// Runs one tunnel until its terminal, a cancel or the task's end. A
+/// function returning a block, not an `async fn`: the block keeps its
+/// captures in place, where an `async fn` would hold a second copy of its
+/// arguments for as long as the tunnel lasts.
+#[allow(clippy::manual_async_fn)]
+fn relay(
+    adapter: Rc<Adapter>,
+    spec: TunnelSpec,
+    mut emitter: Emitter<TunnelItem>,
+    cancel: LocalCancel,
+) -> impl std::future::Future<Output = ()> {
+    async move {
+        monoio::select! {
+            _ = adapter.tunnel(spec, &mut emitter) => {}
+            _ = cancel.cancelled() => {}
+        }
+        if !emitter.terminal_sent() && !cancel.is_cancelled() {
+            let f =
+                RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, "provider tunnel ended without a terminal");
+            let _ = emitter.send(TunnelItem::Error(f)).await;
+        }
+        // Dropping the emitter frees the slot if no terminal did; a cancelled
+        // tunnel needs no terminal (the edge already forgot it).
     }
-    if !emitter.terminal_sent() && !cancel.is_cancelled() {
-        let f = RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, "provider tunnel ended without a terminal");
-        let _ = emitter.send(TunnelItem::Error(f)).await;
-    }
-    // Dropping the emitter frees the slot if no terminal did; a cancelled
-    // tunnel needs no terminal (the edge already forgot it).
 }
 
-async fn execute(
+/// Runs one normalized run until its terminal, a cancel, its deadline or
+/// the task's end (a block for the reason given at [`relay`]).
+#[allow(clippy::manual_async_fn)]
+fn execute(
     adapter: Rc<Adapter>,
     spec: RunSpec,
     mut emitter: Emitter,
     cancel: LocalCancel,
     deadline: Option<std::time::Duration>,
-) {
-    let run_id = spec.run_id.clone();
-    let mut expired = false;
-    let expiry = async {
-        match deadline {
-            Some(d) => iop_core::rt::time::sleep(d).await,
-            None => std::future::pending().await,
-        }
-    };
-    monoio::select! {
-        _ = adapter.execute(spec, &mut emitter) => {}
-        _ = cancel.cancelled() => {}
-        _ = expiry => expired = true,
-    }
-    if !emitter.terminal_sent() {
-        let ev = if cancel.is_cancelled() {
-            ExecEvent::Cancelled { reason: "cancelled by edge".into() }
-        } else if expired {
-            ExecEvent::Error(RunFailure::new(
-                codes::DEADLINE_EXCEEDED,
-                504,
-                FailureSource::Node,
-                format!("the run did not finish within its deadline ({} ms)", deadline.unwrap_or_default().as_millis()),
-            ))
-        } else {
-            tracing::warn!(run = %run_id, adapter = adapter.id(), "adapter ended without a terminal event");
-            ExecEvent::Error(RunFailure::new(
-                codes::INTERNAL,
-                502,
-                FailureSource::Node,
-                "provider adapter ended without a terminal event",
-            ))
+) -> impl std::future::Future<Output = ()> {
+    async move {
+        let run_id = spec.run_id.clone();
+        let mut expired = false;
+        let expiry = async {
+            match deadline {
+                Some(d) => iop_core::rt::time::sleep(d).await,
+                None => std::future::pending().await,
+            }
         };
-        let _ = emitter.emit(ev).await;
+        monoio::select! {
+            _ = adapter.execute(spec, &mut emitter) => {}
+            _ = cancel.cancelled() => {}
+            _ = expiry => expired = true,
+        }
+        if !emitter.terminal_sent() {
+            let ev = if cancel.is_cancelled() {
+                ExecEvent::Cancelled { reason: "cancelled by edge".into() }
+            } else if expired {
+                ExecEvent::Error(RunFailure::new(
+                    codes::DEADLINE_EXCEEDED,
+                    504,
+                    FailureSource::Node,
+                    format!(
+                        "the run did not finish within its deadline ({} ms)",
+                        deadline.unwrap_or_default().as_millis()
+                    ),
+                ))
+            } else {
+                tracing::warn!(run = %run_id, adapter = adapter.id(), "adapter ended without a terminal event");
+                ExecEvent::Error(RunFailure::new(
+                    codes::INTERNAL,
+                    502,
+                    FailureSource::Node,
+                    "provider adapter ended without a terminal event",
+                ))
+            };
+            let _ = emitter.emit(ev).await;
+        }
+        // Dropping the emitter frees the slot if no terminal did.
     }
-    // Dropping the emitter frees the slot if no terminal did.
 }
 
 #[cfg(test)]

@@ -57,16 +57,17 @@ pub fn normalized<'a>(
     let asked_model = admitted.target.upstream_model.clone();
     drop(bytes);
     let run_req = pb::RunRequest { body, operation: operation as i32, whole: !top.stream, ..Default::default() };
-    let submitted = dispatch::submit(worker, &group.name, admitted, run_req);
+    let mut submitted = dispatch::submit(worker, &group.name, admitted, run_req);
     drop(permit);
     let (streams, include_usage, base64) = (top.stream, top.include_usage(), top.encoding_base64());
     // A client that accepts nothing for this long is cut (its run is
     // then cancelled on the node).
     let write_timeout = worker.config.borrow().http.idle_timeout;
     async move {
-        let run = match submitted {
+        // By reference: a moved binding would be stored twice in this state.
+        let run = match &mut submitted {
             Ok(run) => run,
-            Err(e) => return reply::dispatch_error(&mut conn.responder(), &e, keep).await,
+            Err(e) => return reply::dispatch_error(&mut conn.responder(), e, keep).await,
         };
         // The answer names the model that answered (as the tunnel's does): the
         // provider's own name when it reported one, else the one asked for.
@@ -109,33 +110,33 @@ const MAX_WRITE_BATCH: usize = 256 * 1024;
 /// with the mapped status; after it, an SSE error event.
 async fn stream(
     conn: &mut Conn,
-    mut run: RunStream,
+    run: &mut RunStream,
     meta: &Meta,
     include_usage: bool,
     keep: bool,
     write_timeout: std::time::Duration,
 ) -> bool {
     let Conn { rd, wr, buf, out, .. } = conn;
-    let Some(first) = with_disconnect_watch(rd, buf, std::pin::pin!(run.next())).await else {
-        return false; // client gone; dropping `run` cancels it on the node
+    let first = match with_disconnect_watch(rd, buf, std::pin::pin!(run.next())).await {
+        // The client is gone (dropping `run` cancels it on the node), or the run ended.
+        None | Some(None) => return false,
+        Some(Some(ExecEvent::Error(f))) => return reply::failure(&mut conn.responder(), &f, keep).await,
+        Some(Some(ev)) => ev,
     };
-    let first = match first {
-        Some(ExecEvent::Error(f)) => return reply::failure(&mut conn.responder(), &f, keep).await,
-        Some(ev) => ev,
-        None => return false,
-    };
-    let request_id = run.run_id().to_owned();
     http::write_response_head(
         out,
         200,
-        &[("content-type", "text/event-stream"), ("cache-control", "no-cache"), ("x-request-id", &request_id)],
+        &[("content-type", "text/event-stream"), ("cache-control", "no-cache"), ("x-request-id", run.run_id())],
         Framing::Chunked,
         keep,
     );
     let reported = if let ExecEvent::Start { model } = &first { model.as_str() } else { "" };
     let enc = ChunkEncoder::new(&meta.id, meta.model(reported), meta.created);
     let mut render = StreamRender::new(enc, include_usage);
-    let body = std::pin::pin!(stream_body(wr, out, &mut run, &mut render, first, write_timeout));
+    // The first event is rendered here, so the body's state holds no event.
+    let chunk = http::begin_chunk(out);
+    let ended = render.event(out, first);
+    let body = std::pin::pin!(stream_body(wr, out, run, &mut render, chunk, ended, write_timeout));
     match with_disconnect_watch(rd, buf, body).await {
         Some(Ok(())) => keep,
         _ => false,
@@ -213,26 +214,25 @@ impl StreamRender {
     }
 }
 
+/// Writes the chunk begun at `chunk` in `out` (ending the stream when
+/// `ended`), then the run's further events, batched per write.
 async fn stream_body<W: AsyncWriteRentExt>(
     wr: &mut W,
     out: &mut BytesMut,
     run: &mut RunStream,
     render: &mut StreamRender,
-    first: ExecEvent,
+    mut chunk: usize,
+    mut terminal: bool,
     write_timeout: std::time::Duration,
 ) -> std::io::Result<()> {
-    let mut sse = BytesMut::with_capacity(1024);
-    let mut next = Some(first);
-    while let Some(ev) = next.take() {
-        let mut terminal = render.event(&mut sse, ev);
+    loop {
         // Batch what is already queued into one write (bounded, so one
         // write never holds a whole backlog twice).
-        while !terminal && sse.len() < MAX_WRITE_BATCH {
+        while !terminal && out.len() - chunk < MAX_WRITE_BATCH {
             let Some(ev) = run.try_next() else { break };
-            terminal = render.event(&mut sse, ev);
+            terminal = render.event(out, ev);
         }
-        http::write_chunk(out, &sse);
-        sse.clear();
+        http::end_chunk(out, chunk);
         if terminal {
             http::write_last_chunk(out);
         }
@@ -242,15 +242,32 @@ async fn stream_body<W: AsyncWriteRentExt>(
         else {
             return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading"));
         };
-        written.clear();
-        *out = written;
         res?;
         if terminal {
+            written.clear();
+            *out = written;
             return Ok(());
         }
-        next = run.next().await;
+        let ev = match run.try_next() {
+            Some(ev) => {
+                written.clear();
+                *out = written;
+                ev
+            }
+            None => {
+                // Idle until the next event: the buffer goes back (a stream
+                // that waits between tokens holds none meanwhile).
+                drop(written);
+                match run.next().await {
+                    Some(ev) => ev,
+                    None => return Ok(()),
+                }
+            }
+        };
+        // Rendered straight into the chunk (no staging buffer).
+        chunk = http::begin_chunk(out);
+        terminal = render.event(out, ev);
     }
-    Ok(())
 }
 
 /// The node cancelled a run the client still wanted (e.g. its drain
@@ -401,10 +418,10 @@ async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
 }
 
 /// Waits for the whole run and answers with one `chat.completion`.
-async fn aggregate(conn: &mut Conn, mut run: RunStream, meta: &Meta, keep: bool) -> bool {
+async fn aggregate(conn: &mut Conn, run: &mut RunStream, meta: &Meta, keep: bool) -> bool {
     let result = {
         let Conn { rd, buf, .. } = &mut *conn;
-        with_disconnect_watch(rd, buf, std::pin::pin!(collect(&mut run))).await
+        with_disconnect_watch(rd, buf, std::pin::pin!(collect(run))).await
     };
     let agg = match result {
         None => return false,
@@ -435,7 +452,7 @@ fn usage_value(u: &Usage) -> Value {
 
 /// Waits for an embeddings run and answers with OpenAI's list shape
 /// (`base64`: little-endian f32 vectors, as `encoding_format: "base64"`).
-async fn embeddings(conn: &mut Conn, mut run: RunStream, meta: &Meta, base64: bool, keep: bool) -> bool {
+async fn embeddings(conn: &mut Conn, run: &mut RunStream, meta: &Meta, base64: bool, keep: bool) -> bool {
     let result = {
         let Conn { rd, buf, .. } = &mut *conn;
         with_disconnect_watch(

@@ -72,7 +72,13 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
     loop {
         // Gather what is queued into one write (bounded).
         let mut end = None;
-        let mut next = src.next().await;
+        let mut next = src.try_next();
+        if next.is_none() {
+            // Idle until the provider sends more: the write queue's memory
+            // goes back meanwhile.
+            out.release();
+            next = src.next().await;
+        }
         while let Some(item) = next.take() {
             match item {
                 TunnelItem::Body(b) => {
