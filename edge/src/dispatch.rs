@@ -114,6 +114,11 @@ impl<T: Outcome> Stream<T> {
         Some(item)
     }
 
+    /// Gives back the memory of the stream's empty queue, before a long wait.
+    pub fn shrink(&self) {
+        self.rx.shrink();
+    }
+
     /// The next item already queued, without waiting.
     pub fn try_next(&mut self) -> Option<T> {
         if self.done {

@@ -25,9 +25,10 @@ use atomic_waker::AtomicWaker;
 use crossbeam_queue::SegQueue;
 use parking_lot::Mutex;
 
-/// A drained stream queue whose slots take more bytes than this gives them
-/// back: a stream that waits between items holds (almost) nothing.
-const KEEP_BYTES: usize = 256;
+/// A drained stream queue holding more slots than this gives them back
+/// (a burst); a paced stream's receiver gives back the rest with
+/// [`Receiver::shrink`] before it waits.
+const KEEP_SLOTS: usize = 16;
 
 enum Queue<T> {
     /// Boxed: its two cache-padded ends would make every stream's mailbox
@@ -37,6 +38,16 @@ enum Queue<T> {
 }
 
 impl<T> Queue<T> {
+    /// Gives back an empty deque's slots.
+    fn shrink(&self) {
+        if let Queue::Deque(q) = self {
+            let mut q = q.lock();
+            if q.is_empty() && q.capacity() > 0 {
+                *q = VecDeque::new();
+            }
+        }
+    }
+
     fn push(&self, msg: T) {
         match self {
             Queue::Segments(q) => q.push(msg),
@@ -50,7 +61,7 @@ impl<T> Queue<T> {
             Queue::Deque(q) => {
                 let mut q = q.lock();
                 let msg = q.pop_front();
-                if q.is_empty() && q.capacity() * std::mem::size_of::<T>() > KEEP_BYTES {
+                if q.is_empty() && q.capacity() > KEEP_SLOTS {
                     *q = VecDeque::new();
                 }
                 msg
@@ -208,6 +219,12 @@ impl<T> Drop for Sender<T> {
 }
 
 impl<T> Receiver<T> {
+    /// Gives back the memory of an empty stream queue (for a receiver about
+    /// to wait long: a paced stream holds none meanwhile).
+    pub fn shrink(&self) {
+        self.inner.queue.shrink();
+    }
+
     /// Next message without waiting.
     pub fn try_recv(&self) -> Option<T> {
         let msg = self.inner.queue.pop();
@@ -311,7 +328,7 @@ mod tests {
         assert_eq!(capacity(&rx), 0, "drained: memory given back");
         tx.try_send(7).unwrap();
         assert_eq!(rx.try_recv(), Some(7));
-        assert!(capacity(&rx) * 8 <= KEEP_BYTES, "a trickle keeps a few slots");
+        assert!(capacity(&rx) <= KEEP_SLOTS, "a trickle keeps a few slots");
     }
 
     #[test]

@@ -70,7 +70,7 @@ pub async fn admit(worker: &Rc<Worker>, group: &ModelGroup, class: LeaseClass) -
     for c in &cands {
         let l = &c.load;
         if l.in_use(class) < l.capacity(class) && l.waiters.load(Ordering::Relaxed) == 0 {
-            if let Some(lease) = try_acquire(worker, &c.key, class).await {
+            if let Some(lease) = try_acquire(worker, c, class).await {
                 return Ok(Admitted { target: target(group, c.index), lease });
             }
         }
@@ -112,10 +112,25 @@ fn target(group: &ModelGroup, index: usize) -> ModelTarget {
 }
 
 /// Asks `key`'s owner for a lease.
-async fn try_acquire(worker: &Rc<Worker>, key: &ResourceKey, class: LeaseClass) -> Option<Lease> {
+async fn try_acquire(worker: &Rc<Worker>, c: &Candidate, class: LeaseClass) -> Option<Lease> {
+    let key = &c.key;
     let owner = owner_of(key, worker.shared.workers);
     if owner == worker.index {
         return worker.shard.borrow_mut().try_acquire(key, class);
+    }
+    // The count is shared; the owner keeps only the queues. So with nobody
+    // queued, and this core already routing to the generation the owner saw
+    // ready (the lease then carries the route the owner would give it), the
+    // lease is taken here: no round trip to the owner's core.
+    let load = &c.load;
+    let generation = load.generation.load(Ordering::Acquire);
+    let route =
+        worker.routes.borrow().get(&*key.node).filter(|r| generation != 0 && r.generation == generation).cloned();
+    if let Some(route) = route {
+        if load.waiters.load(Ordering::SeqCst) != 0 || !load.try_take(class, load.capacity(class)) {
+            return None;
+        }
+        return Some(Lease::new(key.clone(), class, load.clone(), worker.shared.inboxes[owner].clone(), Some(route)));
     }
     let (reply, rx) = oneshot();
     let msg = CoreMsg::Acquire { key: key.clone(), class, reply };

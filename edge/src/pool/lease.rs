@@ -56,7 +56,16 @@ impl std::fmt::Debug for Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        self.load.give_back(self.class);
         self.load.live_guards.fetch_sub(1, Ordering::AcqRel);
+        // The owner hears of it only when it may have a waiter to grant to
+        // (the owner publishes its queue before it tries to grant, and this
+        // reads it after giving back: one of the two sees the other), or
+        // when the resource went away (it counts the stray release).
+        let online = self.load.online.load(Ordering::Acquire);
+        if online && self.load.waiters.load(Ordering::SeqCst) == 0 {
+            return;
+        }
         let msg = CoreMsg::Release { key: self.key.clone(), class: self.class, load: self.load.clone() };
         match self.owner.try_send(msg) {
             Ok(()) => {}

@@ -23,10 +23,13 @@ pub struct ResourceLoad {
     pub configured_long: AtomicU32,
     /// The resource's node is connected and ready.
     pub online: AtomicBool,
-    /// Normal leases in use.
+    /// Normal leases in use: the count itself, taken and given back by any
+    /// core (see [`Self::try_take`]).
     pub in_use_normal: AtomicU32,
     /// Long leases in use.
     pub in_use_long: AtomicU32,
+    /// The node connection generation the owner saw ready (0: none).
+    pub generation: AtomicU64,
     /// Waiters queued on this resource.
     pub waiters: AtomicU32,
     /// Lease guards alive (checked against in-use counts to catch leaks).
@@ -42,6 +45,7 @@ impl ResourceLoad {
             online: AtomicBool::new(false),
             in_use_normal: AtomicU32::new(0),
             in_use_long: AtomicU32::new(0),
+            generation: AtomicU64::new(0),
             waiters: AtomicU32::new(0),
             live_guards: AtomicI64::new(0),
         }
@@ -64,6 +68,26 @@ impl ResourceLoad {
             LeaseClass::Normal => self.in_use_normal.load(Ordering::Relaxed),
             LeaseClass::Long => self.in_use_long.load(Ordering::Relaxed),
         }
+    }
+
+    fn counter(&self, class: LeaseClass) -> &AtomicU32 {
+        match class {
+            LeaseClass::Normal => &self.in_use_normal,
+            LeaseClass::Long => &self.in_use_long,
+        }
+    }
+
+    /// Takes one lease of `class` if fewer than `cap` are in use. The count
+    /// is shared by every core, so a core takes capacity without asking the
+    /// owner (which only keeps the queues); sequentially consistent, paired
+    /// with the waiter count (see `Lease::drop`).
+    pub fn try_take(&self, class: LeaseClass, cap: u32) -> bool {
+        self.counter(class).fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < cap).then_some(n + 1)).is_ok()
+    }
+
+    /// Gives one lease of `class` back.
+    pub fn give_back(&self, class: LeaseClass) {
+        let _ = self.counter(class).fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
     }
 
     /// Fraction of `class` capacity in use (∞ when there is none).

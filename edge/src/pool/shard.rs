@@ -21,8 +21,6 @@ struct Resource {
     long: u32,
     online: bool,
     generation: Generation,
-    in_use_normal: u32,
-    in_use_long: u32,
     /// The node connection that brought this resource online.
     route: Option<NodeRoute>,
     /// Waiters per class (normal, long): separate pools, separate queues.
@@ -47,16 +45,9 @@ impl Resource {
         }
     }
 
-    fn in_use_mut(&mut self, class: LeaseClass) -> &mut u32 {
-        match class {
-            LeaseClass::Normal => &mut self.in_use_normal,
-            LeaseClass::Long => &mut self.in_use_long,
-        }
-    }
-
-    fn has_room(&mut self, class: LeaseClass) -> bool {
-        let cap = self.cap(class);
-        *self.in_use_mut(class) < cap
+    /// Takes one lease of `class` from the shared count if there is room.
+    fn take(&self, class: LeaseClass) -> bool {
+        self.load.try_take(class, self.cap(class))
     }
 
     fn waiters(&self) -> impl Iterator<Item = &Arc<Waiter>> {
@@ -73,9 +64,10 @@ impl Resource {
         let l = &self.load;
         l.configured_normal.store(self.normal, Ordering::Relaxed);
         l.configured_long.store(self.long, Ordering::Relaxed);
-        l.in_use_normal.store(self.in_use_normal, Ordering::Relaxed);
-        l.in_use_long.store(self.in_use_long, Ordering::Relaxed);
-        l.waiters.store((self.fifo[0].len() + self.fifo[1].len()) as u32, Ordering::Relaxed);
+        l.generation.store(if self.online { self.generation } else { 0 }, Ordering::Release);
+        // Before any grant attempt that follows: a lease given back after
+        // this store sees the waiters and tells this owner (see `Lease::drop`).
+        l.waiters.store((self.fifo[0].len() + self.fifo[1].len()) as u32, Ordering::SeqCst);
         l.online.store(self.online, Ordering::Release);
     }
 }
@@ -132,8 +124,6 @@ impl Shard {
                     long: 0,
                     online: route.is_some(),
                     generation: route.as_ref().map(|r| r.generation).unwrap_or(0),
-                    in_use_normal: 0,
-                    in_use_long: 0,
                     route,
                     fifo: [VecDeque::new(), VecDeque::new()],
                 });
@@ -167,11 +157,10 @@ impl Shard {
     pub fn try_acquire(&mut self, key: &ResourceKey, class: LeaseClass) -> Option<Lease> {
         let r = self.resources.get_mut(key)?;
         r.compact();
-        if !r.fifo[slot(class)].is_empty() || !r.has_room(class) {
+        if !r.fifo[slot(class)].is_empty() || !r.take(class) {
             r.publish();
             return None;
         }
-        *r.in_use_mut(class) += 1;
         r.publish();
         Some(Lease::new(key.clone(), class, r.load.clone(), self.inbox.clone(), r.route.clone()))
     }
@@ -190,18 +179,18 @@ impl Shard {
             waiter.candidate_changed(false);
         }
         r.fifo[slot(waiter.class)].push_back(waiter);
+        r.publish();
         self.pump(key);
     }
 
-    /// One lease of `class` on `key` ended.
-    pub fn release(&mut self, key: &ResourceKey, class: LeaseClass, load: &Arc<ResourceLoad>) {
-        let Some(r) = self.resources.get_mut(key).filter(|r| Arc::ptr_eq(&r.load, load)) else {
+    /// A lease of `class` on `key` was given back (its guard already took
+    /// it off the count) while someone may be waiting: grant what is free.
+    pub fn release(&mut self, key: &ResourceKey, _class: LeaseClass, load: &Arc<ResourceLoad>) {
+        if !self.resources.get(key).is_some_and(|r| Arc::ptr_eq(&r.load, load)) {
             // Removed (or removed and re-added) by a reload since the lease was granted.
             self.stray_releases += 1;
             return;
-        };
-        let n = r.in_use_mut(class);
-        *n = n.saturating_sub(1);
+        }
         self.pump(key);
     }
 
@@ -290,12 +279,13 @@ impl Shard {
     fn pump(&mut self, key: &ResourceKey) {
         let Some(r) = self.resources.get_mut(key) else { return };
         for class in [LeaseClass::Normal, LeaseClass::Long] {
-            while r.has_room(class) {
+            while !r.fifo[slot(class)].is_empty() && r.take(class) {
                 let Some(w) = r.fifo[slot(class)].pop_front() else { break };
                 // Waiters served elsewhere or gone are skipped and dropped.
                 if w.try_claim() {
-                    *r.in_use_mut(class) += 1;
                     w.deposit(Lease::new(key.clone(), class, r.load.clone(), self.inbox.clone(), r.route.clone()));
+                } else {
+                    r.load.give_back(class);
                 }
             }
         }
@@ -304,6 +294,6 @@ impl Shard {
 
     /// In-use counts of `key` (normal, long), for tests and the snapshot.
     pub fn in_use(&self, key: &ResourceKey) -> Option<(u32, u32)> {
-        self.resources.get(key).map(|r| (r.in_use_normal, r.in_use_long))
+        self.resources.get(key).map(|r| (r.load.in_use(LeaseClass::Normal), r.load.in_use(LeaseClass::Long)))
     }
 }

@@ -187,6 +187,12 @@ pub fn cost_of<T: Queued>(item: &T) -> usize {
 }
 
 impl<T: Queued> StreamRx<T> {
+    /// Gives back the queue's memory while it is empty (see
+    /// [`mailbox::Receiver::shrink`]).
+    pub fn shrink(&self) {
+        self.rx.shrink();
+    }
+
     /// Next item without waiting.
     pub fn try_recv(&self) -> Option<T> {
         let item = self.rx.try_recv()?;

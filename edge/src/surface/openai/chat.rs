@@ -225,6 +225,7 @@ async fn stream_body<W: AsyncWriteRentExt>(
     mut terminal: bool,
     write_timeout: std::time::Duration,
 ) -> std::io::Result<()> {
+    let mut waited_long = false;
     loop {
         // Batch what is already queued into one write (bounded, so one
         // write never holds a whole backlog twice).
@@ -255,10 +256,18 @@ async fn stream_body<W: AsyncWriteRentExt>(
                 ev
             }
             None => {
-                // Idle until the next event: the buffer goes back (a stream
-                // that waits between tokens holds none meanwhile).
-                drop(written);
-                match run.next().await {
+                // Paced (the last wait was long): the buffer goes back while
+                // the stream waits; a busy one keeps it.
+                if waited_long {
+                    run.shrink();
+                } else {
+                    written.clear();
+                    *out = written;
+                }
+                let started = std::time::Instant::now();
+                let ev = run.next().await;
+                waited_long = started.elapsed() >= super::relay::IDLE_GAP;
+                match ev {
                     Some(ev) => ev,
                     None => return Ok(()),
                 }

@@ -3,7 +3,10 @@
 //! queued into vectored writes. Body bytes are never copied: each chunk
 //! the node link decoded is written from the buffer it was read into.
 
-use std::{future::Future, time::Duration};
+use std::{
+    future::Future,
+    time::{Duration, Instant},
+};
 
 use iop_core::{http, rt::gather::Gather, tunnel::TunnelItem};
 use monoio::io::AsyncWriteRent;
@@ -14,12 +17,18 @@ use crate::dispatch::TunnelStream;
 /// Most body bytes gathered from queued items into one client write.
 pub const MAX_WRITE_BATCH: usize = 256 * 1024;
 
+/// A wait for the next item at least this long means the stream is paced
+/// (idle between items): its buffers go back while it waits.
+pub const IDLE_GAP: Duration = Duration::from_millis(5);
+
 /// Where a relayed body's items come from (a tunnel's stream).
 pub trait Source {
     /// The next item, waiting; `None` after the terminal.
     fn next(&mut self) -> impl Future<Output = Option<TunnelItem>>;
     /// The next item already queued.
     fn try_next(&mut self) -> Option<TunnelItem>;
+    /// Gives back the memory of an empty queue (before a long wait).
+    fn shrink(&self) {}
     /// The stream's id, for logs.
     fn id(&self) -> &str;
 }
@@ -31,6 +40,10 @@ impl Source for TunnelStream {
 
     fn try_next(&mut self) -> Option<TunnelItem> {
         TunnelStream::try_next(self)
+    }
+
+    fn shrink(&self) {
+        TunnelStream::shrink(self);
     }
 
     fn id(&self) -> &str {
@@ -69,15 +82,22 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
     sse: bool,
     write_timeout: Duration,
 ) -> std::io::Result<BodyEnd> {
+    let mut waited_long = false;
     loop {
         // Gather what is queued into one write (bounded).
         let mut end = None;
         let mut next = src.try_next();
         if next.is_none() {
-            // Idle until the provider sends more: the write queue's memory
-            // goes back meanwhile.
-            out.release();
+            // Between bursts (the last wait was long: tokens paced by the
+            // model, not a backlog) the write queue's memory goes back while
+            // waiting; a busy stream keeps it.
+            if waited_long {
+                out.release();
+                src.shrink();
+            }
+            let started = Instant::now();
             next = src.next().await;
+            waited_long = started.elapsed() >= IDLE_GAP;
         }
         while let Some(item) = next.take() {
             match item {
