@@ -69,6 +69,8 @@ pub struct RunFailure {
     pub provider: Option<Box<ProviderError>>,
     /// How long the provider asked to wait before retrying.
     pub retry_after_ms: Option<u64>,
+    /// The node's evidence when this is a `response_stalled` terminal.
+    pub stall: Option<Box<crate::liveness::StallEvidence>>,
 }
 
 /// The fields of a provider's error object the client gets as sent.
@@ -103,6 +105,8 @@ pub mod codes {
     /// The run did not end within its deadline (the provider's
     /// `request_timeout_sec`), enforced by the edge.
     pub const DEADLINE_EXCEEDED: &str = "deadline_exceeded";
+    /// The provider sent nothing for its `response_stall_timeout_ms`.
+    pub const RESPONSE_STALLED: &str = "response_stalled";
     /// The request was invalid for the provider.
     pub const INVALID_REQUEST: &str = "invalid_request";
     /// Anything else.
@@ -118,6 +122,7 @@ pub mod codes {
         UNKNOWN_ADAPTER,
         NODE_DISCONNECTED,
         DEADLINE_EXCEEDED,
+        RESPONSE_STALLED,
         SLOW_CONSUMER,
         INVALID_REQUEST,
         INTERNAL,
@@ -127,7 +132,16 @@ pub mod codes {
 impl RunFailure {
     /// A failure with the given classification.
     pub fn new(code: &'static str, status: u16, source: FailureSource, message: impl Into<String>) -> Self {
-        Self { code, message: message.into(), status, retryable: false, source, provider: None, retry_after_ms: None }
+        Self {
+            code,
+            message: message.into(),
+            status,
+            retryable: false,
+            source,
+            provider: None,
+            retry_after_ms: None,
+            stall: None,
+        }
     }
 
     /// With the provider's own error fields and Retry-After.
@@ -163,6 +177,7 @@ impl From<RunFailure> for pb::RunError {
             provider_param: provider.param,
             provider_type: provider.kind,
             retry_after_ms: f.retry_after_ms,
+            failure: f.stall.map(|s| s.to_wire()),
         }
     }
 }
@@ -186,6 +201,7 @@ impl From<pb::RunError> for RunFailure {
             source,
             provider: None,
             retry_after_ms: None,
+            stall: e.failure.as_ref().and_then(crate::liveness::StallEvidence::from_wire).map(Box::new),
         }
         .with_provider(Some(provider), e.retry_after_ms)
     }

@@ -9,6 +9,7 @@
 //! - [`exec`]: run events, usage and failure classification.
 //! - [`flow`]: per-stream credit windows on the edge↔node link.
 //! - [`limits`]: counted slots, a log throttle, the open-file limit.
+//! - [`liveness`]: the response-stall timeout and a stall terminal's evidence.
 //! - [`tunnel`]: the provider tunnel's items and header rules.
 //! - [`request`]: top-level fields of an OpenAI request body, edited in place.
 
@@ -17,6 +18,7 @@ pub mod exec;
 pub mod flow;
 pub mod http;
 pub mod limits;
+pub mod liveness;
 pub mod request;
 pub mod rt;
 pub mod sse;

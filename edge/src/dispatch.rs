@@ -230,6 +230,8 @@ struct Route {
     id: String,
     node_id: String,
     timeout: Duration,
+    /// The selected provider's `response_stall_timeout_ms` (0: the wire's default).
+    stall_timeout_ms: u64,
 }
 
 /// Whether a link of the node `admitted` is for still takes runs. A grant
@@ -259,12 +261,11 @@ fn route(worker: &Worker, admitted: &Admitted) -> Result<Route, DispatchError> {
     if sessions.is_empty() {
         return Err(DispatchError::NoReadyNode(node_id));
     }
-    let timeout = worker
-        .config
-        .borrow()
-        .provider(&node_id, &admitted.target.provider)
-        .map_or(DEFAULT_RUN_TIMEOUT, |p| p.request_timeout);
-    Ok(Route { sessions, id: worker.next_run_id(), node_id, timeout })
+    let (timeout, stall_timeout_ms) =
+        worker.config.borrow().provider(&node_id, &admitted.target.provider).map_or((DEFAULT_RUN_TIMEOUT, 0), |p| {
+            (p.request_timeout, u64::try_from(p.response_stall_timeout.as_millis()).unwrap_or(0))
+        });
+    Ok(Route { sessions, id: worker.next_run_id(), node_id, timeout, stall_timeout_ms })
 }
 
 impl Route {
@@ -331,6 +332,7 @@ pub fn submit(
     req.target = target.upstream_model;
     req.deadline_ms = route.deadline_ms();
     req.window_bytes = flow::WINDOW_BYTES;
+    req.response_stall_timeout_ms = route.stall_timeout_ms;
     let (tx, rx) = channel();
     let session = route.send(SessionCmd::Run { req: Box::new(req), events: tx, lease })?;
     Ok(route.stream(worker, model, rx, session))
@@ -354,6 +356,7 @@ pub fn submit_tunnel(
     req.target = target.upstream_model;
     req.deadline_ms = route.deadline_ms();
     req.window_bytes = flow::WINDOW_BYTES;
+    req.response_stall_timeout_ms = route.stall_timeout_ms;
     let (tx, rx) = channel();
     let session = route.send(SessionCmd::Tunnel { req: Box::new(req), events: tx, lease })?;
     Ok(route.stream(worker, model, rx, session))

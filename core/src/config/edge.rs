@@ -608,6 +608,7 @@ provider = "local"
         let p = &c.nodes[0].providers[0];
         assert_eq!((p.capacity.get(), p.long_capacity, p.max_concurrency()), (64, 0, 64));
         assert_eq!(p.request_timeout, Duration::from_secs(600));
+        assert_eq!(p.response_stall_timeout, Duration::from_millis(300_000));
         assert_eq!(p.api_key, None);
         assert_eq!(
             p.kind,
@@ -1124,6 +1125,14 @@ heartbeat_wait_ms = 25
             &format!("{p}.request_timeout_sec"),
             "must be at most 86400",
         );
+        for bad in ["0", "86400001"] {
+            let line = format!("base_url = \"http://h:1\"\nresponse_stall_timeout_ms = {bad}");
+            rejects(
+                &[(PROVIDER_URL, line.as_str())],
+                &format!("{p}.response_stall_timeout_ms"),
+                "must be 1-86400000 (milliseconds)",
+            );
+        }
         let mock = |line: &str| {
             [(PROVIDER_KIND, "kind = \"mock\"".to_owned()), (PROVIDER_URL, format!("[nodes.providers.mock]\n{line}"))]
         };

@@ -26,6 +26,9 @@ pub struct ProviderEntry {
     pub long_capacity: u32,
     /// Upper bound for one upstream request.
     pub request_timeout: Duration,
+    /// How long the provider may send nothing before the node ends the
+    /// request with `response_stalled` (the wire's default when unset).
+    pub response_stall_timeout: Duration,
 }
 
 impl ProviderEntry {
@@ -241,9 +244,20 @@ pub(crate) fn provider_entry(key: &str, raw: RawProvider) -> Result<ProviderEntr
             format!("must be at most {}", MAX_REQUEST_TIMEOUT.as_secs()),
         ));
     }
+    let stall_key = format!("{key}.response_stall_timeout_ms");
+    let default_stall = crate::liveness::DEFAULT_STALL_TIMEOUT.as_millis() as u64;
+    let stall_ms = raw.response_stall_timeout_ms.unwrap_or(default_stall);
+    if !(1..=crate::liveness::MAX_STALL_TIMEOUT_MS).contains(&stall_ms) {
+        return Err(ConfigError::invalid(
+            stall_key,
+            stall_ms,
+            format!("must be 1-{} (milliseconds)", crate::liveness::MAX_STALL_TIMEOUT_MS),
+        ));
+    }
     Ok(ProviderEntry {
         id,
         kind,
+        response_stall_timeout: Duration::from_millis(stall_ms),
         api_key: optional_secret(raw.api_key),
         // Checked to be at least 1 just above.
         capacity: NonZeroU32::new(capacity).unwrap_or(NonZeroU32::MIN),

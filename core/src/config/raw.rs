@@ -110,6 +110,7 @@ pub(crate) struct RawProvider {
     pub capacity: Option<u64>,
     pub long_capacity: Option<u64>,
     pub request_timeout_sec: Option<u64>,
+    pub response_stall_timeout_ms: Option<u64>,
     pub mock: Option<RawMock>,
 }
 

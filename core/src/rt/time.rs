@@ -51,6 +51,11 @@ pub fn sleep(d: Duration) -> Sleep {
     Sleep::until(monoio::time::Instant::now() + d)
 }
 
+/// A sleep until `deadline`.
+pub fn sleep_until(deadline: impl Into<monoio::time::Instant>) -> Sleep {
+    Sleep::until(deadline.into())
+}
+
 impl<F: Future> Future for Timeout<F> {
     type Output = Result<F::Output, Elapsed>;
 

@@ -184,6 +184,14 @@ mod tests {
             provider_param: None,
             provider_type: Some("server_error".into()),
             retry_after_ms: Some(1000),
+            failure: Some(pb::ExecutionFailure {
+                kind: pb::ExecutionFailureKind::ResponseStalled as i32,
+                stall_timeout_ms: 300_000,
+                idle_ms: 300_004,
+                provider_health: pb::ProviderHealth::Available as i32,
+                liveness_classification: pb::LivenessClassification::RequestStalled as i32,
+                health_observation_seq: 1,
+            }),
         }
     }
 
@@ -273,6 +281,7 @@ mod tests {
                 deadline_ms: 1_700_000_000_000,
                 window_bytes: 1 << 20,
                 whole: true,
+                response_stall_timeout_ms: 30_000,
             }),
             run_event(Rk::Start(pb::RunStart { model: "m".into() })),
             run_event(Rk::Delta(pb::TextDelta { text: "hi".into() })),
@@ -311,6 +320,7 @@ mod tests {
                 deadline_ms: 1_700_000_000_000,
                 window_bytes: 1 << 20,
                 hide_usage_chunk: true,
+                response_stall_timeout_ms: 0,
             }),
             tunnel_frame(Tk::Status(pb::TunnelResponseStart { status: 200, headers: vec![header] })),
             tunnel_frame(Tk::Body(Bytes::from_static(b"data: {}\n\n"))),
@@ -608,6 +618,7 @@ mod tests {
                     deadline_ms,
                     window_bytes: 0,
                     whole: embeddings,
+                    response_stall_timeout_ms: deadline_ms % 1000,
                 })
             },
         )

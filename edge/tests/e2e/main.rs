@@ -19,4 +19,5 @@ mod pool;
 mod real_upstream;
 mod robustness;
 mod sdk_fidelity;
+mod stall;
 mod tunnel;

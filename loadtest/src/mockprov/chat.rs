@@ -103,6 +103,8 @@ pub struct Plan {
     pub interval: Duration,
     /// Close after this many counted units.
     pub abort_after: Option<u64>,
+    /// Go silent after this many counted units (streams).
+    pub stall_after: Option<u64>,
     /// Answer with this error status instead.
     pub error_status: Option<u16>,
     /// Content tokens are padded to at least this many bytes.
@@ -201,6 +203,7 @@ pub fn plan(body: &[u8], config: &MockConfig, seq: u64, created: u64) -> Result<
         ttft: k.ttft,
         interval: k.interval,
         abort_after: k.abort_after,
+        stall_after: k.stall_after,
         error_status: k.error_status,
         token_bytes: k.token_bytes,
         hangup: k.hangup,
@@ -239,7 +242,12 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
             content_type: "text/event-stream",
             headers: vec![("cache-control", "no-cache".to_owned())],
             eager_head: true,
-            timing: Timing { ttft: plan.ttft, interval: plan.interval, abort_after: plan.abort_after },
+            timing: Timing {
+                ttft: plan.ttft,
+                interval: plan.interval,
+                abort_after: plan.abort_after,
+                stall_after: plan.stall_after,
+            },
             script: Box::new(chat_stream::ChatScript::new(plan)),
         })
     } else {

@@ -184,7 +184,12 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
             content_type: "text/event-stream",
             headers: vec![("cache-control", "no-cache".to_owned())],
             eager_head: true,
-            timing: Timing { ttft: k.ttft, interval: k.interval, abort_after: k.abort_after },
+            timing: Timing {
+                ttft: k.ttft,
+                interval: k.interval,
+                abort_after: k.abort_after,
+                stall_after: k.stall_after,
+            },
             script: Box::new(TextScript { plan, step: 0 }),
         })
     } else {

@@ -64,9 +64,11 @@ GET /healthz, /stats, /last (the most recent model exchange), /log (the last 64)
 /closes (tagged requests whose client left early, with the instant).
 
 Per request, a \"mock\" object in the JSON body overrides the flags: tokens,
-token_interval_ms, ttft_ms, error_status, abort_after, reasoning, token_bytes,
-tool_calls, tool_name, refusal, logprobs, hangup (read the request, close
-without answering) and tag (a label for /closes). Unknown keys are refused
+token_interval_ms, ttft_ms, error_status, abort_after, stall_after (a stream
+goes silent after that many content chunks, its connection open, until the
+client leaves), reasoning, token_bytes, tool_calls, tool_name, refusal,
+logprobs, hangup (read the request, close without answering) and tag (a
+label for /closes). Unknown keys are refused
 with a 400.";
 
 /// Defaults for every request (each can be overridden per request).

@@ -282,7 +282,12 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
             content_type: "application/x-ndjson",
             headers: Vec::new(),
             eager_head: false,
-            timing: Timing { ttft: k.ttft, interval: k.interval, abort_after: k.abort_after },
+            timing: Timing {
+                ttft: k.ttft,
+                interval: k.interval,
+                abort_after: k.abort_after,
+                stall_after: k.stall_after,
+            },
             script: Box::new(OllamaScript { plan, step: 0 }),
         })
     } else {

@@ -26,6 +26,9 @@ pub struct MockOverrides {
     pub error_status: Option<u16>,
     /// Close the connection after this many content chunks.
     pub abort_after: Option<u64>,
+    /// Go silent after this many content chunks of a stream (the
+    /// connection stays open, nothing more is sent until the client leaves).
+    pub stall_after: Option<u64>,
     /// Reasoning tokens before the content.
     pub reasoning: Option<u64>,
     /// Pad every content token to at least this many bytes.
@@ -70,6 +73,8 @@ pub struct Knobs {
     pub interval: Duration,
     /// Close after this many content chunks.
     pub abort_after: Option<u64>,
+    /// Go silent after this many content chunks (streams).
+    pub stall_after: Option<u64>,
     /// Answer with this error status.
     pub error_status: Option<u16>,
     /// Content tokens are padded to at least this many bytes.
@@ -115,6 +120,7 @@ impl Knobs {
             ttft: Duration::from_millis(o.ttft_ms.unwrap_or(config.ttft_ms)),
             interval: Duration::from_millis(o.token_interval_ms.unwrap_or(config.token_interval_ms)),
             abort_after: o.abort_after.or(config.abort_after),
+            stall_after: o.stall_after,
             error_status,
             token_bytes: usize::try_from(o.token_bytes.unwrap_or(config.token_bytes).min(64 << 20)).unwrap_or(0),
             hangup: o.hangup.unwrap_or(false),

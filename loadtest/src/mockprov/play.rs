@@ -3,7 +3,7 @@
 //! the SHA-256 of every entity byte, fed as the bytes are written).
 
 use std::io;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use iop_core::http::{write_chunk, write_last_chunk, write_response_head, Framing};
@@ -13,6 +13,9 @@ use super::conn::{ActiveStream, Conn, Gone, Next};
 use super::record::BodyHasher;
 use super::reply::{self, Action, Flavor, Frame, Phase, Reply, Stream, Whole};
 use super::Stats;
+
+/// One wait of a stalled answer (it waits again until the client leaves).
+const STALL_PAUSE: Duration = Duration::from_secs(3600);
 
 /// The exchange being recorded: its id and the hash of the body so far.
 #[derive(Debug)]
@@ -169,6 +172,17 @@ impl Conn {
                 Stats::bump(&self.ctx.stats.aborted);
                 self.finish_record(false);
                 return Ok(Next::Close);
+            }
+            if aborts_here && s.timing.stall_after == Some(counted) {
+                // Silent with the connection open: what was sent is out, then
+                // nothing until the client leaves (`pause` notices it).
+                if !head_written {
+                    head(self);
+                }
+                self.flush().await.map_err(|_| Gone)?;
+                loop {
+                    self.pause(STALL_PAUSE).await?;
+                }
             }
             if let Phase::Token { paced: true, .. } = phase {
                 self.pace(paced, s.timing.interval).await?;

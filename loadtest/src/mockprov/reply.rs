@@ -88,6 +88,8 @@ pub struct Timing {
     pub interval: Duration,
     /// Close after this many counted steps (no tail).
     pub abort_after: Option<u64>,
+    /// Go silent after this many counted steps, until the client leaves.
+    pub stall_after: Option<u64>,
 }
 
 /// A streamed answer.

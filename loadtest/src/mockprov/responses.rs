@@ -193,7 +193,12 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
             content_type: "text/event-stream",
             headers: vec![("cache-control", "no-cache".to_owned())],
             eager_head: true,
-            timing: Timing { ttft: k.ttft, interval: k.interval, abort_after: k.abort_after },
+            timing: Timing {
+                ttft: k.ttft,
+                interval: k.interval,
+                abort_after: k.abort_after,
+                stall_after: k.stall_after,
+            },
             script: Box::new(ResponseScript { plan, step: 0, seq: 0 }),
         })
     } else {

@@ -17,6 +17,7 @@
 //!   request translated by `ollama_request` and the answer mapped by
 //!   `ollama_stream` (both sans-IO).
 
+mod health;
 pub mod mock;
 pub mod ollama;
 mod ollama_request;
@@ -219,6 +220,16 @@ impl Adapter {
                 );
                 let _ = sink.send(iop_core::tunnel::TunnelItem::Error(f)).await;
             }
+        }
+    }
+
+    /// Whether the provider answers and serves `target` (bounded by
+    /// [`health::PROBE_TIMEOUT`]): the evidence a stall terminal carries.
+    pub async fn probe_health(&self, target: &str) -> iop_core::liveness::ProviderHealth {
+        match self {
+            Adapter::Mock(_) => iop_core::liveness::ProviderHealth::Available,
+            Adapter::OpenAiCompat(a) => Box::pin(a.probe().run(target)).await,
+            Adapter::Ollama(a) => Box::pin(a.probe().run(target)).await,
         }
     }
 

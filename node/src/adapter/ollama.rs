@@ -95,6 +95,17 @@ impl OllamaAdapter {
         &self.client
     }
 
+    /// Its health probe: Ollama's model list.
+    pub(super) fn probe(&self) -> super::health::Probe<'_> {
+        super::health::Probe {
+            client: &self.client,
+            url: &self.url,
+            authorization: self.authorization.as_ref().map(|a| a.expose()),
+            list: "/api/tags",
+            provider: &self.id,
+        }
+    }
+
     /// Runs one chat completion or embeddings request for `spec`.
     pub async fn execute<S: EventSink>(&self, spec: RunSpec, sink: &mut S) {
         let attempt = async {

@@ -43,6 +43,19 @@ pub struct OpenAiCompatAdapter {
     kind: &'static str,
 }
 
+impl OpenAiCompatAdapter {
+    /// Its health probe: the OpenAI model list.
+    pub(super) fn probe(&self) -> super::health::Probe<'_> {
+        super::health::Probe {
+            client: &self.client,
+            url: &self.url,
+            authorization: self.authorization.as_ref().map(|a| a.expose()),
+            list: "/models",
+            provider: &self.id,
+        }
+    }
+}
+
 /// Why the attempt stopped without its own terminal.
 pub(super) enum Halt {
     /// The sink is gone: stop without a terminal.

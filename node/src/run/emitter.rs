@@ -14,6 +14,7 @@ use iop_core::{
 use super::{
     credit::Credit,
     spec::{EventSink, SinkClosed},
+    watchdog::Activity,
 };
 
 /// An item of a stream the node sends to the edge.
@@ -77,6 +78,8 @@ pub struct Emitter<T = ExecEvent> {
     merge: bool,
     /// Text merged and not yet sent.
     pending: Option<Delta>,
+    /// The stall watchdog's view of this stream's progress.
+    activity: Option<Rc<Activity>>,
     _items: PhantomData<T>,
 }
 
@@ -95,6 +98,7 @@ impl<T: Outgoing> Emitter<T> {
             credit: None,
             merge: false,
             pending: None,
+            activity: None,
             _items: PhantomData,
         }
     }
@@ -103,6 +107,19 @@ impl<T: Outgoing> Emitter<T> {
     pub(crate) fn with_credit(mut self, credit: Option<Rc<Credit>>) -> Self {
         self.credit = credit;
         self
+    }
+
+    /// Reports every non-terminal item to `activity` as the provider's
+    /// progress, and waits on the edge as not the provider's.
+    pub(crate) fn with_activity(mut self, activity: Rc<Activity>) -> Self {
+        self.activity = Some(activity);
+        self
+    }
+
+    fn progress(&self, terminal: bool) {
+        if let (Some(a), false) = (&self.activity, terminal) {
+            a.progress();
+        }
     }
 
     /// Frees `slot` when the terminal item is sent.
@@ -121,6 +138,7 @@ impl<T: Outgoing> Emitter<T> {
     /// waiting path is boxed, so a stream's task does not hold its state
     /// (nor a copy of the item) while it waits for its provider.
     pub async fn send(&mut self, item: T) -> Result<(), SinkClosed> {
+        self.progress(item.is_terminal());
         match self.try_send(item)? {
             None => Ok(()),
             Some(item) => Box::pin(self.send_waiting(item)).await,
@@ -148,6 +166,8 @@ impl<T: Outgoing> Emitter<T> {
 
     async fn send_waiting(&mut self, item: T) -> Result<(), SinkClosed> {
         let terminal = item.is_terminal();
+        let activity = self.activity.clone();
+        let _hold = activity.as_deref().map(Activity::hold);
         if let (Some(credit), false) = (&self.credit, terminal) {
             // No credit: this stream's client is behind; wait (and so stop
             // reading this provider) without holding up other streams.
@@ -201,6 +221,8 @@ fn text_mut(d: &mut Delta) -> Option<&mut String> {
 
 impl EventSink for Emitter<ExecEvent> {
     async fn emit(&mut self, ev: ExecEvent) -> Result<(), SinkClosed> {
+        // Merged text is progress too, though it is sent later.
+        self.progress(ev.is_terminal());
         if !self.merge {
             return self.send(ev).await;
         }

@@ -10,6 +10,7 @@ use std::{
 
 use iop_core::{
     exec::{codes, ExecEvent, FailureSource, RunFailure},
+    liveness::StallEvidence,
     rt::{
         frames::FrameWriter,
         signal::{LocalCancel, LocalNotify},
@@ -24,6 +25,7 @@ use super::{
     emitter::Emitter,
     gate::{Gate, Gates},
     spec::{EventSink, RunSpec},
+    watchdog::Activity,
 };
 use crate::{adapter::Adapter, tunnel::TunnelSpec};
 
@@ -37,6 +39,10 @@ pub struct RunManager {
     writer: FrameWriter,
     draining: Cell<bool>,
     idle: LocalNotify,
+    /// This link's health observation sequence: connection-scoped (a new
+    /// connection has a new manager: it starts at 0), the first stall
+    /// observation is 1.
+    health_seq: Rc<Cell<u64>>,
 }
 
 /// Adapters by provider id, each with its process-wide gate.
@@ -93,6 +99,7 @@ impl RunManager {
             writer,
             draining: Cell::new(false),
             idle: LocalNotify::new(),
+            health_seq: Rc::new(Cell::new(0)),
         })
     }
 
@@ -181,23 +188,32 @@ impl RunManager {
     /// Starts `req`, or answers it at once with an error terminal.
     pub fn start(self: &Rc<Self>, req: pb::RunRequest) {
         let run_id = req.run_id.clone();
+        let refuse = |f: RunFailure| {
+            let mut e = Emitter::<ExecEvent>::new(self.writer.clone(), run_id.clone());
+            monoio::spawn(async move {
+                let _ = e.send(ExecEvent::Error(f)).await;
+            });
+        };
+        // Refused before anything is taken or called.
+        let stall_timeout = match stall_timeout(req.response_stall_timeout_ms) {
+            Ok(t) => t,
+            Err(f) => return refuse(f),
+        };
         let deadline = time_left(req.deadline_ms, &run_id);
-        let admitted = self.admit(&run_id, &req.adapter, req.window_bytes, false);
-        let (adapter, slot, cancel, credit) = match admitted {
+        let (adapter, slot, cancel, credit) = match self.admit(&run_id, &req.adapter, req.window_bytes, false) {
             Ok(a) => a,
             Err(None) => return,
-            Err(Some(f)) => {
-                let mut e = Emitter::<ExecEvent>::new(self.writer.clone(), run_id);
-                monoio::spawn(async move {
-                    let _ = e.send(ExecEvent::Error(f)).await;
-                });
-                return;
-            }
+            Err(Some(f)) => return refuse(f),
         };
         let spec =
             RunSpec { run_id: run_id.clone(), target: req.target, body: req.body, operation: req.operation.into() };
-        let emitter = Emitter::new(self.writer.clone(), run_id).with_slot(slot).with_credit(credit).merging(req.whole);
-        monoio::spawn(execute(adapter, spec, emitter, cancel, deadline));
+        let stall = self.stall(stall_timeout);
+        let emitter = Emitter::new(self.writer.clone(), run_id)
+            .with_slot(slot)
+            .with_credit(credit)
+            .with_activity(stall.activity.clone())
+            .merging(req.whole);
+        monoio::spawn(execute(adapter, spec, emitter, cancel, deadline, stall));
     }
 
     /// Starts a provider tunnel, or answers it at once with an error. It
@@ -211,7 +227,12 @@ impl RunManager {
                 let _ = e.send(TunnelItem::Error(f)).await;
             });
         };
+        let stall_timeout = match stall_timeout(req.response_stall_timeout_ms) {
+            Ok(t) => t,
+            Err(f) => return refuse(f),
+        };
         let deadline = time_left(req.deadline_ms, &id);
+        let target = req.target.clone();
         let (adapter, slot, cancel, credit) = match self.admit(&id, &req.adapter, req.window_bytes, true) {
             Ok(a) => a,
             Err(None) => return,
@@ -221,8 +242,17 @@ impl RunManager {
             Ok(spec) => spec,
             Err(f) => return refuse(f),
         };
-        let emitter = Emitter::new(self.writer.clone(), id).with_slot(slot).with_credit(credit);
-        monoio::spawn(relay(adapter, spec, emitter, cancel));
+        let stall = self.stall(stall_timeout);
+        let emitter = Emitter::new(self.writer.clone(), id)
+            .with_slot(slot)
+            .with_credit(credit)
+            .with_activity(stall.activity.clone());
+        monoio::spawn(relay(adapter, spec, target, emitter, cancel, stall));
+    }
+
+    /// A new stream's stall watch (its clock starts now).
+    fn stall(&self, timeout: std::time::Duration) -> StallWatch {
+        StallWatch { timeout, activity: Rc::new(Activity::new()), seq: self.health_seq.clone() }
     }
 
     /// Takes a slot on `adapter` for stream `id` with a credit window of
@@ -323,25 +353,39 @@ fn time_left(deadline_ms: u64, run_id: &str) -> Option<std::time::Duration> {
     left
 }
 
-/// Runs one tunnel until its terminal, a cancel or the task's end. A
-/// function returning a block, not an `async fn`: the block keeps its
-/// captures in place, where an `async fn` would hold a second copy of its
-/// arguments for as long as the tunnel lasts.
+/// Runs one tunnel until its terminal, a cancel, a stall or the task's
+/// end. A function returning a block, not an `async fn`: the block keeps
+/// its captures in place, where an `async fn` would hold a second copy of
+/// its arguments for as long as the tunnel lasts.
 #[allow(clippy::manual_async_fn)]
 fn relay(
     adapter: Rc<Adapter>,
     spec: TunnelSpec,
+    target: String,
     mut emitter: Emitter<TunnelItem>,
     cancel: LocalCancel,
+    stall: StallWatch,
 ) -> impl std::future::Future<Output = ()> {
     async move {
+        let mut stalled = None;
         monoio::select! {
+            biased;
             _ = adapter.tunnel(spec, &mut emitter) => {}
             _ = cancel.cancelled() => {}
+            idle = stall.activity.stalled(stall.timeout) => stalled = Some(idle),
         }
+        // The provider request is closed (its future dropped) at the claim.
+        let failure = match stalled {
+            Some(idle) => {
+                let never = std::future::pending::<()>();
+                stall.terminal(&adapter, &target, idle, &cancel, never).await
+            }
+            None => None,
+        };
         if !emitter.terminal_sent() && !cancel.is_cancelled() {
-            let f =
-                RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, "provider tunnel ended without a terminal");
+            let f = failure.unwrap_or_else(|| {
+                RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, "provider tunnel ended without a terminal")
+            });
             let _ = emitter.send(TunnelItem::Error(f)).await;
         }
         // Dropping the emitter frees the slot if no terminal did; a cancelled
@@ -349,8 +393,8 @@ fn relay(
     }
 }
 
-/// Runs one normalized run until its terminal, a cancel, its deadline or
-/// the task's end (a block for the reason given at [`relay`]).
+/// Runs one normalized run until its terminal, a cancel, its deadline, a
+/// stall or the task's end (a block for the reason given at [`relay`]).
 #[allow(clippy::manual_async_fn)]
 fn execute(
     adapter: Rc<Adapter>,
@@ -358,24 +402,37 @@ fn execute(
     mut emitter: Emitter,
     cancel: LocalCancel,
     deadline: Option<std::time::Duration>,
+    stall: StallWatch,
 ) -> impl std::future::Future<Output = ()> {
     async move {
         let run_id = spec.run_id.clone();
+        let target = spec.target.clone();
         let mut expired = false;
-        let expiry = async {
+        let mut expiry = std::pin::pin!(async {
             match deadline {
                 Some(d) => iop_core::rt::time::sleep(d).await,
                 None => std::future::pending().await,
             }
-        };
+        });
+        let mut stalled = None;
+        // The deadline and the client's leaving win over a stall at the same instant.
         monoio::select! {
+            biased;
             _ = adapter.execute(spec, &mut emitter) => {}
             _ = cancel.cancelled() => {}
-            _ = expiry => expired = true,
+            _ = &mut expiry => expired = true,
+            idle = stall.activity.stalled(stall.timeout) => stalled = Some(idle),
+        }
+        let mut failure = None;
+        if let Some(idle) = stalled {
+            failure = stall.terminal(&adapter, &target, idle, &cancel, &mut expiry).await;
+            expired = failure.is_none() && !cancel.is_cancelled();
         }
         if !emitter.terminal_sent() {
             let ev = if cancel.is_cancelled() {
                 ExecEvent::Cancelled { reason: "cancelled by edge".into() }
+            } else if let Some(f) = failure {
+                ExecEvent::Error(f)
             } else if expired {
                 ExecEvent::Error(RunFailure::new(
                     codes::DEADLINE_EXCEEDED,
@@ -401,6 +458,66 @@ fn execute(
     }
 }
 
+/// Refuses a raw stall timeout the contract does not allow.
+fn stall_timeout(raw_ms: u64) -> Result<std::time::Duration, RunFailure> {
+    iop_core::liveness::stall_timeout_from_wire(raw_ms).map_err(|ms| {
+        let max = iop_core::liveness::MAX_STALL_TIMEOUT_MS;
+        let msg = format!("response_stall_timeout_ms {ms} is above the largest accepted ({max})");
+        RunFailure::new(codes::INVALID_REQUEST, 400, FailureSource::Edge, msg)
+    })
+}
+
+/// One stream's stall watch: its timeout, the progress its emitter reports,
+/// and the link's observation sequence.
+struct StallWatch {
+    timeout: std::time::Duration,
+    activity: Rc<Activity>,
+    seq: Rc<std::cell::Cell<u64>>,
+}
+
+impl StallWatch {
+    /// After a stall was claimed (the provider request already closed):
+    /// probes the exact target, numbers the observation, and gives the
+    /// terminal. `None` when the edge cancelled or `deadline` passed
+    /// meanwhile (those win).
+    async fn terminal(
+        &self,
+        adapter: &Adapter,
+        target: &str,
+        idle: std::time::Duration,
+        cancel: &LocalCancel,
+        deadline: impl std::future::Future<Output = ()>,
+    ) -> Option<RunFailure> {
+        let health = monoio::select! {
+            biased;
+            _ = cancel.cancelled() => return None,
+            _ = deadline => return None,
+            h = adapter.probe_health(target) => h,
+        };
+        let seq = self.seq.get() + 1;
+        self.seq.set(seq);
+        let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
+        let evidence = StallEvidence { timeout_ms: ms(self.timeout), idle_ms: ms(idle), health, seq };
+        tracing::warn!(
+            event = "node_response_stall_observation",
+            provider = adapter.id(),
+            health = health.as_str(),
+            classification = health.classification(),
+            timeout_ms = evidence.timeout_ms,
+            idle_ms = evidence.idle_ms,
+            seq,
+            "the provider sent nothing within the response-stall timeout"
+        );
+        let msg = format!("the provider sent nothing for {} ms", evidence.timeout_ms);
+        let mut f = RunFailure::new(codes::RESPONSE_STALLED, 504, FailureSource::Provider, msg);
+        // The provider request was closed at the claim (its return is
+        // confirmed): trying elsewhere is safe where nothing reached the client.
+        f.retryable = true;
+        f.stall = Some(Box::new(evidence));
+        Some(f)
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
@@ -415,6 +532,7 @@ mod tests {
 
     use super::*;
     use crate::adapter::{mock::MockSettings, MockAdapter};
+    use iop_core::liveness::ProviderHealth;
 
     /// A node-side frame writer and the edge side's reader of one loopback link.
     async fn link() -> (FrameWriter, FrameReader<TcpStream>) {
@@ -442,6 +560,59 @@ mod tests {
                 _ => {}
             }
         }
+    }
+
+    /// The first error a stream got, whole.
+    async fn next_run_error(reader: &mut FrameReader<TcpStream>) -> (String, pb::RunError) {
+        loop {
+            let env = reader.next().await.unwrap().unwrap();
+            if let Some(Body::RunEvent(pb::RunEvent { run_id, kind: Some(pb::run_event::Kind::Error(e)), .. })) =
+                env.body
+            {
+                return (run_id, e);
+            }
+        }
+    }
+
+    #[test]
+    fn a_silent_provider_ends_each_run_with_one_numbered_stall_and_bad_timeouts_are_refused() {
+        iop_core::rt::block_on_current(async {
+            let (writer, mut reader) = link().await;
+            // One token, then an hour of silence.
+            let settings = MockSettings { tokens: 5, token_interval: Duration::from_secs(3600), ..Default::default() };
+            let adapters = vec![Adapter::Mock(MockAdapter::new("p".into(), 4, settings))];
+            let manager = RunManager::new(adapters, Gates::new(), writer);
+            let body = Bytes::from_static(br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}"#);
+            let run = |id: &str, stall_ms: u64| pb::RunRequest {
+                run_id: id.into(),
+                adapter: "p".into(),
+                target: "m".into(),
+                body: body.clone(),
+                response_stall_timeout_ms: stall_ms,
+                ..Default::default()
+            };
+            for (id, seq) in [("r1", 1), ("r2", 2)] {
+                let started = std::time::Instant::now();
+                manager.start(run(id, 60));
+                let (got, e) = next_run_error(&mut reader).await;
+                assert_eq!((got.as_str(), e.code.as_str(), e.status), (id, codes::RESPONSE_STALLED, 504));
+                assert!(started.elapsed() >= Duration::from_millis(60));
+                let f = RunFailure::from(e);
+                let evidence = f.stall.expect("stall evidence");
+                assert_eq!((evidence.health, evidence.seq, evidence.timeout_ms), (ProviderHealth::Available, seq, 60));
+                assert!(evidence.idle_ms >= 60);
+                assert!(f.retryable, "the provider request was closed at the claim");
+            }
+            // The slot of each went back with its terminal.
+            assert_eq!(manager.active(), 0);
+            // Refused before the adapter is called (and before a slot is taken).
+            manager.start(run("r3", iop_core::liveness::MAX_STALL_TIMEOUT_MS + 1));
+            let (got, e) = next_run_error(&mut reader).await;
+            assert_eq!((got.as_str(), e.code.as_str(), e.status), ("r3", codes::INVALID_REQUEST, 400));
+            assert!(e.message.contains("response_stall_timeout_ms"), "{}", e.message);
+            assert_eq!(manager.active(), 0);
+        })
+        .unwrap();
     }
 
     #[test]

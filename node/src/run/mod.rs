@@ -5,6 +5,7 @@ mod emitter;
 mod gate;
 mod manager;
 mod spec;
+pub mod watchdog;
 
 pub use credit::Credit;
 pub use emitter::Emitter;

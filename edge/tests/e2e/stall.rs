@@ -1,0 +1,147 @@
+//! The response-stall watchdog: a provider that goes silent (its connection
+//! open) ends the request with one `response_stalled` terminal after the
+//! provider's `response_stall_timeout_ms`, not after `request_timeout_sec`;
+//! the node closes the provider request and joins an exact-target probe.
+
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use crate::harness::*;
+
+const STALL_MS: u64 = 400;
+
+/// A mock, an edge whose one provider (`kind`, listing `listed` as its
+/// model) has a short stall timeout, and a node.
+fn setup(kind: &str, upstream_model: &str) -> (MockProv, Edge, Proc) {
+    let mock = MockProv::start(&["--model", "mock-upstream"]);
+    let base = if kind == "ollama" { format!("http://{}", mock.addr) } else { mock.base_url() };
+    let config = format!(
+        r#"
+workers = 2
+admin_token = "{ADMIN_TOKEN}"
+[http]
+listen = "127.0.0.1:0"
+[node_listener]
+listen = "127.0.0.1:0"
+[[nodes]]
+id = "n1"
+token = "{NODE_TOKEN}"
+[[nodes.providers]]
+id = "up"
+kind = "{kind}"
+base_url = "{base}"
+capacity = 8
+response_stall_timeout_ms = {STALL_MS}
+[[models]]
+name = "m"
+node = "n1"
+provider = "up"
+upstream_model = "{upstream_model}"
+"#
+    );
+    let edge = Edge::start(&config);
+    let node = edge.node(NODE_TOKEN, &[]);
+    edge.wait_nodes_ready(1);
+    (mock, edge, node)
+}
+
+fn chat(edge: &Edge, body: Value) -> (Response, Duration) {
+    let started = Instant::now();
+    let r = post_json(edge.http, "/v1/chat/completions", &body);
+    (r, started.elapsed())
+}
+
+/// The one error event ending an SSE answer, after `data` chunks.
+fn stream_error(r: &Response) -> (usize, Value) {
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let data = r.sse_data();
+    let (last, chunks) = data.split_last().expect("events");
+    assert!(!data.iter().any(|d| d == "[DONE]"), "a stalled stream does not end well: {data:?}");
+    let err: Value = serde_json::from_str(last).expect("error event JSON");
+    let chunks = chunks.iter().filter(|c| !c.contains("\"error\"")).count();
+    (chunks, err["error"].clone())
+}
+
+/// Waits until the mock saw the client of the request tagged `tag` close
+/// before the answer was complete (`GET /closes`).
+fn wait_closed(mock: &MockProv, tag: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let needle = format!("\"tag\":\"{tag}\"");
+    loop {
+        let r = request(mock.addr, "GET", "/closes", None, &[]);
+        if String::from_utf8_lossy(&r.body).contains(&needle) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "the provider connection of {tag} was never closed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits for the node's stall observation classified `classification`.
+fn wait_observation(node: &Proc, classification: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let log = node.log_text();
+        let seen = log.lines().find(|l| l.contains("node_response_stall_observation") && l.contains(classification));
+        if let Some(line) = seen {
+            return line.to_owned();
+        }
+        assert!(Instant::now() < deadline, "no stall observation {classification}; node log:\n{log}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_tunnel_stream_that_goes_silent_ends_with_one_stall_error_event() {
+    let (mock, edge, node) = setup("openai_compat", "mock-upstream");
+    let body = json!({"model":"m","stream":true,"messages":[{"role":"user","content":"x"}],
+        "mock":{"tokens":20,"stall_after":3,"tag":"stalled-tunnel"}});
+    let (r, took) = chat(&edge, body);
+    let (chunks, err) = stream_error(&r);
+    assert!(chunks >= 3, "the chunks before the silence arrive: {chunks}");
+    assert_eq!(err["code"], "response_stalled", "{err}");
+    assert!(took >= Duration::from_millis(STALL_MS), "ended after {took:?}");
+    assert!(took < Duration::from_secs(5), "ended after {took:?}, not at the stall timeout");
+    // The node closed the provider request, and its probe found the target listed.
+    wait_closed(&mock, "stalled-tunnel");
+    let line = wait_observation(&node, "request_stalled");
+    assert!(!line.contains(&mock.addr.to_string()), "no provider address in the observation: {line}");
+    edge.assert_idle();
+}
+
+#[test]
+fn a_provider_silent_before_its_first_byte_is_a_504_and_progress_keeps_a_slow_one_alive() {
+    let (_mock, edge, node) = setup("openai_compat", "not-listed");
+    let (r, took) =
+        chat(&edge, json!({"model":"m","messages":[{"role":"user","content":"x"}],"mock":{"ttft_ms":60000}}));
+    assert_eq!(r.status, 504, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["error"]["code"], "response_stalled");
+    assert!(took < Duration::from_secs(5), "ended after {took:?}");
+    // The provider answers but does not list the target: unavailable.
+    wait_observation(&node, "provider_unhealthy");
+
+    // Tokens every 150 ms for 1.5 s: each one is progress, no stall.
+    let body = json!({"model":"m","stream":true,"messages":[{"role":"user","content":"x"}],
+        "mock":{"tokens":10,"token_interval_ms":150}});
+    let (r, took) = chat(&edge, body);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.sse_data().last().map(String::as_str), Some("[DONE]"), "{}", String::from_utf8_lossy(&r.body));
+    assert!(took > Duration::from_millis(STALL_MS * 2), "took {took:?}");
+    edge.assert_idle();
+}
+
+#[test]
+fn a_normalized_stream_that_goes_silent_ends_with_one_stall_error_event() {
+    let (mock, edge, node) = setup("ollama", "mock-upstream");
+    let body = json!({"model":"m","stream":true,"messages":[{"role":"user","content":"x"}],
+        "mock":{"tokens":20,"stall_after":2,"tag":"stalled-ollama"}});
+    let (r, took) = chat(&edge, body);
+    let (chunks, err) = stream_error(&r);
+    assert!(chunks >= 2, "{chunks}");
+    assert_eq!(err["code"], "response_stalled", "{err}");
+    assert!(took < Duration::from_secs(5), "ended after {took:?}");
+    wait_closed(&mock, "stalled-ollama");
+    wait_observation(&node, "request_stalled");
+    edge.assert_idle();
+}
