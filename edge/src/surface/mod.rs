@@ -1,6 +1,7 @@
 //! Client-facing API surfaces and the request router.
 
 pub mod admin;
+mod health;
 pub mod openai;
 
 use std::rc::Rc;
@@ -43,16 +44,15 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: RequestHead, bod
             conn.respond(200, "application/json", &[], &body, keep).await
         }
         ("GET", "/healthz") => {
-            let ready = worker.routes.borrow().len();
-            // Draining: tell load balancers to stop sending before the edge goes away.
-            let draining = worker.shared.draining.load(std::sync::atomic::Ordering::Acquire);
-            let (status, label) = if draining { (503, "draining") } else { (200, "ok") };
-            // `worker` names the core that answered: shows connections spread over cores.
-            let body = format!("{{\"status\":\"{label}\",\"nodes_ready\":{ready},\"worker\":{}}}", worker.index);
+            let (status, body) = health::Health::of(worker).liveness();
+            conn.respond(status, "application/json", &[], body.as_bytes(), keep).await
+        }
+        ("GET", "/readyz") => {
+            let (status, body) = health::Health::of(worker).readiness();
             conn.respond(status, "application/json", &[], body.as_bytes(), keep).await
         }
         (_, _) if route.is_some() => method_not_allowed(conn, &head, ("allow", "POST"), keep).await,
-        (_, "/v1/models" | "/healthz") => method_not_allowed(conn, &head, ALLOW_GET, keep).await,
+        (_, "/v1/models" | "/healthz" | "/readyz") => method_not_allowed(conn, &head, ALLOW_GET, keep).await,
         _ => {
             let msg = format!("no route for {} {}", openai::error::clip(&head.method), openai::error::clip(path));
             let body = openai::error::body(404, &msg, Some("not_found"));

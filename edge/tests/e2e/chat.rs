@@ -88,8 +88,8 @@ fn max_tokens_caps_the_completion() {
 }
 
 #[test]
-fn model_list_and_health() {
-    let (_mock, edge, _node) = setup(&[], &[]);
+fn model_list_health_and_readiness() {
+    let (_mock, edge, mut node) = setup(&[], &[]);
     let r = request(edge.http, "GET", "/v1/models", None, &[]);
     assert_eq!(r.status, 200);
     let v = r.json();
@@ -97,6 +97,25 @@ fn model_list_and_health() {
     assert_eq!(v["data"][0]["id"], "gpt-test");
     let h = request(edge.http, "GET", "/healthz", None, &[]).json();
     assert_eq!(h["status"], "ok");
+    assert_eq!((h["providers"].as_u64(), h["providers_available"].as_u64()), (Some(1), Some(1)), "{h}");
+    let r = request(edge.http, "GET", "/readyz", None, &[]);
+    assert_eq!((r.status, r.json()["status"].as_str()), (200, Some("ok")));
+
+    // No node, no provider that can take traffic: alive, not ready.
+    node.kill9();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let r = request(edge.http, "GET", "/readyz", None, &[]);
+        if r.status == 503 {
+            assert_eq!(r.json()["status"], "no_provider_available");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "still ready without a node: {}", r.json());
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let r = request(edge.http, "GET", "/healthz", None, &[]);
+    assert_eq!((r.status, r.json()["providers_available"].as_u64()), (200, Some(0)));
+    assert_eq!(request(edge.http, "POST", "/readyz", Some(b"{}"), &[]).status, 405);
 }
 
 #[test]
