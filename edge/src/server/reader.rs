@@ -48,10 +48,13 @@ impl ReadSide {
     /// bytes) unless one is posted already. `buf` travels with the read and
     /// is given back by [`Self::poll_read`]; it must not be written meanwhile.
     pub fn post(&mut self, buf: &mut BytesMut, reserve: usize) {
-        if !matches!(self.state, State::Idle(_)) {
-            return;
-        }
-        let State::Idle(mut half) = std::mem::replace(&mut self.state, State::Moving) else { return };
+        let mut half = match std::mem::replace(&mut self.state, State::Moving) {
+            State::Idle(half) => half,
+            other => {
+                self.state = other;
+                return;
+            }
+        };
         let mut owned = std::mem::take(buf);
         if owned.capacity() - owned.len() < reserve {
             owned.reserve(reserve);

@@ -367,6 +367,9 @@ fn relay(
     stall: StallWatch,
 ) -> impl std::future::Future<Output = ()> {
     async move {
+        // The adapter enforces the tunnel's deadline itself; it is needed
+        // here only while a stall's probe runs, after the adapter is gone.
+        let deadline = spec.deadline.map(|d| monoio::time::Instant::now() + d);
         let mut stalled = None;
         monoio::select! {
             biased;
@@ -377,15 +380,33 @@ fn relay(
         // The provider request is closed (its future dropped) at the claim.
         let failure = match stalled {
             Some(idle) => {
-                let never = std::future::pending::<()>();
-                stall.terminal(&adapter, &target, idle, &cancel, never).await
+                let expiry = async {
+                    match deadline {
+                        Some(at) => iop_core::rt::time::sleep_until(at).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                stall.terminal(&adapter, &target, idle, &cancel, expiry).await
             }
             None => None,
         };
         if !emitter.terminal_sent() && !cancel.is_cancelled() {
-            let f = failure.unwrap_or_else(|| {
-                RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, "provider tunnel ended without a terminal")
-            });
+            let f = match (failure, stalled) {
+                (Some(f), _) => f,
+                // The deadline passed during the stall's probe: it wins.
+                (None, Some(_)) => RunFailure::new(
+                    codes::DEADLINE_EXCEEDED,
+                    504,
+                    FailureSource::Node,
+                    "the tunnel did not finish within its deadline",
+                ),
+                (None, None) => RunFailure::new(
+                    codes::INTERNAL,
+                    502,
+                    FailureSource::Node,
+                    "provider tunnel ended without a terminal",
+                ),
+            };
             let _ = emitter.send(TunnelItem::Error(f)).await;
         }
         // Dropping the emitter frees the slot if no terminal did; a cancelled

@@ -225,7 +225,7 @@ async fn stream_body<W: AsyncWriteRentExt>(
     mut terminal: bool,
     write_timeout: std::time::Duration,
 ) -> std::io::Result<()> {
-    let mut waited_long = false;
+    let mut pacing = super::relay::Pacing::default();
     loop {
         // Batch what is already queued into one write (bounded, so one
         // write never holds a whole backlog twice).
@@ -258,16 +258,13 @@ async fn stream_body<W: AsyncWriteRentExt>(
             None => {
                 // Paced (the last wait was long): the buffer goes back while
                 // the stream waits; a busy one keeps it.
-                if waited_long {
+                if pacing.paced() {
                     run.shrink();
                 } else {
                     written.clear();
                     *out = written;
                 }
-                let started = std::time::Instant::now();
-                let ev = run.next().await;
-                waited_long = started.elapsed() >= super::relay::IDLE_GAP;
-                match ev {
+                match pacing.wait(run.next()).await {
                     Some(ev) => ev,
                     None => return Ok(()),
                 }

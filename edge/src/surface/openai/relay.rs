@@ -19,7 +19,31 @@ pub const MAX_WRITE_BATCH: usize = 256 * 1024;
 
 /// A wait for the next item at least this long means the stream is paced
 /// (idle between items): its buffers go back while it waits.
-pub const IDLE_GAP: Duration = Duration::from_millis(5);
+const IDLE_GAP: Duration = Duration::from_millis(5);
+
+/// Whether a stream is paced by its model rather than carrying a backlog:
+/// its last wait for the next item took at least [`IDLE_GAP`]. A paced
+/// stream gives back its buffers before it waits again; a busy one keeps
+/// them.
+#[derive(Default)]
+pub struct Pacing {
+    waited_long: bool,
+}
+
+impl Pacing {
+    /// The last wait was long.
+    pub fn paced(&self) -> bool {
+        self.waited_long
+    }
+
+    /// Awaits `next`, timing the wait.
+    pub async fn wait<F: Future>(&mut self, next: F) -> F::Output {
+        let started = Instant::now();
+        let out = next.await;
+        self.waited_long = started.elapsed() >= IDLE_GAP;
+        out
+    }
+}
 
 /// Where a relayed body's items come from (a tunnel's stream).
 pub trait Source {
@@ -82,7 +106,7 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
     sse: bool,
     write_timeout: Duration,
 ) -> std::io::Result<BodyEnd> {
-    let mut waited_long = false;
+    let mut pacing = Pacing::default();
     loop {
         // Gather what is queued into one write (bounded).
         let mut end = None;
@@ -91,13 +115,11 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
             // Between bursts (the last wait was long: tokens paced by the
             // model, not a backlog) the write queue's memory goes back while
             // waiting; a busy stream keeps it.
-            if waited_long {
+            if pacing.paced() {
                 out.release();
                 src.shrink();
             }
-            let started = Instant::now();
-            next = src.next().await;
-            waited_long = started.elapsed() >= IDLE_GAP;
+            next = pacing.wait(src.next()).await;
         }
         while let Some(item) = next.take() {
             match item {
