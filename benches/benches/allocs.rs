@@ -366,7 +366,7 @@ fn requests(n: usize, body_len: usize) {
                     .headers
                     .iter()
                     .filter(|(n, _)| tunnel::forwards_request_header(n))
-                    .map(|(n, v)| pb::Header { name: n.clone(), value: v.clone() })
+                    .map(|(n, v)| pb::Header { name: n.clone().into_bytes(), value: v.clone() })
                     .collect();
                 let id = format!("{TUNNEL_ID}-{i}");
                 headers.push(pb::Header { name: "x-request-id".into(), value: Bytes::copy_from_slice(id.as_bytes()) });

@@ -6,6 +6,7 @@ use bytes::Bytes;
 
 use crate::{
     exec::{RunFailure, Usage},
+    http::HeaderName,
     wire::pb,
 };
 
@@ -22,7 +23,7 @@ pub enum TunnelItem {
         /// HTTP status.
         status: u16,
         /// Header (lower-cased name, value) pairs in order.
-        headers: Vec<(String, Bytes)>,
+        headers: Vec<(HeaderName, Bytes)>,
     },
     /// Body bytes exactly as the provider sent them (de-chunked).
     Body(Bytes),
@@ -61,7 +62,10 @@ impl TunnelItem {
         let kind = match self {
             TunnelItem::Start { status, headers } => Kind::Status(pb::TunnelResponseStart {
                 status: u32::from(status),
-                headers: headers.into_iter().map(|(name, value)| pb::Header { name, value }).collect(),
+                headers: headers
+                    .into_iter()
+                    .map(|(name, value)| pb::Header { name: name.into_bytes(), value })
+                    .collect(),
             }),
             TunnelItem::Body(b) => Kind::Body(b),
             TunnelItem::Parts(parts) => Kind::Parts(pb::BodyParts { parts }),
@@ -79,14 +83,19 @@ impl TunnelItem {
         }
     }
 
-    /// The item of a frame; `None` for a frame without a kind or a status
-    /// outside 100..=599 (the session treats both as protocol violations).
+    /// The item of a frame; `None` for a frame without a kind, a status
+    /// outside 100..=599 or a header name that is no token (the session
+    /// treats each as a protocol violation).
     pub fn from_wire(frame: pb::ProviderTunnelFrame) -> Option<Self> {
         use pb::provider_tunnel_frame::Kind;
         Some(match frame.kind? {
             Kind::Status(s) => {
                 let status = u16::try_from(s.status).ok().filter(|s| (100..=599).contains(s))?;
-                let headers = s.headers.into_iter().map(|h| (h.name.to_ascii_lowercase(), h.value)).collect();
+                let headers = s
+                    .headers
+                    .into_iter()
+                    .map(|h| Some((HeaderName::from_bytes(h.name)?, h.value)))
+                    .collect::<Option<_>>()?;
                 TunnelItem::Start { status, headers }
             }
             Kind::Body(b) => TunnelItem::Body(b),
@@ -143,8 +152,8 @@ mod tests {
             TunnelItem::Start {
                 status: 429,
                 headers: vec![
-                    ("retry-after".into(), Bytes::from_static(b"7")),
-                    ("x-y".into(), Bytes::from_static(b"\xff")),
+                    (HeaderName::from_static("retry-after"), Bytes::from_static(b"7")),
+                    (HeaderName::from_static("x-y"), Bytes::from_static(b"\xff")),
                 ],
             },
             TunnelItem::Body(Bytes::from_static(b"data: {}\n\n")),
@@ -172,6 +181,24 @@ mod tests {
             usage: None,
         };
         assert_eq!(TunnelItem::from_wire(frame), None);
+        // A header name that is no token would let a node write lines of its
+        // own into the client's response head.
+        let status = |name: &[u8]| {
+            let header = pb::Header { name: Bytes::copy_from_slice(name), value: Bytes::from_static(b"v") };
+            let start = pb::TunnelResponseStart { status: 200, headers: vec![header] };
+            pb::ProviderTunnelFrame {
+                tunnel_id: Bytes::from_static(b"t"),
+                seq: 0,
+                kind: Some(pb::provider_tunnel_frame::Kind::Status(start)),
+                usage: None,
+            }
+        };
+        for name in [&b"x-a\r\nset-cookie: s"[..], b"", b"a b"] {
+            assert_eq!(TunnelItem::from_wire(status(name)), None, "{name:?}");
+        }
+        // Upper case from the wire is lowered, as before.
+        let Some(TunnelItem::Start { headers, .. }) = TunnelItem::from_wire(status(b"X-Up")) else { panic!("refused") };
+        assert_eq!(headers[0].0, "x-up");
     }
 
     #[test]

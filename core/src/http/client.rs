@@ -4,7 +4,7 @@ use bytes::{Bytes, BytesMut};
 
 use super::{
     explicit_framing, find_header, keep_alive, parse_head, put_decimal, put_headers, put_sanitized, BodyKind,
-    HttpError, Limits,
+    HeaderName, HttpError, Limits,
 };
 
 /// A parsed response head. Header names are lower-cased.
@@ -15,7 +15,7 @@ pub struct ResponseHead {
     /// Minor version: 0 or 1.
     pub version: u8,
     /// Header (lower-cased name, raw value) pairs in order.
-    pub headers: Vec<(String, Bytes)>,
+    pub headers: Vec<(HeaderName, Bytes)>,
     /// Body framing, taking the request method into account.
     pub body: BodyKind,
     /// The connection may be reused after the body.

@@ -9,6 +9,7 @@
 pub mod chunked;
 pub mod client;
 pub mod error;
+pub mod name;
 pub mod request;
 pub mod response;
 
@@ -17,6 +18,7 @@ use bytes::{Buf, Bytes, BytesMut};
 pub use chunked::{BodyDecoder, BodyKind};
 pub use client::{parse_response_head, write_request_head, ResponseHead};
 pub use error::HttpError;
+pub use name::HeaderName;
 pub use request::{parse_request_head, RequestHead};
 pub use response::{
     begin_chunk, end_chunk, gather_chunk, gather_chunk_parts, reason_phrase, write_chunk, write_last_chunk,
@@ -41,8 +43,8 @@ impl Default for Limits {
 }
 
 /// First value of header `name` (case-insensitive) in a parsed header list.
-pub fn find_header<'a>(headers: &'a [(String, Bytes)], name: &str) -> Option<&'a [u8]> {
-    headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_ref())
+pub fn find_header<'a>(headers: &'a [(HeaderName, Bytes)], name: &str) -> Option<&'a [u8]> {
+    headers.iter().find(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v.as_ref())
 }
 
 /// Header storage on the stack for the usual limits; the heap only for larger ones.
@@ -51,7 +53,7 @@ const STACK_HEADERS: usize = 64;
 /// What a head parser reports on a complete head: its length, the number of
 /// headers filled in, and its own output (start line fields).
 /// A complete head: the parser's output and the headers.
-pub(crate) type ParsedHead<T> = (T, Vec<(String, Bytes)>);
+pub(crate) type ParsedHead<T> = (T, Vec<(HeaderName, Bytes)>);
 
 pub(crate) type HeadStatus<T> = Result<httparse::Status<(usize, usize, T)>, httparse::Error>;
 
@@ -78,14 +80,15 @@ pub(crate) fn parse_head<T>(
     let base = window.as_ptr() as usize;
     let (len, out, offsets) = match parse(storage, window) {
         Ok(httparse::Status::Complete((len, count, out))) => {
-            // Values are sub-slices of `window`; remember their offsets so the
-            // head can be frozen once and sliced without copying.
-            let offsets: Vec<(String, usize, usize)> = storage
+            // Names and values are sub-slices of `window`; remember their
+            // offsets so the head can be copied once and sliced.
+            let offsets: Vec<(usize, usize, usize, usize)> = storage
                 .iter()
                 .take(count)
                 .map(|h| {
-                    let start = (h.value.as_ptr() as usize).saturating_sub(base);
-                    (h.name.to_ascii_lowercase(), start, start + h.value.len())
+                    let name = (h.name.as_ptr() as usize).saturating_sub(base);
+                    let value = (h.value.as_ptr() as usize).saturating_sub(base);
+                    (name, name + h.name.len(), value, value + h.value.len())
                 })
                 .collect();
             (len, out, offsets)
@@ -101,13 +104,21 @@ pub(crate) fn parse_head<T>(
     };
     // Copied out (a few hundred bytes): the values live as long as the
     // request or response, and slices of `buf` would keep the whole read
-    // buffer (and the body bytes read with the head) alive that long.
-    let head = Bytes::copy_from_slice(&buf[..len]);
+    // buffer (and the body bytes read with the head) alive that long. Names
+    // are lower-cased in the copy, so neither needs an allocation of its own.
+    let mut copy = BytesMut::from(&buf[..len]);
     buf.advance(len);
+    for &(start, end, _, _) in &offsets {
+        copy.get_mut(start..end).ok_or(HttpError::Malformed("header name out of range"))?.make_ascii_lowercase();
+    }
+    let head = copy.freeze();
     let mut headers = Vec::with_capacity(offsets.len());
-    for (name, start, end) in offsets {
-        let value = head.get(start..end).ok_or(HttpError::Malformed("header value out of range"))?;
-        headers.push((name, head.slice_ref(value)));
+    for (ns, ne, vs, ve) in offsets {
+        if ne > head.len() || ve > head.len() || ns > ne || vs > ve {
+            return Err(HttpError::Malformed("header out of range"));
+        }
+        // httparse accepted the name as a token.
+        headers.push((HeaderName::from_checked(head.slice(ns..ne)), head.slice(vs..ve)));
     }
     Ok(Some((out, headers)))
 }
@@ -125,7 +136,7 @@ fn httparse_error(e: httparse::Error) -> &'static str {
 }
 
 /// Comma-separated list elements of every `name` header, trimmed, empty ones skipped.
-fn list_values<'a>(headers: &'a [(String, Bytes)], name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+fn list_values<'a>(headers: &'a [(HeaderName, Bytes)], name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
     headers
         .iter()
         .filter(move |(n, _)| n == name)
@@ -146,7 +157,7 @@ fn trim_ows(mut s: &[u8]) -> &[u8] {
 
 /// Explicit framing from Content-Length / Transfer-Encoding: `None` when
 /// neither is present.
-pub(crate) fn explicit_framing(headers: &[(String, Bytes)], version: u8) -> Result<Option<BodyKind>, HttpError> {
+pub(crate) fn explicit_framing(headers: &[(HeaderName, Bytes)], version: u8) -> Result<Option<BodyKind>, HttpError> {
     let has_cl = headers.iter().any(|(n, _)| n == "content-length");
     let has_te = headers.iter().any(|(n, _)| n == "transfer-encoding");
     if has_cl && has_te {
@@ -206,7 +217,7 @@ fn parse_decimal(s: &[u8]) -> Option<u64> {
 
 /// Persistence per RFC 9112 §9.3: HTTP/1.1 defaults to keep-alive, HTTP/1.0
 /// needs `Connection: keep-alive`; `close` always wins.
-pub(crate) fn keep_alive(headers: &[(String, Bytes)], version: u8) -> bool {
+pub(crate) fn keep_alive(headers: &[(HeaderName, Bytes)], version: u8) -> bool {
     let mut close = false;
     let mut keep = false;
     for token in list_values(headers, "connection") {
@@ -261,8 +272,8 @@ pub(crate) fn put_decimal(out: &mut BytesMut, n: u64) {
 mod tests {
     use super::*;
 
-    fn hdrs(list: &[(&str, &str)]) -> Vec<(String, Bytes)> {
-        list.iter().map(|(n, v)| (n.to_string(), Bytes::copy_from_slice(v.as_bytes()))).collect()
+    fn hdrs(list: &[(&str, &str)]) -> Vec<(HeaderName, Bytes)> {
+        list.iter().map(|(n, v)| (HeaderName::parse(n).unwrap(), Bytes::copy_from_slice(v.as_bytes()))).collect()
     }
 
     #[test]

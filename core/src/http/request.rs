@@ -2,7 +2,9 @@
 
 use bytes::{Bytes, BytesMut};
 
-use super::{explicit_framing, find_header, keep_alive, list_values, parse_head, BodyKind, HttpError, Limits};
+use super::{
+    explicit_framing, find_header, keep_alive, list_values, parse_head, BodyKind, HeaderName, HttpError, Limits,
+};
 
 /// A parsed request head. Header names are lower-cased.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -14,7 +16,7 @@ pub struct RequestHead {
     /// Minor version: 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub version: u8,
     /// Header (lower-cased name, raw value) pairs in order.
-    pub headers: Vec<(String, Bytes)>,
+    pub headers: Vec<(HeaderName, Bytes)>,
     /// How the body is framed (Empty when neither Content-Length nor chunked).
     pub body: BodyKind,
     /// Whether the connection stays open after the response.

@@ -46,6 +46,25 @@ impl Lease {
     pub fn class(&self) -> LeaseClass {
         self.class
     }
+
+    /// Ends a lease of a connection just fenced: the owner core drops it
+    /// after the fence, which the caller has already sent it (inboxes are
+    /// FIFO). Dropped here, its count would be free at once while other
+    /// cores still see the resource online, and a waiter or a new request
+    /// could be granted the dead connection.
+    pub fn release_after_fence(self) {
+        let owner = self.owner.clone();
+        match owner.try_send(CoreMsg::DropLease(self)) {
+            Ok(()) => {}
+            Err(SendError::Full(msg)) => {
+                monoio::spawn(async move {
+                    let _ = owner.send(msg).await;
+                });
+            }
+            // Shutting down: dropped with the message, here.
+            Err(SendError::Closed(_)) => {}
+        }
+    }
 }
 
 impl std::fmt::Debug for Lease {

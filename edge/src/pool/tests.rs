@@ -239,6 +239,7 @@ impl Sim {
                 shard.node_ready(&node_id, route.generation);
             }
             CoreMsg::NodeGone { node_id, generation } => shard.node_gone(&node_id, generation),
+            CoreMsg::DropLease(lease) => drop(lease),
             _ => {}
         }
         true
@@ -566,6 +567,31 @@ fn current_generation_fence_marks_offline() {
         sim.deliver_all();
         sim.assert_idle(&k);
         sim.assert_idle(&other);
+    })
+}
+
+#[test]
+fn a_fenced_connections_lease_is_never_granted_to_a_waiter() {
+    run(async {
+        let mut sim = Sim::new(&config(3, &[("n0", "p0", 1, 0)]));
+        let k = key("n0", "p0");
+        let ks = std::slice::from_ref(&k);
+        sim.ready("n0", 1);
+        let l = sim.acquire(&k, Normal).unwrap();
+        let w = sim.wait(ks, Normal);
+        sim.deliver_all();
+        // The session's order on a disconnect: the fence to every core,
+        // then its runs' leases through their owners.
+        sim.broadcast_gone("n0", 1);
+        l.release_after_fence();
+        // Until the owner applies both, the capacity is not free to anyone.
+        assert!(sim.load(&k).in_use(Normal) == 1 && sim.load(&k).online.load(Ordering::Acquire));
+        sim.deliver_all();
+        assert_eq!(w.state(), WaiterState::Unavailable, "a waiter was granted a dead connection");
+        assert!(sim.acquire(&k, Normal).is_none());
+        sim.leave(&w, ks);
+        sim.deliver_all();
+        sim.assert_idle(&k);
     })
 }
 

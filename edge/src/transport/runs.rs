@@ -43,7 +43,8 @@ enum Sink {
 struct Entry {
     sink: Sink,
     next_seq: u64,
-    _lease: Option<Lease>,
+    // Dropped with the entry (see above).
+    lease: Option<Lease>,
 }
 
 /// What the session must do after routing an item.
@@ -66,12 +67,12 @@ pub struct RunTable {
 impl RunTable {
     /// Tracks a new run.
     pub fn insert(&mut self, run_id: String, events: RunEvents, lease: Option<Lease>) {
-        self.runs.insert(run_id, Entry { sink: Sink::Run(events), next_seq: 0, _lease: lease });
+        self.runs.insert(run_id, Entry { sink: Sink::Run(events), next_seq: 0, lease });
     }
 
     /// Tracks a new tunnel.
     pub fn insert_tunnel(&mut self, tunnel_id: String, events: TunnelEvents, lease: Option<Lease>) {
-        self.runs.insert(tunnel_id, Entry { sink: Sink::Tunnel(events), next_seq: 0, _lease: lease });
+        self.runs.insert(tunnel_id, Entry { sink: Sink::Tunnel(events), next_seq: 0, lease });
     }
 
     /// Forgets a stream; true if it was tracked.
@@ -195,9 +196,15 @@ impl RunTable {
     }
 
     /// Ends every stream with `failure` (connection lost).
-    pub fn fail_all(&mut self, failure: &RunFailure) {
+    /// Ends every stream with `failure`. `fenced`: the connection was just
+    /// fenced, and the leases go back through their owners (see
+    /// [`Lease::release_after_fence`]).
+    pub fn fail_all(&mut self, failure: &RunFailure, fenced: bool) {
         for (_, e) in self.runs.drain() {
             fail(&e.sink, failure.clone());
+            if let (true, Some(lease)) = (fenced, e.lease) {
+                lease.release_after_fence();
+            }
         }
     }
 }

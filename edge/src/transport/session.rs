@@ -566,7 +566,7 @@ impl Session {
         )
         .retryable();
         let in_flight = self.runs.borrow().len();
-        self.runs.borrow_mut().fail_all(&failure);
+        self.runs.borrow_mut().fail_all(&failure, current);
         if current {
             tracing::info!(node = %self.node_id, generation = self.generation, link = self.link, %reason, in_flight, "node disconnected");
         } else {

@@ -12,6 +12,7 @@
 use std::collections::VecDeque;
 
 use bytes::Bytes;
+use iop_core::http::HeaderName;
 use ring::digest;
 use serde::Serialize;
 
@@ -28,7 +29,7 @@ pub enum RequestHeaders {
     /// The head as received (request line, header lines, blank line).
     Raw(Bytes),
     /// Parsed pairs, names lower-cased (when the raw head was not available).
-    Parsed(Vec<(String, Bytes)>),
+    Parsed(Vec<(HeaderName, Bytes)>),
 }
 
 #[derive(Debug, Clone)]
@@ -106,7 +107,7 @@ impl Exchange {
         let headers = match &self.headers {
             RequestHeaders::Raw(raw) => head_fields(raw),
             RequestHeaders::Parsed(pairs) => {
-                pairs.iter().map(|(n, v)| (n.clone(), String::from_utf8_lossy(v).into_owned())).collect()
+                pairs.iter().map(|(n, v)| (n.to_string(), String::from_utf8_lossy(v).into_owned())).collect()
             }
         };
         let (request_body, request_body_bytes, request_body_sha256) = match &self.body {
@@ -275,7 +276,7 @@ mod tests {
             1,
             "GET",
             "/",
-            RequestHeaders::Parsed(vec![("host".into(), Bytes::from_static(b"x"))]),
+            RequestHeaders::Parsed(vec![(HeaderName::from_static("host"), Bytes::from_static(b"x"))]),
             Bytes::new(),
         );
         let v: Value = serde_json::from_str(&parsed.to_json()).unwrap();

@@ -122,7 +122,7 @@ async fn send_parts<S: TunnelSink>(sink: &mut S, out: &mut Vec<Bytes>) -> Result
 mod tests {
     use std::time::Duration;
 
-    use iop_core::{config::UpstreamUrl, exec::Usage};
+    use iop_core::{config::UpstreamUrl, exec::Usage, http::HeaderName};
 
     use super::*;
     use crate::run::SinkClosed;
@@ -152,8 +152,8 @@ mod tests {
             method: "POST".into(),
             path: "/chat/completions",
             headers: vec![
-                ("content-type".into(), Bytes::from_static(b"application/json")),
-                ("x-client".into(), Bytes::from_static(b"\xfe-raw")),
+                (HeaderName::from_static("content-type"), Bytes::from_static(b"application/json")),
+                (HeaderName::from_static("x-client"), Bytes::from_static(b"\xfe-raw")),
             ],
             body: Bytes::from_static(body),
             hide_usage_chunk: hide,

@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use iop_core::{
     exec::{codes, FailureSource, RunFailure},
+    http::HeaderName,
     tunnel::{self, TunnelItem},
     wire::pb,
 };
@@ -25,7 +26,7 @@ pub struct TunnelSpec {
     pub path: &'static str,
     /// Client headers to forward (already filtered by the edge; filtered
     /// again here).
-    pub headers: Vec<(String, Bytes)>,
+    pub headers: Vec<(HeaderName, Bytes)>,
     /// The body to send.
     pub body: Bytes,
     /// Leave the usage-only SSE event out of the relayed body.
@@ -53,12 +54,15 @@ impl TunnelSpec {
                 "the tunnel only sends POST requests",
             ));
         }
-        let headers = req
-            .headers
-            .into_iter()
-            .filter(|h| tunnel::forwards_request_header(&h.name))
-            .map(|h| (h.name.to_ascii_lowercase(), h.value))
-            .collect();
+        let mut headers = Vec::with_capacity(req.headers.len());
+        for h in req.headers {
+            let name = HeaderName::from_bytes(h.name).ok_or_else(|| {
+                RunFailure::new(codes::INVALID_REQUEST, 400, FailureSource::Edge, "a tunnel header name is not a token")
+            })?;
+            if tunnel::forwards_request_header(&name) {
+                headers.push((name, h.value));
+            }
+        }
         Ok(Self {
             id: req.tunnel_id,
             method: req.method,

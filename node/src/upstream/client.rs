@@ -284,7 +284,7 @@ impl Response {
 
     /// First value of a header (case-insensitive name).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
-        self.head.headers.iter().find(|(n, _)| n.eq_ignore_ascii_case(name)).map(|(_, v)| &v[..])
+        self.head.headers.iter().find(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| &v[..])
     }
 
     /// Whether the request went out on a pooled connection.

@@ -32,10 +32,13 @@ fn forwarded_headers(head: &RequestHead, request_id: &str) -> Vec<pb::Header> {
         .headers
         .iter()
         .filter(|(n, _)| tunnel::forwards_request_header(n))
-        .map(|(n, v)| pb::Header { name: n.clone(), value: v.clone() })
+        .map(|(n, v)| pb::Header { name: n.clone().into_bytes(), value: v.clone() })
         .collect();
     if !out.iter().any(|h| h.name == "x-request-id") {
-        out.push(pb::Header { name: "x-request-id".into(), value: Bytes::copy_from_slice(request_id.as_bytes()) });
+        out.push(pb::Header {
+            name: Bytes::from_static(b"x-request-id"),
+            value: Bytes::copy_from_slice(request_id.as_bytes()),
+        });
     }
     out
 }
