@@ -84,6 +84,22 @@ pub enum EdgeEvent {
         /// Token usage the provider reported; absent when it reported none.
         usage: Option<iop_core::exec::Usage>,
     },
+    /// A health observation about a provider was applied by its owner core
+    /// (`edge_provider_health_observation`).
+    ProviderHealth {
+        /// Node id.
+        node: String,
+        /// Provider id.
+        provider: String,
+        /// `stall` or `probe`.
+        source: &'static str,
+        /// `available`, `unavailable` or `unknown`.
+        health: &'static str,
+        /// `lowered`, `recovered`, `unchanged` or `stale`.
+        outcome: &'static str,
+        /// The overlay after it: `healthy` or `unavailable`.
+        overlay: &'static str,
+    },
     /// A new config was applied.
     ConfigReloaded {
         /// Its revision.
@@ -106,6 +122,7 @@ impl EdgeEvent {
             EdgeEvent::NodeDraining { .. } => "node_draining",
             EdgeEvent::NodeDisconnected { .. } => "node_disconnected",
             EdgeEvent::RunTerminal { .. } => "run_terminal",
+            EdgeEvent::ProviderHealth { .. } => "provider_health",
             EdgeEvent::ConfigReloaded { .. } => "config_reloaded",
             EdgeEvent::ConfigRejected { .. } => "config_rejected",
         }
@@ -140,6 +157,10 @@ impl EdgeEvent {
             }
             EdgeEvent::ConfigReloaded { revision } => json!({"revision": revision}),
             EdgeEvent::ConfigRejected { error } => json!({"error": error}),
+            EdgeEvent::ProviderHealth { node, provider, source, health, outcome, overlay } => {
+                json!({"node": node, "provider": provider, "source": source, "health": health,
+                       "outcome": outcome, "overlay": overlay})
+            }
         };
         v["type"] = json!(self.kind());
         v["ts_ms"] = json!(ts_ms);

@@ -13,6 +13,7 @@ pub mod dispatch;
 pub mod events;
 pub mod payload;
 pub mod pool;
+pub mod recovery;
 pub mod registry;
 pub mod server;
 pub mod shared;

@@ -112,6 +112,8 @@ pub enum CoreMsg {
         /// The shared waiter slot.
         waiter: Arc<Waiter>,
     },
+    /// A health observation about a resource this core owns.
+    Health(Box<crate::pool::HealthReport>),
     /// A lease of a fenced connection, to drop after the fence
     /// ([`Lease::release_after_fence`]).
     DropLease(Lease),
@@ -277,6 +279,7 @@ impl Worker {
             CoreMsg::Wait { key, waiter } => self.shard.borrow_mut().wait(&key, waiter),
             CoreMsg::Release { key, class, load } => self.shard.borrow_mut().release(&key, class, &load),
             CoreMsg::DropLease(lease) => drop(lease),
+            CoreMsg::Health(report) => crate::recovery::observe(self, &report),
             CoreMsg::Compact { key } => self.shard.borrow_mut().compact(&key),
             CoreMsg::PrepareConfig { revision, config, pool, ack } => {
                 *self.pending.borrow_mut() = Some((revision, config, pool));

@@ -1,7 +1,8 @@
 //! Node commands from the edge: capabilities and transport status are
 //! answered at once; a call to a provider's own API (Ollama's `/api/tags`,
-//! `/api/ps`, `/api/show`) runs in a task of its own, so a slow provider
-//! never holds up the session, and answers with the same correlation id.
+//! `/api/ps`, `/api/show`) and a capabilities probe of one exact target run
+//! in a task of their own, so a slow provider never holds up the session,
+//! and answer with the same correlation id.
 
 use std::rc::Rc;
 
@@ -29,6 +30,34 @@ pub fn handle(cid: u64, cmd: pb::NodeCommandRequest, manager: &Rc<RunManager>, w
         let _ = writer.send(&Envelope { correlation_id: cid, body: Some(Body::NodeCommandResponse(resp)) });
     };
     match pb::NodeCommandKind::try_from(cmd.kind) {
+        Ok(pb::NodeCommandKind::Capabilities) if !cmd.target.is_empty() => {
+            // CAPABILITIES recovery: the same bounded exact-target probe a
+            // stall terminal joins, numbered from this link's sequence.
+            let Some(adapter) = manager.adapter(&cmd.adapter) else {
+                return answer(failed(404, format!("node has no provider `{}`", clip(&cmd.adapter))));
+            };
+            let (writer, manager) = (writer.clone(), manager.clone());
+            monoio::spawn(async move {
+                let health = adapter.probe_health(&cmd.target).await;
+                let seq = manager.next_health_seq();
+                tracing::info!(
+                    provider = %cmd.adapter,
+                    provider_health = health.as_str(),
+                    health_observation_seq = seq,
+                    "node_capabilities_probe"
+                );
+                let v = serde_json::json!({
+                    "adapter": cmd.adapter,
+                    "target": cmd.target,
+                    "status": health.as_str(),
+                    "health_observation_seq": seq,
+                });
+                let _ = writer.send(&Envelope {
+                    correlation_id: cid,
+                    body: Some(Body::NodeCommandResponse(ok(200, json_bytes(&v)))),
+                });
+            });
+        }
         Ok(pb::NodeCommandKind::Capabilities) => match manager.capabilities(&cmd.adapter) {
             Some(v) => answer(ok(200, json_bytes(&v))),
             None => answer(failed(404, format!("node has no provider `{}`", clip(&cmd.adapter)))),

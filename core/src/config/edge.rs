@@ -609,6 +609,7 @@ provider = "local"
         assert_eq!((p.capacity.get(), p.long_capacity, p.max_concurrency()), (64, 0, 64));
         assert_eq!(p.request_timeout, Duration::from_secs(600));
         assert_eq!(p.response_stall_timeout, Duration::from_millis(300_000));
+        assert_eq!(p.health_probe_interval, Duration::from_millis(5_000));
         assert_eq!(p.api_key, None);
         assert_eq!(
             p.kind,
@@ -1125,6 +1126,14 @@ heartbeat_wait_ms = 25
             &format!("{p}.request_timeout_sec"),
             "must be at most 86400",
         );
+        for bad in ["9", "3600001"] {
+            let line = format!("base_url = \"http://h:1\"\nhealth_probe_interval_ms = {bad}");
+            rejects(
+                &[(PROVIDER_URL, line.as_str())],
+                &format!("{p}.health_probe_interval_ms"),
+                "must be 10-3600000 (milliseconds)",
+            );
+        }
         for bad in ["0", "86400001"] {
             let line = format!("base_url = \"http://h:1\"\nresponse_stall_timeout_ms = {bad}");
             rejects(

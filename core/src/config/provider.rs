@@ -12,6 +12,11 @@ use super::{
 use crate::wire::pb;
 
 /// One provider on a node.
+/// How often a provider whose runtime health is lowered is probed, unless set.
+pub const DEFAULT_HEALTH_PROBE_INTERVAL_MS: u64 = 5_000;
+/// Largest `health_probe_interval_ms` (an hour).
+pub const MAX_HEALTH_PROBE_INTERVAL_MS: u64 = 3_600_000;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ProviderEntry {
     /// Provider id, unique within its node.
@@ -29,6 +34,9 @@ pub struct ProviderEntry {
     /// How long the provider may send nothing before the node ends the
     /// request with `response_stalled` (the wire's default when unset).
     pub response_stall_timeout: Duration,
+    /// How often the edge probes this provider while its runtime health is
+    /// lowered (unavailable after a stall, or still loading).
+    pub health_probe_interval: Duration,
 }
 
 impl ProviderEntry {
@@ -254,10 +262,19 @@ pub(crate) fn provider_entry(key: &str, raw: RawProvider) -> Result<ProviderEntr
             format!("must be 1-{} (milliseconds)", crate::liveness::MAX_STALL_TIMEOUT_MS),
         ));
     }
+    let probe_ms = raw.health_probe_interval_ms.unwrap_or(DEFAULT_HEALTH_PROBE_INTERVAL_MS);
+    if !(10..=MAX_HEALTH_PROBE_INTERVAL_MS).contains(&probe_ms) {
+        return Err(ConfigError::invalid(
+            format!("{key}.health_probe_interval_ms"),
+            probe_ms,
+            format!("must be 10-{MAX_HEALTH_PROBE_INTERVAL_MS} (milliseconds)"),
+        ));
+    }
     Ok(ProviderEntry {
         id,
         kind,
         response_stall_timeout: Duration::from_millis(stall_ms),
+        health_probe_interval: Duration::from_millis(probe_ms),
         api_key: optional_secret(raw.api_key),
         // Checked to be at least 1 just above.
         capacity: NonZeroU32::new(capacity).unwrap_or(NonZeroU32::MIN),

@@ -111,6 +111,7 @@ pub(crate) struct RawProvider {
     pub long_capacity: Option<u64>,
     pub request_timeout_sec: Option<u64>,
     pub response_stall_timeout_ms: Option<u64>,
+    pub health_probe_interval_ms: Option<u64>,
     pub mock: Option<RawMock>,
 }
 

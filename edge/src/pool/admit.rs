@@ -64,6 +64,12 @@ pub async fn admit(worker: &Rc<Worker>, group: &ModelGroup, class: LeaseClass) -
     if !cands.iter().any(|c| c.load.online.load(Ordering::Acquire)) {
         return Err(AdmitError::Unavailable(format!("no ready node serves model `{}`", group.name)));
     }
+    if !cands.iter().any(|c| c.load.live()) {
+        return Err(AdmitError::Unavailable(format!(
+            "every provider of model `{}` is unavailable (its health probe failed)",
+            group.name
+        )));
+    }
     LeastLoaded.order(class, &mut cands);
 
     // Free capacity first, unless someone already queues there (FIFO fairness).

@@ -47,6 +47,22 @@ impl Lease {
         self.class
     }
 
+    /// Sends a health observation about the leased resource to its owner
+    /// core (which keeps the overlay). Never blocks: with the owner's
+    /// inbox full it is sent from a task of its own.
+    pub fn report_health(&self, report: super::HealthReport) {
+        let owner = self.owner.clone();
+        match owner.try_send(CoreMsg::Health(Box::new(report))) {
+            Ok(()) => {}
+            Err(SendError::Full(msg)) => {
+                monoio::spawn(async move {
+                    let _ = owner.send(msg).await;
+                });
+            }
+            Err(SendError::Closed(_)) => {}
+        }
+    }
+
     /// Ends a lease of a connection just fenced: the owner core drops it
     /// after the fence, which the caller has already sent it (inboxes are
     /// FIFO). Dropped here, its count would be free at once while other

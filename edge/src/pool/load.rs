@@ -5,14 +5,14 @@
 use std::{
     collections::HashMap,
     sync::{
-        atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, AtomicU8, Ordering},
         Arc,
     },
 };
 
 use iop_core::config::EdgeConfig;
 
-use super::{LeaseClass, ResourceKey};
+use super::{LeaseClass, Overlay, ResourceKey};
 
 /// Counters of one resource.
 #[derive(Debug)]
@@ -23,6 +23,9 @@ pub struct ResourceLoad {
     pub configured_long: AtomicU32,
     /// The resource's node is connected and ready.
     pub online: AtomicBool,
+    /// The runtime health overlay ([`Overlay`]); lowered, the resource
+    /// takes no traffic though it stays online.
+    pub health: AtomicU8,
     /// Normal leases in use: the count itself, taken and given back by any
     /// core (see [`Self::try_take`]).
     pub in_use_normal: AtomicU32,
@@ -43,6 +46,7 @@ impl ResourceLoad {
             configured_normal: AtomicU32::new(normal),
             configured_long: AtomicU32::new(long),
             online: AtomicBool::new(false),
+            health: AtomicU8::new(0),
             in_use_normal: AtomicU32::new(0),
             in_use_long: AtomicU32::new(0),
             generation: AtomicU64::new(0),
@@ -51,9 +55,19 @@ impl ResourceLoad {
         }
     }
 
-    /// Effective capacity of `class`: configured when online, else 0.
+    /// The runtime health overlay.
+    pub fn overlay(&self) -> Overlay {
+        Overlay::from_u8(self.health.load(Ordering::Acquire))
+    }
+
+    /// Online and not lowered by the overlay: may take traffic.
+    pub fn live(&self) -> bool {
+        self.online.load(Ordering::Acquire) && self.overlay() == Overlay::Healthy
+    }
+
+    /// Effective capacity of `class`: configured when live, else 0.
     pub fn capacity(&self, class: LeaseClass) -> u32 {
-        if !self.online.load(Ordering::Acquire) {
+        if !self.live() {
             return 0;
         }
         match class {

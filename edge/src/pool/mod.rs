@@ -10,6 +10,7 @@
 mod admit;
 mod lease;
 mod load;
+mod overlay;
 mod select;
 mod shard;
 #[cfg(test)]
@@ -24,6 +25,7 @@ use std::{
 pub use admit::{admit, AdmitError, Admitted};
 pub use lease::Lease;
 pub use load::{ModelUsage, PoolView, ResourceLoad};
+pub use overlay::{HealthReport, Observed, Overlay, Source};
 pub use select::{Candidate, LeastLoaded, SelectionPolicy};
 pub use shard::Shard;
 pub use waiter::{Waiter, WaiterState};

@@ -9,7 +9,10 @@ use std::{
 
 use iop_core::{config::EdgeConfig, rt::mailbox};
 
-use super::{owner_of, Lease, LeaseClass, PoolView, ResourceKey, ResourceLoad, Waiter};
+use super::{
+    overlay::{HealthState, Overlay},
+    owner_of, HealthReport, Lease, LeaseClass, Observed, PoolView, ResourceKey, ResourceLoad, Waiter,
+};
 use crate::{
     registry::Generation,
     worker::{CoreMsg, NodeRoute},
@@ -20,6 +23,8 @@ struct Resource {
     normal: u32,
     long: u32,
     online: bool,
+    /// The runtime health overlay of the current generation.
+    health: HealthState,
     generation: Generation,
     /// The node connection that brought this resource online.
     route: Option<NodeRoute>,
@@ -35,8 +40,23 @@ fn slot(class: LeaseClass) -> usize {
 }
 
 impl Resource {
+    /// Online and not lowered by the overlay.
+    fn live(&self) -> bool {
+        self.online && self.health.overlay == Overlay::Healthy
+    }
+
+    /// Tells the waiters their candidate stopped (`false`) or started
+    /// (`true`) being live.
+    fn tell_waiters(&self, live: bool) {
+        for w in self.waiters() {
+            if w.is_waiting() {
+                w.candidate_changed(live);
+            }
+        }
+    }
+
     fn cap(&self, class: LeaseClass) -> u32 {
-        if !self.online {
+        if !self.live() {
             return 0;
         }
         match class {
@@ -68,6 +88,7 @@ impl Resource {
         // Before any grant attempt that follows: a lease given back after
         // this store sees the waiters and tells this owner (see `Lease::drop`).
         l.waiters.store((self.fifo[0].len() + self.fifo[1].len()) as u32, Ordering::SeqCst);
+        l.health.store(self.health.overlay.to_u8(), Ordering::Release);
         l.online.store(self.online, Ordering::Release);
     }
 }
@@ -123,6 +144,7 @@ impl Shard {
                     normal: 0,
                     long: 0,
                     online: route.is_some(),
+                    health: HealthState::default(),
                     generation: route.as_ref().map(|r| r.generation).unwrap_or(0),
                     route,
                     fifo: [VecDeque::new(), VecDeque::new()],
@@ -134,12 +156,8 @@ impl Shard {
         }
         // Removed resources: their waiters lose a candidate.
         for (_, mut r) in self.resources.drain() {
-            if r.online {
-                for w in r.waiters() {
-                    if w.is_waiting() {
-                        w.candidate_changed(false);
-                    }
-                }
+            if r.live() {
+                r.tell_waiters(false);
             }
             r.fifo = [VecDeque::new(), VecDeque::new()];
             r.online = false;
@@ -175,7 +193,7 @@ impl Shard {
         if !waiter.is_waiting() {
             return;
         }
-        if !r.online {
+        if !r.live() {
             waiter.candidate_changed(false);
         }
         r.fifo[slot(waiter.class)].push_back(waiter);
@@ -238,15 +256,13 @@ impl Shard {
             if generation <= r.generation {
                 continue;
             }
-            let was_online = r.online;
+            let was_live = r.live();
             r.generation = generation;
             r.online = true;
-            if !was_online {
-                for w in r.waiters() {
-                    if w.is_waiting() {
-                        w.candidate_changed(true);
-                    }
-                }
+            // A new connection starts with nothing against it.
+            r.health.reset();
+            if !was_live {
+                r.tell_waiters(true);
             }
             self.pump(&key);
         }
@@ -263,13 +279,11 @@ impl Shard {
             if &*key.node != node || r.generation != generation || !r.online {
                 continue;
             }
+            if r.live() {
+                r.tell_waiters(false);
+            }
             r.online = false;
             r.route = None;
-            for w in r.waiters() {
-                if w.is_waiting() {
-                    w.candidate_changed(false);
-                }
-            }
             r.compact();
             r.publish();
         }
@@ -290,6 +304,40 @@ impl Shard {
             }
         }
         r.publish();
+    }
+
+    /// Applies a health observation (see [`super::overlay`]): only about
+    /// the resource's current, online generation. Lowered, its waiters lose
+    /// a live candidate; recovered, they regain it and are served.
+    pub fn observe(&mut self, report: &HealthReport) -> Observed {
+        let Some(r) = self.resources.get_mut(&report.key) else { return Observed::Stale };
+        if !r.online || r.generation != report.generation {
+            return Observed::Stale;
+        }
+        let observed = r.health.observe(report);
+        match observed {
+            Observed::Lowered => {
+                r.tell_waiters(false);
+                r.compact();
+                r.publish();
+            }
+            Observed::Recovered => {
+                r.tell_waiters(true);
+                self.pump(&report.key);
+            }
+            Observed::Unchanged | Observed::Stale => {}
+        }
+        observed
+    }
+
+    /// What a recovery probe of `key` needs while its overlay is lowered in
+    /// `generation`: the route to its node and the target to ask about.
+    pub fn probe_plan(&self, key: &ResourceKey, generation: Generation) -> Option<(NodeRoute, String)> {
+        let r = self.resources.get(key)?;
+        if !r.online || r.generation != generation || r.health.overlay == Overlay::Healthy {
+            return None;
+        }
+        Some((r.route.clone()?, r.health.probe_target.clone()?))
     }
 
     /// In-use counts of `key` (normal, long), for tests and the snapshot.

@@ -21,11 +21,15 @@ use iop_core::{
     },
 };
 
-use super::{owner_of, Lease, LeaseClass, PoolView, ResourceKey, ResourceLoad, Shard, Waiter, WaiterState};
+use super::{
+    owner_of, HealthReport, Lease, LeaseClass, Observed, PoolView, ResourceKey, ResourceLoad, Shard, Source, Waiter,
+    WaiterState,
+};
 use crate::{
     registry::Generation,
     worker::{CoreMsg, NodeRoute},
 };
+use iop_core::liveness::ProviderHealth;
 
 use LeaseClass::{Long, Normal};
 
@@ -567,6 +571,60 @@ fn current_generation_fence_marks_offline() {
         sim.deliver_all();
         sim.assert_idle(&k);
         sim.assert_idle(&other);
+    })
+}
+
+fn health(key: &ResourceKey, generation: Generation, seq: u64, h: ProviderHealth, source: Source) -> HealthReport {
+    HealthReport { key: key.clone(), generation, link: 0, seq, health: h, target: "t".into(), source }
+}
+
+#[test]
+fn the_overlay_takes_a_provider_out_and_a_newer_available_probe_brings_it_back() {
+    run(async {
+        let mut sim = Sim::new(&config(3, &[("n0", "p0", 1, 0), ("n1", "p0", 1, 0)]));
+        let (k, k1) = (key("n0", "p0"), key("n1", "p0"));
+        sim.ready("n0", 1);
+        sim.ready("n1", 1);
+        let (l, l1) = (sim.acquire(&k, Normal).unwrap(), sim.acquire(&k1, Normal).unwrap());
+        let only = sim.wait(std::slice::from_ref(&k), Normal);
+        let both = sim.wait(&[k.clone(), k1.clone()], Normal);
+        sim.deliver_all();
+        let owner = sim.owner(&k);
+        // Another generation's evidence changes nothing.
+        let stale = health(&k, 2, 1, ProviderHealth::Unavailable, Source::Stall);
+        assert_eq!(sim.shards[owner].observe(&stale), Observed::Stale);
+        let down = health(&k, 1, 1, ProviderHealth::Unavailable, Source::Stall);
+        assert_eq!(sim.shards[owner].observe(&down), Observed::Lowered);
+        let load = sim.load(&k);
+        assert!(load.online.load(Ordering::Acquire) && !load.live(), "online, but out of traffic");
+        assert_eq!(load.capacity(Normal), 0);
+        assert_eq!(only.state(), WaiterState::Unavailable, "its only candidate went away");
+        assert_eq!(both.state(), WaiterState::Waiting, "another candidate is left");
+        assert!(sim.shards[owner].probe_plan(&k, 1).is_some());
+        drop(l);
+        sim.deliver_all();
+        assert!(sim.acquire(&k, Normal).is_none(), "granted while lowered");
+        assert_eq!(both.state(), WaiterState::Waiting);
+
+        let up = health(&k, 1, 2, ProviderHealth::Available, Source::Probe);
+        assert_eq!(sim.shards[owner].observe(&up), Observed::Recovered);
+        assert!(load.live());
+        assert_eq!(both.state(), WaiterState::Granted, "served on recovery");
+        assert!(sim.shards[owner].probe_plan(&k, 1).is_none());
+        drop((take(&both), l1));
+        sim.leave(&only, std::slice::from_ref(&k));
+        sim.deliver_all();
+        sim.assert_idle(&k);
+        sim.assert_idle(&k1);
+
+        // A new generation starts healthy.
+        assert_eq!(
+            sim.shards[owner].observe(&health(&k, 1, 3, ProviderHealth::Unavailable, Source::Stall)),
+            Observed::Lowered
+        );
+        sim.gone("n0", 1);
+        sim.ready("n0", 2);
+        assert!(load.live());
     })
 }
 

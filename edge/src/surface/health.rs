@@ -29,7 +29,7 @@ impl Health {
             .values()
             .filter(|l| {
                 let cap = l.configured_normal.load(Ordering::Relaxed).max(l.configured_long.load(Ordering::Relaxed));
-                l.online.load(Ordering::Acquire) && cap > 0
+                l.live() && cap > 0
             })
             .count();
         Self {

@@ -10,24 +10,43 @@ use iop_core::{
 };
 
 use super::{Queued, RunEvents, StreamTx, TunnelEvents, Undelivered};
-use crate::pool::Lease;
+use crate::{
+    pool::{HealthReport, Lease, Source},
+    registry::Generation,
+};
 
 /// An item that can also carry a failure (the terminal a stream gets when
 /// the edge ends it).
 pub trait Failing: Queued {
     /// The error terminal for `f`.
     fn failed(f: RunFailure) -> Self;
+    /// The failure this item ends the stream with, if it is one.
+    fn failure(&self) -> Option<&RunFailure>;
 }
 
 impl Failing for ExecEvent {
     fn failed(f: RunFailure) -> Self {
         ExecEvent::Error(f)
     }
+
+    fn failure(&self) -> Option<&RunFailure> {
+        match self {
+            ExecEvent::Error(f) => Some(f),
+            _ => None,
+        }
+    }
 }
 
 impl Failing for TunnelItem {
     fn failed(f: RunFailure) -> Self {
         TunnelItem::Error(f)
+    }
+
+    fn failure(&self) -> Option<&RunFailure> {
+        match self {
+            TunnelItem::Error(f) => Some(f),
+            _ => None,
+        }
     }
 }
 
@@ -43,6 +62,9 @@ enum Sink {
 struct Entry {
     sink: Sink,
     next_seq: u64,
+    /// The exact target the stream was sent to (what a stall's recovery
+    /// probe asks about).
+    target: String,
     // Dropped with the entry (see above).
     lease: Option<Lease>,
 }
@@ -56,23 +78,48 @@ pub enum Routed {
     CancelOnNode(&'static str),
 }
 
+/// The node connection a session's streams arrive on.
+#[derive(Debug, Clone)]
+pub struct Reception {
+    /// Node id.
+    pub node: String,
+    /// Its connection generation.
+    pub generation: Generation,
+    /// The link.
+    pub link: u32,
+}
+
 /// Streams of one session by id (run and tunnel ids share one space).
 #[derive(Default)]
 pub struct RunTable {
     runs: HashMap<String, Entry>,
+    /// Where the streams arrive (none in unit tests: no health handoff).
+    reception: Option<Reception>,
     /// Items for streams this table does not know (finished or cancelled).
     pub ignored_events: u64,
 }
 
 impl RunTable {
+    /// The table of a session on `reception`.
+    pub fn new(reception: Reception) -> Self {
+        Self { reception: Some(reception), ..Self::default() }
+    }
+
+    /// Records the exact target stream `id` was sent to.
+    pub fn set_target(&mut self, id: &str, target: String) {
+        if let Some(e) = self.runs.get_mut(id) {
+            e.target = target;
+        }
+    }
+
     /// Tracks a new run.
     pub fn insert(&mut self, run_id: String, events: RunEvents, lease: Option<Lease>) {
-        self.runs.insert(run_id, Entry { sink: Sink::Run(events), next_seq: 0, lease });
+        self.runs.insert(run_id, Entry { sink: Sink::Run(events), next_seq: 0, target: String::new(), lease });
     }
 
     /// Tracks a new tunnel.
     pub fn insert_tunnel(&mut self, tunnel_id: String, events: TunnelEvents, lease: Option<Lease>) {
-        self.runs.insert(tunnel_id, Entry { sink: Sink::Tunnel(events), next_seq: 0, lease });
+        self.runs.insert(tunnel_id, Entry { sink: Sink::Tunnel(events), next_seq: 0, target: String::new(), lease });
     }
 
     /// Forgets a stream; true if it was tracked.
@@ -173,8 +220,12 @@ impl RunTable {
         }
         entry.next_seq += 1;
         if item.is_terminal() {
+            if let Some(e) = item.failure().and_then(|f| f.stall.as_deref()) {
+                handoff(self.reception.as_ref(), entry.lease.as_ref(), &mut entry.target, e);
+            }
             // Its slot is always free (see below); a gone client just misses it.
             tx.send_terminal(item);
+            // The lease goes with the entry: released exactly once.
             self.runs.remove(id);
             return Routed::Done;
         }
@@ -195,7 +246,6 @@ impl RunTable {
         }
     }
 
-    /// Ends every stream with `failure` (connection lost).
     /// Ends every stream with `failure`. `fenced`: the connection was just
     /// fenced, and the leases go back through their owners (see
     /// [`Lease::release_after_fence`]).
@@ -207,6 +257,37 @@ impl RunTable {
             }
         }
     }
+}
+
+/// The edge's terminal health handoff: stall evidence is applied only when
+/// the lease it arrived under was granted on this very connection (node and
+/// generation) — the resource is the lease's, never the node's say — and it
+/// goes to the resource's owner core, which keeps the overlay.
+fn handoff(
+    reception: Option<&Reception>,
+    lease: Option<&Lease>,
+    target: &mut String,
+    evidence: &iop_core::liveness::StallEvidence,
+) {
+    let (Some(rx), Some(lease)) = (reception, lease) else { return };
+    let bound = *lease.key().node == *rx.node && lease.route().is_some_and(|r| r.generation == rx.generation);
+    if !bound {
+        tracing::warn!(
+            node = %rx.node,
+            provider = %lease.key().provider,
+            "edge_provider_health_observation: stall evidence for a lease of another connection ignored"
+        );
+        return;
+    }
+    lease.report_health(HealthReport {
+        key: lease.key().clone(),
+        generation: rx.generation,
+        link: rx.link,
+        seq: evidence.seq,
+        health: evidence.health,
+        target: std::mem::take(target),
+        source: Source::Stall,
+    });
 }
 
 fn fail(sink: &Sink, f: RunFailure) {

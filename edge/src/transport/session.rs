@@ -17,7 +17,7 @@ use iop_core::{
 use monoio::{io::Splitable, net::TcpStream};
 
 use super::{
-    runs::{Routed, RunTable},
+    runs::{Reception, Routed, RunTable},
     SessionCmd, SESSION_CMD_CAPACITY,
 };
 use crate::{
@@ -224,7 +224,7 @@ pub async fn serve_arrival(worker: Rc<Worker>, arrival: Arrival) {
         generation,
         link: link.index,
         writer: writer.clone(),
-        runs: Rc::new(RefCell::new(RunTable::default())),
+        runs: Rc::new(RefCell::new(RunTable::new(Reception { node: node_id.clone(), generation, link: link.index }))),
         commands: Rc::default(),
         closed: LocalCancel::new(),
         last_seen: Rc::new(std::cell::Cell::new(Instant::now())),
@@ -610,17 +610,25 @@ async fn pump_commands(
         let Some(cmd) = cmd else { break };
         match cmd {
             SessionCmd::Run { req, events, lease } => {
-                let run_id = req.run_id.clone();
-                runs.borrow_mut().insert(run_id.clone(), events, Some(lease));
-                if writer.send(&envelope(0, Body::RunRequest(*req))).is_err() {
+                runs.borrow_mut().insert(req.run_id.clone(), events, Some(lease));
+                let env = envelope(0, Body::RunRequest(*req));
+                if writer.send(&env).is_err() {
                     break;
+                }
+                // The target moves from the sent request to the entry (no copy).
+                if let Some(Body::RunRequest(r)) = env.body {
+                    runs.borrow_mut().set_target(&r.run_id, r.target);
                 }
             }
             SessionCmd::Tunnel { req, events, lease } => {
                 let tunnel_id = req.tunnel_id.clone();
                 runs.borrow_mut().insert_tunnel(tunnel_id, events, Some(lease));
-                if writer.send(&envelope(0, Body::ProviderTunnelRequest(*req))).is_err() {
+                let env = envelope(0, Body::ProviderTunnelRequest(*req));
+                if writer.send(&env).is_err() {
                     break;
+                }
+                if let Some(Body::ProviderTunnelRequest(r)) = env.body {
+                    runs.borrow_mut().set_target(&r.tunnel_id, r.target);
                 }
             }
             SessionCmd::Credit { id, bytes } => {

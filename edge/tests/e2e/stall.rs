@@ -10,6 +10,9 @@ use serde_json::{json, Value};
 use crate::harness::*;
 
 const STALL_MS: u64 = 400;
+const SECS5: Duration = Duration::from_secs(5);
+/// The recovery probe interval of the test provider.
+const PROBE_MS: u64 = 100;
 
 /// A mock, an edge whose one provider (`kind`, listing `listed` as its
 /// model) has a short stall timeout, and a node.
@@ -33,6 +36,7 @@ kind = "{kind}"
 base_url = "{base}"
 capacity = 8
 response_stall_timeout_ms = {STALL_MS}
+health_probe_interval_ms = {PROBE_MS}
 [[models]]
 name = "m"
 node = "n1"
@@ -111,16 +115,31 @@ fn a_tunnel_stream_that_goes_silent_ends_with_one_stall_error_event() {
 }
 
 #[test]
-fn a_provider_silent_before_its_first_byte_is_a_504_and_progress_keeps_a_slow_one_alive() {
+fn a_provider_silent_before_its_first_byte_is_a_504_and_unlisting_its_target_takes_it_out() {
     let (_mock, edge, node) = setup("openai_compat", "not-listed");
+    let mut ev = edge.events();
     let (r, took) =
         chat(&edge, json!({"model":"m","messages":[{"role":"user","content":"x"}],"mock":{"ttft_ms":60000}}));
     assert_eq!(r.status, 504, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.json()["error"]["code"], "response_stalled");
     assert!(took < Duration::from_secs(5), "ended after {took:?}");
-    // The provider answers but does not list the target: unavailable.
+    // The provider answers but does not list the target: unavailable, and
+    // the edge's overlay takes the provider out.
     wait_observation(&node, "provider_unhealthy");
+    let lowered = ev.wait("provider_health", SECS5, |e| e["outcome"] == "lowered");
+    assert_eq!((lowered["source"].as_str(), lowered["overlay"].as_str()), (Some("stall"), Some("unavailable")));
+    let (r, took) = chat(&edge, json!({"model":"m","messages":[{"role":"user","content":"x"}]}));
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert!(took < Duration::from_secs(1), "refused only after {took:?}");
+    // Probes keep answering "unavailable" (the target is still not listed): no recovery.
+    ev.wait("provider_health", SECS5, |e| e["source"] == "probe" && e["outcome"] == "unchanged");
+    assert_eq!(edge.snapshot()["nodes"][0]["providers"][0]["runtime_health"], "unavailable");
+    edge.assert_idle();
+}
 
+#[test]
+fn progress_keeps_a_slow_provider_alive() {
+    let (_mock, edge, _node) = setup("openai_compat", "mock-upstream");
     // Tokens every 150 ms for 1.5 s: each one is progress, no stall.
     let body = json!({"model":"m","stream":true,"messages":[{"role":"user","content":"x"}],
         "mock":{"tokens":10,"token_interval_ms":150}});
@@ -128,6 +147,52 @@ fn a_provider_silent_before_its_first_byte_is_a_504_and_progress_keeps_a_slow_on
     assert_eq!(r.status, 200);
     assert_eq!(r.sse_data().last().map(String::as_str), Some("[DONE]"), "{}", String::from_utf8_lossy(&r.body));
     assert!(took > Duration::from_millis(STALL_MS * 2), "took {took:?}");
+    edge.assert_idle();
+}
+
+/// `POST /mock/health` on the mock.
+fn set_mock_health(mock: &MockProv, state: &str) {
+    let r = post_json(mock.addr, "/mock/health", &json!({ "state": state }));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+}
+
+#[test]
+fn a_provider_found_unhealthy_by_a_stall_takes_no_traffic_until_a_probe_finds_it_back() {
+    let (mock, edge, node) = setup("openai_compat", "mock-upstream");
+    let mut ev = edge.events();
+    // The provider's model list fails: the stall's probe says unavailable.
+    set_mock_health(&mock, "down");
+    let body = json!({"model":"m","stream":true,"messages":[{"role":"user","content":"x"}],
+        "mock":{"tokens":20,"stall_after":2,"tag":"stall-down"}});
+    let (r, _) = chat(&edge, body);
+    let (_, err) = stream_error(&r);
+    assert_eq!(err["code"], "response_stalled", "{err}");
+    wait_observation(&node, "provider_unhealthy");
+    ev.wait("provider_health", SECS5, |e| e["source"] == "stall" && e["outcome"] == "lowered");
+    let snap = edge.snapshot();
+    let p = &snap["nodes"][0]["providers"][0];
+    assert_eq!(
+        (p["status"].as_str(), p["health"].as_str(), p["runtime_health"].as_str()),
+        (Some("unavailable"), Some("online"), Some("unavailable")),
+        "{p:#}"
+    );
+    assert_eq!(p["normal"]["effective"], 0, "{p:#}");
+    let ready = request(edge.http, "GET", "/readyz", None, &[]);
+    assert_eq!(ready.status, 503, "{}", String::from_utf8_lossy(&ready.body));
+    let (r, _) = chat(&edge, json!({"model":"m","messages":[{"role":"user","content":"x"}]}));
+    assert_eq!(r.status, 503, "no traffic to an unavailable provider: {}", String::from_utf8_lossy(&r.body));
+    let answered = request(mock.addr, "GET", "/stats", None, &[]).json()["requests"].clone();
+
+    // Back: the next probe finds the target and the provider takes traffic again.
+    set_mock_health(&mock, "ok");
+    let up = ev.wait("provider_health", SECS5, |e| e["outcome"] == "recovered");
+    assert_eq!((up["source"].as_str(), up["overlay"].as_str()), (Some("probe"), Some("healthy")));
+    assert_eq!(edge.snapshot()["nodes"][0]["providers"][0]["runtime_health"], "healthy");
+    let (r, _) = chat(&edge, json!({"model":"m","messages":[{"role":"user","content":"x"}]}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let after = request(mock.addr, "GET", "/stats", None, &[]).json()["requests"].clone();
+    assert_eq!(after.as_u64(), answered.as_u64().map(|n| n + 1), "exactly the one request after recovery");
+    assert_eq!(request(edge.http, "GET", "/readyz", None, &[]).status, 200);
     edge.assert_idle();
 }
 

@@ -236,6 +236,9 @@ impl Conn {
                 _ => error(404, "not found"),
             };
         };
+        if let (Meta::Models | Meta::Tags, Some(down)) = (meta, self.ctx.list_health.get().error_body()) {
+            return (503, json, down);
+        }
         match meta {
             Meta::Models => (200, json, models::models_body(&config.model)),
             Meta::Tags => (200, OLLAMA_JSON, ollama_meta::tags_body(&config.model)),
@@ -253,6 +256,10 @@ impl Conn {
             },
             Meta::Log => (200, json, self.ctx.log.borrow().log_json()),
             Meta::Closes => (200, json, self.ctx.closes.borrow().to_json()),
+            Meta::SetHealth => {
+                let (status, answer) = super::list_health::set(&self.ctx.list_health, body);
+                (status, json, answer)
+            }
         }
     }
 

@@ -34,6 +34,7 @@ mod conn;
 pub mod embeddings;
 pub mod errors;
 pub mod json;
+pub mod list_health;
 pub mod logprobs;
 pub mod models;
 pub mod ollama_chat;
@@ -61,7 +62,9 @@ const AFTER_HELP: &str = "\
 Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
 /api/chat, /api/embed; GET /v1/models, /api/tags, /api/ps, /api/version; POST /api/show;
 GET /healthz, /stats, /last (the most recent model exchange), /log (the last 64),
-/closes (tagged requests whose client left early, with the instant).
+/closes (tagged requests whose client left early, with the instant); POST /mock/health
+{\"state\": \"ok\" | \"down\" | \"loading\"} makes the model lists answer 503 (down, or
+llama.cpp's \"Loading model\") until set back to ok.
 
 Per request, a \"mock\" object in the JSON body overrides the flags: tokens,
 token_interval_ms, ttft_ms, error_status, abort_after, stall_after (a stream
@@ -218,6 +221,8 @@ pub(crate) struct Ctx {
     pub(crate) log: RefCell<record::ExchangeLog>,
     /// The early closes behind `/closes`.
     pub(crate) closes: RefCell<closes::CloseLog>,
+    /// What the model lists answer (`POST /mock/health`).
+    pub(crate) list_health: std::cell::Cell<list_health::ListHealth>,
 }
 
 /// A bound mock provider. Create and run it inside a monoio runtime.
@@ -239,6 +244,7 @@ impl MockProv {
             limits: Limits::default(),
             log: RefCell::new(record::ExchangeLog::default()),
             closes: RefCell::new(closes::CloseLog::default()),
+            list_health: std::cell::Cell::new(list_health::ListHealth::Ok),
         });
         Ok(Self { listener, ctx })
     }

@@ -41,6 +41,8 @@ pub enum Meta {
     Log,
     /// `GET /closes`.
     Closes,
+    /// `POST /mock/health`.
+    SetHealth,
 }
 
 /// Where a request goes.
@@ -73,6 +75,7 @@ const ROUTES: &[(&str, &str, Route)] = &[
     ("GET", "/last", Route::Meta(Meta::Last)),
     ("GET", "/log", Route::Meta(Meta::Log)),
     ("GET", "/closes", Route::Meta(Meta::Closes)),
+    ("POST", "/mock/health", Route::Meta(Meta::SetHealth)),
 ];
 
 /// The route of `method` `path` (path without its query).

@@ -42,7 +42,20 @@ pub struct RunManager {
     /// This link's health observation sequence: connection-scoped (a new
     /// connection has a new manager: it starts at 0), the first stall
     /// observation is 1.
-    health_seq: Rc<Cell<u64>>,
+    health_seq: HealthSeq,
+}
+
+/// A link's health observation sequence, shared by its stall terminals and
+/// capabilities probes (unique and increasing on the link's one thread).
+#[derive(Debug, Clone, Default)]
+struct HealthSeq(Rc<Cell<u64>>);
+
+impl HealthSeq {
+    fn next(&self) -> u64 {
+        let seq = self.0.get() + 1;
+        self.0.set(seq);
+        seq
+    }
 }
 
 /// Adapters by provider id, each with its process-wide gate.
@@ -99,7 +112,7 @@ impl RunManager {
             writer,
             draining: Cell::new(false),
             idle: LocalNotify::new(),
-            health_seq: Rc::new(Cell::new(0)),
+            health_seq: HealthSeq::default(),
         })
     }
 
@@ -154,6 +167,12 @@ impl RunManager {
             "draining": self.draining.get(),
             "providers": providers,
         }))
+    }
+
+    /// The next number of this link's health observation sequence (a stall
+    /// terminal's or a capabilities probe's; the first is 1).
+    pub fn next_health_seq(&self) -> u64 {
+        self.health_seq.next()
     }
 
     /// The streams in flight on this edge connection, as JSON.
@@ -493,7 +512,7 @@ fn stall_timeout(raw_ms: u64) -> Result<std::time::Duration, RunFailure> {
 struct StallWatch {
     timeout: std::time::Duration,
     activity: Rc<Activity>,
-    seq: Rc<std::cell::Cell<u64>>,
+    seq: HealthSeq,
 }
 
 impl StallWatch {
@@ -515,8 +534,7 @@ impl StallWatch {
             _ = deadline => return None,
             h = adapter.probe_health(target) => h,
         };
-        let seq = self.seq.get() + 1;
-        self.seq.set(seq);
+        let seq = self.seq.next();
         let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let evidence = StallEvidence { timeout_ms: ms(self.timeout), idle_ms: ms(idle), health, seq };
         tracing::warn!(

@@ -7,7 +7,7 @@ use iop_core::config::{EdgeConfig, NodeEntry, ProviderEntry};
 use serde_json::{json, Value};
 
 use crate::{
-    pool::{PoolView, ResourceKey, ResourceLoad},
+    pool::{Overlay, PoolView, ResourceKey, ResourceLoad},
     registry::NodeStatus,
 };
 
@@ -74,17 +74,22 @@ fn provider(p: &ProviderEntry, load: Option<&ResourceLoad>) -> Value {
             &fallback
         }
     };
-    // One read of `online` so that status, health and capacities agree.
+    // One read of each so that status, health and capacities agree.
     let online = load.online.load(Ordering::Acquire);
+    let overlay = load.overlay();
+    let live = online && overlay == Overlay::Healthy;
     let configured_normal = load.configured_normal.load(Ordering::Relaxed);
     let configured_long = load.configured_long.load(Ordering::Relaxed);
     let in_use_normal = load.in_use_normal.load(Ordering::Relaxed);
     let in_use_long = load.in_use_long.load(Ordering::Relaxed);
-    let effective = |configured: u32| if online { configured } else { 0 };
+    let effective = |configured: u32| if live { configured } else { 0 };
     json!({
         "id": p.id,
-        "status": if online { "available" } else { "unavailable" },
+        "status": if live { "available" } else { "unavailable" },
         "health": if online { "online" } else { "offline" },
+        // The runtime overlay (stall evidence, recovery probes), apart from
+        // the connected state above.
+        "runtime_health": overlay.as_str(),
         "normal": {"configured": configured_normal, "effective": effective(configured_normal), "in_use": in_use_normal},
         "long": {"configured": configured_long, "effective": effective(configured_long), "in_use": in_use_long},
         "leases_in_use": u64::from(in_use_normal) + u64::from(in_use_long),
@@ -195,18 +200,18 @@ mod tests {
                 {"id": "n1", "connected": true, "ready": true, "generation": 3, "worker": 1,
                  "links": [{"index": 0, "worker": 1, "ready": true}, {"index": 1, "worker": 0, "ready": false}],
                  "providers": [
-                    {"id": "up", "status": "available", "health": "online",
+                    {"id": "up", "status": "available", "health": "online", "runtime_health": "healthy",
                      "normal": {"configured": 4, "effective": 4, "in_use": 1},
                      "long": {"configured": 0, "effective": 0, "in_use": 0},
                      "leases_in_use": 1, "live_leases": 1, "waiters": 0},
-                    {"id": "big", "status": "available", "health": "online",
+                    {"id": "big", "status": "available", "health": "online", "runtime_health": "healthy",
                      "normal": {"configured": 2, "effective": 2, "in_use": 2},
                      "long": {"configured": 1, "effective": 1, "in_use": 1},
                      "leases_in_use": 3, "live_leases": 3, "waiters": 5},
                 ]},
                 {"id": "n2", "connected": false, "ready": false, "generation": 0, "worker": null, "links": [],
                  "providers": [
-                    {"id": "up", "status": "unavailable", "health": "offline",
+                    {"id": "up", "status": "unavailable", "health": "offline", "runtime_health": "healthy",
                      "normal": {"configured": 8, "effective": 0, "in_use": 0},
                      "long": {"configured": 0, "effective": 0, "in_use": 0},
                      "leases_in_use": 0, "live_leases": 0, "waiters": 0},
