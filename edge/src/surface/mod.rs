@@ -31,9 +31,13 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: RequestHead, bod
             Ok(a) => a,
             Err(keep) => return keep,
         };
-        let answer = openai::answer(worker, conn, &head, route, admission);
-        drop(head);
-        return answer.await;
+        let mut chance = openai::ReplayChance::for_route(route);
+        let kept = openai::answer(worker, conn, head, route, admission, &mut chance).await;
+        // Failed before any byte reached the client: once more, elsewhere.
+        return match chance.take() {
+            Some((parts, failed)) => Box::pin(openai::replay::replay(worker, conn, route, *parts, failed)).await,
+            None => kept,
+        };
     }
     let path = head.path();
     let method = if head.method == "HEAD" { "GET" } else { head.method.as_str() };

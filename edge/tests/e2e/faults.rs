@@ -130,8 +130,13 @@ fn waiter_without_a_live_candidate_is_unavailable_at_once() {
     let b = b.join_within(SECS5);
     let took = b.ended.saturating_duration_since(killed);
     println!("queued request answered {took:?} after its only candidate died");
-    assert_eq!(b.resp.status, 503, "{}", b.resp_text());
+    // The node's links close one by one: when the link carrying `a` is seen
+    // closed first, `b` may be granted `a`'s capacity through the other,
+    // already dying link, and end as that node's disconnect (a 502 the
+    // client gets as promptly; there is no other provider to replay on).
     let v = b.resp.json();
+    let disconnected = b.resp.status == 502 && v["error"]["code"] == "node_disconnected";
+    assert!(b.resp.status == 503 || disconnected, "{}", b.resp_text());
     assert!(v["error"]["message"].is_string(), "{v}");
     assert!(took < Duration::from_secs(1), "queued request answered only {took:?} after the kill");
     assert_error_terminal(&a.join_within(SECS5));

@@ -17,6 +17,7 @@ mod links;
 mod ollama;
 mod pool;
 mod real_upstream;
+mod recovery;
 mod robustness;
 mod sdk_fidelity;
 mod stall;

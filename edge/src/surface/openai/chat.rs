@@ -12,18 +12,20 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use iop_core::{
-    config::ModelGroup,
     exec::{codes, ExecEvent, FailureSource, Part, RunFailure, Usage},
-    http::{self, Framing, RequestHead},
-    request::Top,
+    http::{self, Framing},
     wire::pb,
 };
 use monoio::io::AsyncWriteRentExt;
 use serde_json::{json, Value};
 
-use super::{chunk::ChunkEncoder, reply, Route};
+use super::{
+    chunk::ChunkEncoder,
+    replay::{Replay, ReplayChance},
+    reply, Route,
+};
 use crate::{
     dispatch::{self, RunStream},
     pool::Admitted,
@@ -34,32 +36,30 @@ use crate::{
 /// Runs an admitted request on the normalized path; resolves to whether
 /// the connection may be kept. `permit` is the body's share of the core's
 /// budget, held until the run is handed to its node. The run is submitted
-/// before the returned future, which holds only what answering needs (the
-/// parsed request and the group are not kept while a stream lasts).
-#[allow(clippy::too_many_arguments)]
+/// before the returned future, which holds only what answering needs: the
+/// request's parts go to `chance` (kept until the answer commits when it
+/// may be replayed, else dropped), so a stream keeps none of them.
 pub fn normalized<'a>(
     worker: &Rc<Worker>,
     conn: &'a mut Conn,
-    head: &RequestHead,
     route: Route,
-    top: &Top,
-    bytes: Bytes,
+    parts: Replay,
     permit: Option<BodyPermit>,
-    group: &ModelGroup,
     admitted: Admitted,
+    chance: &'a mut ReplayChance,
 ) -> impl std::future::Future<Output = bool> + 'a {
-    let keep = head.keep_alive;
+    let (keep, top) = (parts.head.keep_alive, &parts.top);
     let operation = match route {
         Route::Embeddings => pb::RunOperation::Embeddings,
         _ => pb::RunOperation::Chat,
     };
-    let body = top.with_model(&bytes, &admitted.target.upstream_model);
+    let body = top.with_model(&parts.bytes, &admitted.target.upstream_model);
     let asked_model = admitted.target.upstream_model.clone();
-    drop(bytes);
     let run_req = pb::RunRequest { body, operation: operation as i32, whole: !top.stream, ..Default::default() };
-    let mut submitted = dispatch::submit(worker, &group.name, admitted, run_req);
+    let mut submitted = dispatch::submit(worker, &parts.group.name, admitted, run_req);
     drop(permit);
     let (streams, include_usage, base64) = (top.stream, top.include_usage(), top.encoding_base64());
+    chance.keep(parts);
     // A client that accepts nothing for this long is cut (its run is
     // then cancelled on the node).
     let write_timeout = worker.config.borrow().http.idle_timeout;
@@ -75,9 +75,9 @@ pub fn normalized<'a>(
         if route == Route::Embeddings {
             embeddings(conn, run, &meta, base64, keep).await
         } else if streams {
-            stream(conn, run, &meta, include_usage, keep, write_timeout).await
+            stream(conn, run, &meta, include_usage, keep, write_timeout, chance).await
         } else {
-            aggregate(conn, run, &meta, keep).await
+            aggregate(conn, run, &meta, keep, chance).await
         }
     }
 }
@@ -115,14 +115,21 @@ async fn stream(
     include_usage: bool,
     keep: bool,
     write_timeout: std::time::Duration,
+    chance: &mut ReplayChance,
 ) -> bool {
     let Conn { rd, wr, buf, out, .. } = conn;
     let first = match with_disconnect_watch(rd, buf, std::pin::pin!(run.next())).await {
         // The client is gone (dropping `run` cancels it on the node), or the run ended.
         None | Some(None) => return false,
-        Some(Some(ExecEvent::Error(f))) => return reply::failure(&mut conn.responder(), &f, keep).await,
+        // Before any byte: maybe held back for a replay elsewhere.
+        Some(Some(ExecEvent::Error(f))) => match chance.hold(f) {
+            Some(f) => return reply::failure(&mut conn.responder(), &f, keep).await,
+            None => return false,
+        },
         Some(Some(ev)) => ev,
     };
+    // The head goes out now: no replay from here.
+    chance.commit();
     http::write_response_head(
         out,
         200,
@@ -424,16 +431,21 @@ async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
 }
 
 /// Waits for the whole run and answers with one `chat.completion`.
-async fn aggregate(conn: &mut Conn, run: &mut RunStream, meta: &Meta, keep: bool) -> bool {
+async fn aggregate(conn: &mut Conn, run: &mut RunStream, meta: &Meta, keep: bool, chance: &mut ReplayChance) -> bool {
     let result = {
         let Conn { rd, buf, .. } = &mut *conn;
         with_disconnect_watch(rd, buf, std::pin::pin!(collect(run))).await
     };
     let agg = match result {
         None => return false,
-        Some(Err(f)) => return reply::failure(&mut conn.responder(), &f, keep).await,
+        // Nothing was written yet: maybe held back for a replay elsewhere.
+        Some(Err(f)) => match chance.hold(f) {
+            Some(f) => return reply::failure(&mut conn.responder(), &f, keep).await,
+            None => return false,
+        },
         Some(Ok(agg)) => agg,
     };
+    chance.commit();
     let choices: Vec<Value> = agg.choices.iter().map(|(i, c)| c.to_json(*i)).collect();
     let mut v = json!({
         "id": meta.id,

@@ -15,6 +15,7 @@ pub mod chunk;
 pub mod error;
 pub mod models;
 pub mod relay;
+pub mod replay;
 mod reply;
 mod tunnel;
 
@@ -22,8 +23,11 @@ use std::{future::Future, pin::Pin, rc::Rc};
 
 use iop_core::{config::ModelGroup, http::RequestHead};
 
+use replay::Replay;
+pub use replay::ReplayChance;
+
 use crate::{
-    pool::{self, AdmitError, LeaseClass},
+    pool::{self, AdmitError, Admitted, LeaseClass},
     server::{with_disconnect_watch, Body, Conn},
     worker::Worker,
 };
@@ -86,22 +90,25 @@ pub struct Admission {
 }
 
 /// The answer to an admitted request: it is sent to its node before this
-/// returns, and the future holds only what answering needs (the parsed
-/// request and the group end here; `head` may be dropped by the caller),
-/// so an open stream keeps none of them.
+/// returns, and the future holds only what answering needs: the request's
+/// parts (head, parsed request, body, group) end here, or stay in `chance`
+/// until the answer commits when the request may be replayed, so an open
+/// stream keeps none of them.
 pub fn answer<'a>(
     worker: &Rc<Worker>,
     conn: &'a mut Conn,
-    head: &RequestHead,
+    head: RequestHead,
     route: Route,
     a: Admission,
+    chance: &'a mut ReplayChance,
 ) -> Pin<Box<dyn Future<Output = bool> + 'a>> {
     let Admission { top, bytes, permit, group, admitted, tunnels } = a;
+    let parts = Replay { head, top, bytes, group, class: admitted.lease.class(), avoid: admitted.lease.key().clone() };
     // Boxed apart: a tunnel's answer is much smaller than a normalized one.
     if tunnels {
-        Box::pin(tunnel::run(worker, conn, head, route, &top, bytes, permit, &group.name, admitted))
+        Box::pin(tunnel::run(worker, conn, route, parts, permit, admitted, chance))
     } else {
-        Box::pin(chat::normalized(worker, conn, head, route, &top, bytes, permit, &group, admitted))
+        Box::pin(chat::normalized(worker, conn, route, parts, permit, admitted, chance))
     }
 }
 
@@ -137,23 +144,39 @@ pub async fn admit(
         Some(t) if (bytes.len() as u64).div_ceil(4) > u64::from(t) => LeaseClass::Long,
         _ => LeaseClass::Normal,
     };
+    let admitted = match take_capacity(worker, conn, &group, class).await {
+        None => return Err(false), // client left while queued; the wait guard left the queue
+        Some(Ok(a)) => a,
+        Some(Err(e)) => {
+            let (status, code) = match e {
+                AdmitError::QueueFull(_) => (429, "queue_full"),
+                AdmitError::Timeout(_) => (503, "queue_timeout"),
+                AdmitError::Unavailable(_) => (503, "no_ready_node"),
+            };
+            return Err(reply::error(&mut conn.responder(), status, &e.to_string(), Some(code), keep).await);
+        }
+    };
+    let tunnels = tunnels_to(worker, &admitted);
+    Ok(Admission { top, bytes, permit, group, admitted, tunnels })
+}
+
+/// Takes capacity on `group` for a request of `class`, queueing if need
+/// be, while watching the client; `None` when it left.
+async fn take_capacity(
+    worker: &Rc<Worker>,
+    conn: &mut Conn,
+    group: &ModelGroup,
+    class: LeaseClass,
+) -> Option<Result<Admitted, AdmitError>> {
     let mut regrants = 0;
-    let admitted = loop {
+    loop {
         let admitted = {
             let Conn { rd, buf, .. } = &mut *conn;
-            with_disconnect_watch(rd, buf, std::pin::pin!(pool::admit(worker, &group, class))).await
+            with_disconnect_watch(rd, buf, std::pin::pin!(pool::admit(worker, group, class))).await?
         };
         let admitted = match admitted {
-            None => return Err(false), // client left while queued; the wait guard left the queue
-            Some(Ok(a)) => a,
-            Some(Err(e)) => {
-                let (status, code) = match e {
-                    AdmitError::QueueFull(_) => (429, "queue_full"),
-                    AdmitError::Timeout(_) => (503, "queue_timeout"),
-                    AdmitError::Unavailable(_) => (503, "no_ready_node"),
-                };
-                return Err(reply::error(&mut conn.responder(), status, &e.to_string(), Some(code), keep).await);
-            }
+            Ok(a) => a,
+            Err(e) => return Some(Err(e)),
         };
         // Granted through links that closed meanwhile (the node is going
         // away): the lease goes back and the request asks again, so a
@@ -165,14 +188,17 @@ pub async fn admit(
             iop_core::rt::yield_now().await;
             continue;
         }
-        break admitted;
-    };
-    let tunnels = worker
+        return Some(Ok(admitted));
+    }
+}
+
+/// Whether `admitted`'s provider is OpenAI-compatible (the tunnel serves it).
+fn tunnels_to(worker: &Worker, admitted: &Admitted) -> bool {
+    worker
         .config
         .borrow()
         .provider(&admitted.target.node, &admitted.target.provider)
-        .is_some_and(|p| p.kind.is_openai_compatible());
-    Ok(Admission { top, bytes, permit, group, admitted, tunnels })
+        .is_some_and(|p| p.kind.is_openai_compatible())
 }
 
 /// Grants taken again, at most, when one came through links already closed.

@@ -8,7 +8,6 @@ use std::{future::Future, rc::Rc, time::Duration};
 use bytes::Bytes;
 use iop_core::{
     http::{self, Framing, RequestHead},
-    request::Top,
     rt::gather::Gather,
     tunnel::{self, TunnelItem},
     wire::pb,
@@ -16,6 +15,7 @@ use iop_core::{
 
 use super::{
     relay::{relay_body, BodyEnd, Frame},
+    replay::{Replay, ReplayChance},
     reply, Route,
 };
 use crate::{
@@ -46,28 +46,26 @@ fn forwarded_headers(head: &RequestHead, request_id: &str) -> Vec<pb::Header> {
 /// Sends an admitted request through the tunnel and relays the answer;
 /// resolves to whether the connection may be kept. The sending is done
 /// before the returned future: it holds only what relaying needs (an open
-/// stream's task keeps this state for the whole answer).
-#[allow(clippy::too_many_arguments)]
+/// stream's task keeps this state for the whole answer); the request's
+/// parts go to `chance` (kept until the answer commits when it may be
+/// replayed, else dropped).
 pub fn run<'a>(
     worker: &Rc<Worker>,
     conn: &'a mut Conn,
-    head: &RequestHead,
     route: Route,
-    top: &Top,
-    bytes: Bytes,
+    parts: Replay,
     permit: Option<BodyPermit>,
-    model: &str,
     admitted: Admitted,
+    chance: &'a mut ReplayChance,
 ) -> impl Future<Output = bool> + 'a {
-    let keep = head.keep_alive;
+    let keep = parts.head.keep_alive;
     let target = &admitted.target.upstream_model;
     // Chat and legacy completions stream usage only when asked; the
     // Responses API always reports it (and has no stream_options).
     let (body, hide_usage_chunk) = match route {
-        Route::Chat | Route::Completions => top.rewrite(&bytes, target),
-        Route::Embeddings | Route::Responses => (top.with_model(&bytes, target), false),
+        Route::Chat | Route::Completions => parts.top.rewrite(&parts.bytes, target),
+        Route::Embeddings | Route::Responses => (parts.top.with_model(&parts.bytes, target), false),
     };
-    drop(bytes);
     let req = pb::ProviderTunnelRequest {
         method: "POST".into(),
         path: route.provider_path().into(),
@@ -75,34 +73,56 @@ pub fn run<'a>(
         hide_usage_chunk,
         ..Default::default()
     };
-    let mut submitted = dispatch::submit_tunnel(worker, model, admitted, req, |id| forwarded_headers(head, id));
+    let model = &parts.group.name;
+    let mut submitted = dispatch::submit_tunnel(worker, model, admitted, req, |id| forwarded_headers(&parts.head, id));
     drop(permit);
+    chance.keep(parts);
     let write_timeout = worker.config.borrow().http.idle_timeout;
     async move {
         // By reference: a moved binding would be stored twice in this state.
         match &mut submitted {
-            Ok(stream) => relay(conn, stream, keep, write_timeout).await,
+            Ok(stream) => relay(conn, stream, keep, write_timeout, chance).await,
             Err(e) => reply::dispatch_error(&mut conn.responder(), e, keep).await,
         }
     }
 }
 
-async fn relay(conn: &mut Conn, stream: &mut TunnelStream, keep: bool, write_timeout: Duration) -> bool {
+async fn relay(
+    conn: &mut Conn,
+    stream: &mut TunnelStream,
+    keep: bool,
+    write_timeout: Duration,
+    chance: &mut ReplayChance,
+) -> bool {
     // One disconnect watch for the whole answer, status to last byte (each
     // watch is a read and its cancellation on the client's socket).
     let head_only = conn.head_only;
     let Conn { rd, wr, buf, out, .. } = conn;
     let mut w = Responder { wr, out, head_only };
-    let answer = std::pin::pin!(answer(&mut w, stream, keep, write_timeout));
+    let answer = std::pin::pin!(answer(&mut w, stream, keep, write_timeout, chance));
     // None: the client left; dropping the stream cancels the tunnel.
     with_disconnect_watch(rd, buf, answer).await.unwrap_or(false)
 }
 
 /// The provider's status, headers and body to the client.
-async fn answer(w: &mut Responder<'_>, stream: &mut TunnelStream, keep: bool, write_timeout: Duration) -> bool {
+async fn answer(
+    w: &mut Responder<'_>,
+    stream: &mut TunnelStream,
+    keep: bool,
+    write_timeout: Duration,
+    chance: &mut ReplayChance,
+) -> bool {
     let (status, headers) = match stream.next().await {
-        Some(TunnelItem::Start { status, headers }) => (status, headers),
-        Some(TunnelItem::Error(f)) => return reply::failure(w, &f, keep).await,
+        Some(TunnelItem::Start { status, headers }) => {
+            // The provider's status goes out now: no replay from here.
+            chance.commit();
+            (status, headers)
+        }
+        // Before any byte: maybe held back for a replay elsewhere.
+        Some(TunnelItem::Error(f)) => match chance.hold(f) {
+            Some(f) => return reply::failure(w, &f, keep).await,
+            None => return false,
+        },
         _ => {
             let msg = "node answered the tunnel without a status";
             return reply::error(w, 502, msg, Some("upstream_protocol"), keep).await;

@@ -1,0 +1,167 @@
+//! Recovery before commit: a chat or Responses request whose first attempt
+//! failed retryably (a stall, a provider it could not reach, a node that
+//! went away) before any byte reached the client is admitted once more,
+//! avoiding the provider that failed. After the first byte, never: the
+//! client gets the typed error ending instead.
+//!
+//! The request's parts (head, parsed top, body, group) are kept in the
+//! [`ReplayChance`] only until the answer commits; a committed stream
+//! holds none of them.
+
+use std::rc::Rc;
+
+use bytes::Bytes;
+use iop_core::{config::ModelGroup, exec::RunFailure, http::RequestHead, liveness::ProviderHealth, request::Top};
+
+use super::{reply, Admission, Route};
+use crate::{
+    pool::{LeaseClass, PoolView, ResourceKey},
+    server::Conn,
+    worker::Worker,
+};
+
+/// What a second attempt needs.
+pub struct Replay {
+    pub(super) head: RequestHead,
+    pub(super) top: Top,
+    pub(super) bytes: Bytes,
+    pub(super) group: ModelGroup,
+    pub(super) class: LeaseClass,
+    /// The provider of the failed attempt.
+    pub(super) avoid: ResourceKey,
+}
+
+/// One request's chance at a second attempt.
+#[derive(Default)]
+pub struct ReplayChance {
+    /// Whether the route may be replayed at all (chat and Responses).
+    armed: bool,
+    replay: Option<Box<Replay>>,
+    /// The first attempt's failure, held back from the client.
+    failed: Option<RunFailure>,
+}
+
+impl ReplayChance {
+    /// The chance of a request on `route`: chat completions and Responses
+    /// (the spec's scope); none for the others.
+    pub fn for_route(route: Route) -> Self {
+        Self { armed: matches!(route, Route::Chat | Route::Responses), ..Self::default() }
+    }
+
+    /// No second attempt (the second attempt itself).
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Keeps the parts of an armed request.
+    pub(super) fn keep(&mut self, replay: Replay) {
+        if self.armed {
+            self.replay = Some(Box::new(replay));
+        }
+    }
+
+    /// The first byte is about to reach the client: no replay from here.
+    pub(super) fn commit(&mut self) {
+        self.armed = false;
+        self.replay = None;
+    }
+
+    /// A failure before any byte: held back for the replay when it is
+    /// retryable and a replay is possible (`None` then: the caller writes
+    /// nothing); else handed back for the caller to answer with.
+    pub(super) fn hold(&mut self, f: RunFailure) -> Option<RunFailure> {
+        if !self.armed {
+            return Some(f); // not a replayed route, or the second attempt
+        }
+        if self.replay.is_some() && f.retryable {
+            self.failed = Some(f);
+            return None;
+        }
+        observe("ineligible", if f.retryable { "no_replay_left" } else { "not_retryable" }, None);
+        Some(f)
+    }
+
+    /// The held failure and the parts to replay with, if the first attempt
+    /// ended that way.
+    pub fn take(&mut self) -> Option<(Box<Replay>, RunFailure)> {
+        let failed = self.failed.take()?;
+        Some((self.replay.take()?, failed))
+    }
+}
+
+/// The targets a replay may use: the live alternates of the avoided
+/// provider; failing those, the avoided provider itself only when the
+/// stall's probe found it `available` (`allow_avoided`). `None`: nowhere
+/// to go.
+pub fn targets_avoiding(
+    view: &PoolView,
+    group: &ModelGroup,
+    avoid: &ResourceKey,
+    allow_avoided: bool,
+) -> Option<ModelGroup> {
+    let key = |t: &iop_core::config::ModelTarget| ResourceKey::new(&t.node, &t.provider);
+    let live = |t: &iop_core::config::ModelTarget| view.resources.get(&key(t)).is_some_and(|l| l.live());
+    let (avoided, alternates): (Vec<_>, Vec<_>) = group.targets.iter().cloned().partition(|t| key(t) == *avoid);
+    let chosen = if alternates.iter().any(live) {
+        alternates
+    } else if allow_avoided && avoided.iter().any(live) {
+        avoided
+    } else {
+        return None;
+    };
+    Some(ModelGroup { targets: chosen, ..group.clone() })
+}
+
+/// The spec's `edge_liveness_recovery_observation` (identifiers left out).
+fn observe(decision: &'static str, reason: &'static str, result: Option<&'static str>) {
+    tracing::info!(decision, reason, result = result.unwrap_or(""), "edge_liveness_recovery_observation");
+}
+
+/// Answers a request whose first attempt failed before commit with `failed`:
+/// admitted again avoiding the failed provider, or `failed` itself when
+/// there is nowhere else to go. Resolves to whether the connection may be
+/// kept.
+pub async fn replay(worker: &Rc<Worker>, conn: &mut Conn, route: Route, r: Replay, failed: RunFailure) -> bool {
+    let keep = r.head.keep_alive;
+    let allow_avoided = failed.stall.as_ref().is_some_and(|s| s.health == ProviderHealth::Available);
+    let view = worker.pool.borrow().clone();
+    let Some(group) = targets_avoiding(&view, &r.group, &r.avoid, allow_avoided) else {
+        observe("ineligible", "no_alternate", None);
+        return reply::failure(&mut conn.responder(), &failed, keep).await;
+    };
+    drop(view);
+    observe("eligible", if allow_avoided { "stalled_provider_available" } else { "alternate" }, None);
+    let admitted = match super::take_capacity(worker, conn, &group, r.class).await {
+        None => return false, // the client left while queued
+        Some(Ok(a)) => a,
+        Some(Err(_)) => {
+            observe("eligible", "readmission_refused", Some("failed"));
+            return reply::failure(&mut conn.responder(), &failed, keep).await;
+        }
+    };
+    let tunnels = super::tunnels_to(worker, &admitted);
+    tracing::debug!(node = %admitted.target.node, provider = %admitted.target.provider, "replaying before commit");
+    let a = Admission { top: r.top, bytes: r.bytes, permit: None, group: r.group, admitted, tunnels };
+    let mut none = ReplayChance::none();
+    let kept = super::answer(worker, conn, r.head, route, a, &mut none).await;
+    observe("eligible", "replayed", Some("answered"));
+    kept
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+    use iop_core::exec::{codes, FailureSource};
+
+    #[test]
+    fn only_an_armed_request_holds_back_a_retryable_failure() {
+        let f = || RunFailure::new(codes::UPSTREAM_CONNECT, 502, FailureSource::Provider, "x");
+        let mut none = ReplayChance::for_route(Route::Embeddings);
+        assert!(none.hold(f().retryable()).is_some(), "embeddings are not replayed");
+        let mut chance = ReplayChance::for_route(Route::Chat);
+        // Armed but nothing kept yet (nothing to replay with): answered.
+        assert!(chance.hold(f().retryable()).is_some());
+        assert!(chance.take().is_none());
+    }
+}
