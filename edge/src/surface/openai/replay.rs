@@ -37,8 +37,9 @@ pub struct ReplayChance {
     /// Whether the route may be replayed at all (chat and Responses).
     armed: bool,
     replay: Option<Box<Replay>>,
-    /// The first attempt's failure, held back from the client.
-    failed: Option<RunFailure>,
+    /// The first attempt's failure, held back from the client (boxed: the
+    /// chance lives in the connection's task for a whole stream).
+    failed: Option<Box<RunFailure>>,
 }
 
 impl ReplayChance {
@@ -74,7 +75,7 @@ impl ReplayChance {
             return Some(f); // not a replayed route, or the second attempt
         }
         if self.replay.is_some() && f.retryable {
-            self.failed = Some(f);
+            self.failed = Some(Box::new(f));
             return None;
         }
         observe("ineligible", if f.retryable { "no_replay_left" } else { "not_retryable" }, None);
@@ -85,7 +86,7 @@ impl ReplayChance {
     /// ended that way.
     pub fn take(&mut self) -> Option<(Box<Replay>, RunFailure)> {
         let failed = self.failed.take()?;
-        Some((self.replay.take()?, failed))
+        Some((self.replay.take()?, *failed))
     }
 }
 
