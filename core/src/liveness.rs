@@ -30,6 +30,11 @@ pub enum ProviderHealth {
     Unavailable,
     /// The probe could not tell.
     Unknown,
+    /// Answering "loading" (503), as llama.cpp's server and others do while
+    /// they load a model: not failing, not ready yet. Node-local and in the
+    /// capabilities probe's answer; a stall's evidence carries it as
+    /// `unavailable` (the wire's pairs are three).
+    Starting,
 }
 
 impl ProviderHealth {
@@ -39,6 +44,7 @@ impl ProviderHealth {
             ProviderHealth::Available => "available",
             ProviderHealth::Unavailable => "unavailable",
             ProviderHealth::Unknown => "unknown",
+            ProviderHealth::Starting => "starting",
         }
     }
 
@@ -46,7 +52,7 @@ impl ProviderHealth {
     pub fn classification(self) -> &'static str {
         match self {
             ProviderHealth::Available => "request_stalled",
-            ProviderHealth::Unavailable => "provider_unhealthy",
+            ProviderHealth::Unavailable | ProviderHealth::Starting => "provider_unhealthy",
             ProviderHealth::Unknown => "health_unknown",
         }
     }
@@ -54,7 +60,7 @@ impl ProviderHealth {
     fn to_wire(self) -> (pb::ProviderHealth, pb::LivenessClassification) {
         match self {
             ProviderHealth::Available => (pb::ProviderHealth::Available, pb::LivenessClassification::RequestStalled),
-            ProviderHealth::Unavailable => {
+            ProviderHealth::Unavailable | ProviderHealth::Starting => {
                 (pb::ProviderHealth::Unavailable, pb::LivenessClassification::ProviderUnhealthy)
             }
             ProviderHealth::Unknown => (pb::ProviderHealth::Unknown, pb::LivenessClassification::HealthUnknown),
@@ -136,6 +142,8 @@ mod tests {
             let e = StallEvidence { timeout_ms: 200, idle_ms: 201, health, seq: 3 };
             assert_eq!(StallEvidence::from_wire(&e.to_wire()), Some(e));
         }
+        let starting = StallEvidence { timeout_ms: 1, idle_ms: 1, health: ProviderHealth::Starting, seq: 1 };
+        assert_eq!(StallEvidence::from_wire(&starting.to_wire()).unwrap().health, ProviderHealth::Unavailable);
         let mut w = StallEvidence { timeout_ms: 1, idle_ms: 1, health: ProviderHealth::Available, seq: 1 }.to_wire();
         w.liveness_classification = pb::LivenessClassification::ProviderUnhealthy as i32;
         assert_eq!(StallEvidence::from_wire(&w).unwrap().health, ProviderHealth::Unknown);

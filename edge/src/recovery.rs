@@ -1,8 +1,10 @@
 //! Provider health on the edge, on each resource's owner core: applying
 //! observations to the runtime overlay (stall evidence handed off by a
-//! session, recovery probe answers), and CAPABILITIES recovery — while a
-//! provider is lowered, its node is asked on a schedule to probe the exact
-//! target; only a strictly newer `available` answer raises it again.
+//! session, probe answers), a first probe of each provider when its node
+//! connection comes up (a provider still loading is `starting`), and
+//! CAPABILITIES recovery — while a provider is lowered, its node is asked on
+//! a schedule to probe the exact target; only a strictly newer `available`
+//! answer raises it again.
 
 use std::{rc::Rc, time::Duration};
 
@@ -67,9 +69,58 @@ pub fn observe(worker: &Rc<Worker>, report: &HealthReport) {
         outcome: fields.2,
         overlay,
     });
-    if observed == Observed::Lowered {
+    if matches!(observed, Observed::Lowered | Observed::Starting) {
         monoio::spawn(probe_until_recovered(worker.clone(), report.key.clone(), report.generation));
     }
+}
+
+/// The target a provider serves first in this core's config (what its
+/// readiness probe asks about); `None` when no model uses it.
+fn first_target(worker: &Worker, key: &ResourceKey) -> Option<String> {
+    let config = worker.config.borrow();
+    let t = config
+        .models
+        .iter()
+        .flat_map(|m| m.targets.iter())
+        .find(|t| *t.node == *key.node && *t.provider == *key.provider)?;
+    Some(t.upstream_model.clone())
+}
+
+/// Cold start is not failure: when a node connection comes up, each of its
+/// providers is probed once; one still loading (503 "loading") is shown as
+/// `starting`, takes no traffic and is probed until ready.
+pub async fn first_probe(worker: Rc<Worker>, key: ResourceKey, generation: Generation) {
+    let Some(target) = first_target(&worker, &key) else { return };
+    let route = worker.shard.borrow().route_of(&key, generation);
+    let Some(link) = route.as_ref().and_then(|r| r.links.first()) else { return };
+    if let Some((health, seq)) = ask(link, &key, &target).await {
+        let report = HealthReport { key, generation, link: link.index, seq, health, target, source: Source::Probe };
+        observe(&worker, &report);
+    }
+}
+
+/// Asks the node over `link` to probe `target` of `key`'s provider; the
+/// health and observation number of a well-formed, exact answer.
+async fn ask(link: &crate::worker::LinkRoute, key: &ResourceKey, target: &str) -> Option<(ProviderHealth, u64)> {
+    let req = pb::NodeCommandRequest {
+        kind: pb::NodeCommandKind::Capabilities as i32,
+        adapter: key.provider.to_string(),
+        target: target.to_owned(),
+        payload_json: bytes::Bytes::new(),
+    };
+    let (reply, rx) = oneshot();
+    // Busy or gone: the next round (or generation) sees which.
+    link.session.try_send(SessionCmd::Command { req, reply }).ok()?;
+    let answer = time::timeout(ANSWER_WAIT, rx).await.ok()??;
+    let read = read_answer(&answer, key, target);
+    if read.is_none() {
+        tracing::info!(
+            node = %key.node,
+            provider = %key.provider,
+            "edge_provider_health_observation: malformed or mismatched probe answer ignored"
+        );
+    }
+    read
 }
 
 /// The provider's `health_probe_interval_ms` in this core's config.
@@ -91,38 +142,17 @@ async fn probe_until_recovered(worker: Rc<Worker>, key: ResourceKey, generation:
         }
         let Some((route, target)) = worker.shard.borrow().probe_plan(&key, generation) else { return };
         let Some(link) = route.links.first() else { continue };
-        let req = pb::NodeCommandRequest {
-            kind: pb::NodeCommandKind::Capabilities as i32,
-            adapter: key.provider.to_string(),
-            target: target.clone(),
-            payload_json: bytes::Bytes::new(),
-        };
-        let (reply, rx) = oneshot();
-        if link.session.try_send(SessionCmd::Command { req, reply }).is_err() {
-            continue; // The session is busy or gone; the next round sees which.
-        }
-        let answer = match time::timeout(ANSWER_WAIT, rx).await {
-            Ok(Some(resp)) => resp,
-            Ok(None) | Err(_) => continue,
-        };
-        match read_answer(&answer, &key, &target) {
-            Some((health, seq)) => {
-                let report = HealthReport {
-                    key: key.clone(),
-                    generation,
-                    link: link.index,
-                    seq,
-                    health,
-                    target,
-                    source: Source::Probe,
-                };
-                observe(&worker, &report);
-            }
-            None => tracing::info!(
-                node = %key.node,
-                provider = %key.provider,
-                "edge_provider_health_observation: malformed or mismatched probe answer ignored"
-            ),
+        if let Some((health, seq)) = ask(link, &key, &target).await {
+            let report = HealthReport {
+                key: key.clone(),
+                generation,
+                link: link.index,
+                seq,
+                health,
+                target,
+                source: Source::Probe,
+            };
+            observe(&worker, &report);
         }
     }
 }
@@ -150,6 +180,7 @@ fn read_answer(resp: &pb::NodeCommandResponse, key: &ResourceKey, target: &str) 
         "available" => ProviderHealth::Available,
         "unavailable" => ProviderHealth::Unavailable,
         "unknown" => ProviderHealth::Unknown,
+        "starting" => ProviderHealth::Starting,
         _ => return None,
     };
     Some((health, a.health_observation_seq))

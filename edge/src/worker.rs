@@ -261,7 +261,10 @@ impl Worker {
                         routes.insert(node_id.clone(), route);
                     }
                 }
-                self.shard.borrow_mut().node_ready(&node_id, generation);
+                let fresh = self.shard.borrow_mut().node_ready(&node_id, generation);
+                for key in fresh {
+                    monoio::spawn(crate::recovery::first_probe(self.clone(), key, generation));
+                }
             }
             CoreMsg::NodeGone { node_id, generation } => {
                 {

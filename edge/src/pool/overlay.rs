@@ -17,6 +17,8 @@ pub enum Overlay {
     Healthy,
     /// A stall's probe found it not answering, or not serving the target.
     Unavailable,
+    /// A probe found it loading (503 "loading"): no traffic until ready.
+    Starting,
 }
 
 impl Overlay {
@@ -25,6 +27,7 @@ impl Overlay {
         match self {
             Overlay::Healthy => "healthy",
             Overlay::Unavailable => "unavailable",
+            Overlay::Starting => "starting",
         }
     }
 
@@ -32,12 +35,14 @@ impl Overlay {
         match self {
             Overlay::Healthy => 0,
             Overlay::Unavailable => 1,
+            Overlay::Starting => 2,
         }
     }
 
     pub(super) fn from_u8(v: u8) -> Self {
         match v {
             0 => Overlay::Healthy,
+            2 => Overlay::Starting,
             _ => Overlay::Unavailable,
         }
     }
@@ -86,7 +91,9 @@ pub struct HealthReport {
 pub enum Observed {
     /// Healthy → unavailable.
     Lowered,
-    /// Unavailable → healthy.
+    /// Healthy → starting (a probe found it loading).
+    Starting,
+    /// Unavailable or starting → healthy.
     Recovered,
     /// Valid and fresh, but it changes nothing (available or unknown
     /// stall evidence, an unavailable probe answer, a repeat).
@@ -101,6 +108,7 @@ impl Observed {
     pub fn as_str(self) -> &'static str {
         match self {
             Observed::Lowered => "lowered",
+            Observed::Starting => "starting",
             Observed::Recovered => "recovered",
             Observed::Unchanged => "unchanged",
             Observed::Stale => "stale",
@@ -137,7 +145,12 @@ impl HealthState {
                 self.probe_target = Some(r.target.clone());
                 Observed::Lowered
             }
-            (Source::Probe, ProviderHealth::Available, Overlay::Unavailable)
+            (Source::Probe, ProviderHealth::Starting, Overlay::Healthy) => {
+                self.overlay = Overlay::Starting;
+                self.probe_target = Some(r.target.clone());
+                Observed::Starting
+            }
+            (Source::Probe, ProviderHealth::Available, Overlay::Unavailable | Overlay::Starting)
                 if self.probe_target.as_deref() == Some(r.target.as_str()) =>
             {
                 self.overlay = Overlay::Healthy;
@@ -189,10 +202,23 @@ mod tests {
     }
 
     #[test]
+    fn a_loading_provider_is_starting_until_a_probe_finds_it_ready() {
+        use ProviderHealth::{Available, Starting, Unavailable};
+        let mut h = HealthState::default();
+        assert_eq!(h.observe(&report(0, 1, Starting, Source::Probe)), Observed::Starting);
+        assert_eq!(h.overlay, Overlay::Starting);
+        assert_eq!(h.observe(&report(0, 2, Starting, Source::Probe)), Observed::Unchanged);
+        assert_eq!(h.observe(&report(0, 3, Unavailable, Source::Probe)), Observed::Unchanged);
+        assert_eq!(h.observe(&report(0, 4, Available, Source::Probe)), Observed::Recovered);
+        assert_eq!(h.overlay, Overlay::Healthy);
+    }
+
+    #[test]
     fn labels_are_a_closed_set() {
         assert_eq!(Overlay::from_u8(Overlay::Unavailable.to_u8()), Overlay::Unavailable);
         assert_eq!(Overlay::from_u8(Overlay::Healthy.to_u8()), Overlay::Healthy);
-        let all = [Observed::Lowered, Observed::Recovered, Observed::Unchanged, Observed::Stale];
-        assert_eq!(all.map(Observed::as_str), ["lowered", "recovered", "unchanged", "stale"]);
+        assert_eq!(Overlay::from_u8(Overlay::Starting.to_u8()), Overlay::Starting);
+        let all = [Observed::Lowered, Observed::Starting, Observed::Recovered, Observed::Unchanged, Observed::Stale];
+        assert_eq!(all.map(Observed::as_str), ["lowered", "starting", "recovered", "unchanged", "stale"]);
     }
 }

@@ -247,9 +247,11 @@ impl Shard {
         self.fenced.get(node).is_some_and(|g| generation <= *g)
     }
 
-    /// Node `node` became ready with connection `generation`.
-    pub fn node_ready(&mut self, node: &str, generation: Generation) {
+    /// Node `node` became ready with connection `generation`; returns the
+    /// resources that came online with it (each gets a first probe).
+    pub fn node_ready(&mut self, node: &str, generation: Generation) -> Vec<ResourceKey> {
         let keys: Vec<_> = self.resources.keys().filter(|k| &*k.node == node).cloned().collect();
+        let mut fresh = Vec::new();
         for key in keys {
             let Some(r) = self.resources.get_mut(&key) else { continue };
             // Generations only grow: an older (or repeated) ready changes nothing.
@@ -265,7 +267,9 @@ impl Shard {
                 r.tell_waiters(true);
             }
             self.pump(&key);
+            fresh.push(key);
         }
+        fresh
     }
 
     /// Node `node`'s connection `generation` ended. Stale generations change nothing.
@@ -316,7 +320,7 @@ impl Shard {
         }
         let observed = r.health.observe(report);
         match observed {
-            Observed::Lowered => {
+            Observed::Lowered | Observed::Starting => {
                 r.tell_waiters(false);
                 r.compact();
                 r.publish();
@@ -328,6 +332,12 @@ impl Shard {
             Observed::Unchanged | Observed::Stale => {}
         }
         observed
+    }
+
+    /// The route of `key`'s node while it is online in `generation`.
+    pub fn route_of(&self, key: &ResourceKey, generation: Generation) -> Option<NodeRoute> {
+        let r = self.resources.get(key)?;
+        (r.online && r.generation == generation).then(|| r.route.clone()).flatten()
     }
 
     /// What a recovery probe of `key` needs while its overlay is lowered in

@@ -177,6 +177,8 @@ fn silent_node(addr: SocketAddr) -> mpsc::Receiver<Body> {
                 if hb.ping {
                     send_frame(&mut s, Body::Heartbeat(pb::Heartbeat { ping: false, sent_at_ms: hb.sent_at_ms }));
                 }
+            } else if matches!(body, Body::NodeCommandRequest(_)) {
+                // The edge's first probe of each provider: never answered.
             } else if tx.send(body).is_err() {
                 return;
             }

@@ -210,3 +210,52 @@ fn a_normalized_stream_that_goes_silent_ends_with_one_stall_error_event() {
     wait_observation(&node, "request_stalled");
     edge.assert_idle();
 }
+
+#[test]
+fn a_provider_still_loading_is_starting_and_gets_no_traffic_until_ready() {
+    let mock = MockProv::start(&["--model", "mock-upstream"]);
+    // Loading before its node connects: the edge's first probe sees it.
+    set_mock_health(&mock, "loading");
+    let config = format!(
+        r#"
+workers = 2
+admin_token = "{ADMIN_TOKEN}"
+[http]
+listen = "127.0.0.1:0"
+[node_listener]
+listen = "127.0.0.1:0"
+[[nodes]]
+id = "n1"
+token = "{NODE_TOKEN}"
+[[nodes.providers]]
+id = "up"
+kind = "openai_compat"
+base_url = "{}"
+capacity = 8
+health_probe_interval_ms = {PROBE_MS}
+[[models]]
+name = "m"
+node = "n1"
+provider = "up"
+upstream_model = "mock-upstream"
+"#,
+        mock.base_url()
+    );
+    let edge = Edge::start(&config);
+    let mut ev = edge.events();
+    let _node = edge.node(NODE_TOKEN, &[]);
+    let starting = ev.wait("provider_health", SECS5, |e| e["outcome"] == "starting");
+    assert_eq!((starting["health"].as_str(), starting["overlay"].as_str()), (Some("starting"), Some("starting")));
+    let p = edge.snapshot()["nodes"][0]["providers"][0].clone();
+    assert_eq!((p["status"].as_str(), p["runtime_health"].as_str()), (Some("unavailable"), Some("starting")), "{p:#}");
+    let (r, _) = chat(&edge, json!({"model":"m","messages":[{"role":"user","content":"x"}]}));
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(mock.stats()["model_requests"], 0, "nothing dispatched to a loading provider");
+    // Probed until ready.
+    ev.wait("provider_health", SECS5, |e| e["source"] == "probe" && e["outcome"] == "unchanged");
+    set_mock_health(&mock, "ok");
+    ev.wait("provider_health", SECS5, |e| e["outcome"] == "recovered");
+    let (r, _) = chat(&edge, json!({"model":"m","messages":[{"role":"user","content":"x"}]}));
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    edge.assert_idle();
+}

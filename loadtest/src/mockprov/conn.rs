@@ -217,6 +217,11 @@ impl Conn {
 
     async fn route(&mut self, head: &RequestHead, raw_head: Option<Bytes>, body: Bytes) -> io::Result<Next> {
         match routes::route(&head.method, head.path()) {
+            // Still "loading": model requests get its 503, as llama.cpp's do.
+            Route::Model(_) if self.ctx.list_health.get() == super::list_health::ListHealth::Loading => {
+                let answer = self.ctx.list_health.get().error_body().unwrap_or_default();
+                self.respond(503, "application/json", answer.as_bytes(), head.keep_alive).await
+            }
             Route::Model(endpoint) => self.model(endpoint, head, raw_head, body).await,
             other => {
                 let (status, content_type, answer) = self.meta(other, &body);

@@ -60,6 +60,9 @@ impl Probe<'_> {
 
 /// Reads a model-list answer for `target`.
 fn classify(status: u16, body: &[u8], target: &str) -> ProviderHealth {
+    if status == 503 && mentions_loading(body) {
+        return ProviderHealth::Starting;
+    }
     if status >= 500 {
         return ProviderHealth::Unavailable;
     }
@@ -81,6 +84,13 @@ fn classify(status: u16, body: &[u8], target: &str) -> ProviderHealth {
     }
 }
 
+/// Whether a 503's body says the server is loading (llama.cpp: `Loading
+/// model`; others word it alike).
+fn mentions_loading(body: &[u8]) -> bool {
+    let head = &body[..body.len().min(4096)];
+    memchr::memmem::find(&head.to_ascii_lowercase(), b"loading").is_some()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
@@ -93,7 +103,10 @@ mod tests {
         assert_eq!(classify(200, openai, "m3"), ProviderHealth::Unavailable);
         let ollama = br#"{"models":[{"name":"llama3.2:latest","model":"llama3.2:latest"}]}"#;
         assert_eq!(classify(200, ollama, "llama3.2"), ProviderHealth::Available);
-        assert_eq!(classify(503, b"loading", "m1"), ProviderHealth::Unavailable);
+        let llama_cpp = br#"{"error":{"code":503,"message":"Loading model","type":"unavailable_error"}}"#;
+        assert_eq!(classify(503, llama_cpp, "m1"), ProviderHealth::Starting);
+        assert_eq!(classify(503, b"overloaded", "m1"), ProviderHealth::Unavailable);
+        assert_eq!(classify(500, b"loading", "m1"), ProviderHealth::Unavailable);
         assert_eq!(classify(401, b"{}", "m1"), ProviderHealth::Unknown);
         assert_eq!(classify(200, b"not json", "m1"), ProviderHealth::Unknown);
         assert_eq!(classify(200, br#"{"x":1}"#, "m1"), ProviderHealth::Unknown);
