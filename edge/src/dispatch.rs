@@ -84,6 +84,8 @@ pub struct Stream<T: Outcome> {
     /// dispatch) plus [`DEADLINE_GRACE`].
     deadline: iop_core::rt::time::Sleep,
     timeout: Duration,
+    /// The request's record, told how the stream ended.
+    finish: Option<std::rc::Rc<std::cell::RefCell<crate::server::Finish>>>,
 }
 
 /// The events of a normalized run.
@@ -189,6 +191,10 @@ impl<T: Outcome> Stream<T> {
             return;
         }
         self.done = true;
+        if let Some(f) = &self.finish {
+            let mut f = f.borrow_mut();
+            (f.outcome, f.code, f.usage) = (outcome, code, usage);
+        }
         self.shared.events.publish(crate::events::EdgeEvent::RunTerminal {
             run_id: self.id.clone(),
             node: self.node_id.clone(),
@@ -210,6 +216,24 @@ impl<T: Outcome> Stream<T> {
     /// Node the stream was dispatched to.
     pub fn node_id(&self) -> &str {
         &self.node_id
+    }
+
+    /// Tells the request's record where this stream runs (`key`: its
+    /// lease's resource) and, when it ends, how.
+    pub fn report_to(
+        &mut self,
+        finish: &std::rc::Rc<std::cell::RefCell<crate::server::Finish>>,
+        key: &crate::pool::ResourceKey,
+    ) {
+        {
+            let mut f = finish.borrow_mut();
+            f.id.clear();
+            f.id.push_str(&self.id);
+            f.node = Some(key.node.clone());
+            f.provider = Some(key.provider.clone());
+            f.attempts += 1;
+        }
+        self.finish = Some(finish.clone());
     }
 }
 
@@ -309,6 +333,7 @@ impl Route {
             usage: worker.pool.borrow().usage.get(model).cloned(),
             deadline: iop_core::rt::time::sleep(self.timeout + DEADLINE_GRACE),
             timeout: self.timeout,
+            finish: None,
         }
     }
 

@@ -34,7 +34,7 @@ fn main() {
 
 fn run() -> anyhow::Result<()> {
     let args = Args::parse();
-    init_tracing();
+    let _log_writer = init_tracing();
     if let Err(e) = iop_core::rt::alloc::tune_jemalloc() {
         tracing::warn!(error = %e, "jemalloc tuning failed: freed memory returns to the OS more slowly");
     }
@@ -99,12 +99,17 @@ fn load(path: &std::path::Path) -> anyhow::Result<EdgeConfig> {
         .with_context(|| format!("invalid config {}", path.display()))
 }
 
-fn init_tracing() {
+/// Logs go to stderr from a thread of their own: a reactor never blocks on
+/// a slow log reader (a full buffer drops lines rather than wait). The
+/// guard flushes what is queued when `run` returns.
+fn init_tracing() -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IOP_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    guard
 }

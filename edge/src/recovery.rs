@@ -61,6 +61,7 @@ pub fn observe(worker: &Rc<Worker>, report: &HealthReport) {
             "edge_provider_health_observation"
         );
     }
+    crate::metrics::health(fields.0, fields.1, fields.2);
     worker.shared.events.publish(EdgeEvent::ProviderHealth {
         node: node.to_owned(),
         provider: provider.to_owned(),

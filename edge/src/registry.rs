@@ -155,12 +155,14 @@ pub struct NodeStatus {
 pub struct Registry<H> {
     owners: HashMap<String, Owner<H>>,
     next_generation: Generation,
+    /// New generations registered per node id (for the reconnect count).
+    registrations: HashMap<String, u64>,
     version: u64,
 }
 
 impl<H> Default for Registry<H> {
     fn default() -> Self {
-        Self { owners: HashMap::new(), next_generation: 0, version: 0 }
+        Self { owners: HashMap::new(), next_generation: 0, registrations: HashMap::new(), version: 0 }
     }
 }
 
@@ -192,6 +194,7 @@ impl<H: Clone> Registry<H> {
         }
         self.next_generation += 1;
         let generation = self.next_generation;
+        *self.registrations.entry(node.id.clone()).or_default() += 1;
         let mut links = BTreeMap::new();
         links.insert(link.index, Link { worker, ready: None });
         let owner = Owner { generation, instance: link.instance, ready: false, draining: false, links };
@@ -253,6 +256,11 @@ impl<H: Clone> Registry<H> {
     /// Whether `generation` is the node's current generation and ready.
     pub fn is_current_ready(&self, node_id: &str, generation: Generation) -> bool {
         self.owners.get(node_id).is_some_and(|o| o.generation == generation && o.ready && !o.draining)
+    }
+
+    /// Connections of `node` registered after its first (new generations).
+    pub fn reconnects(&self, node: &str) -> u64 {
+        self.registrations.get(node).map_or(0, |n| n.saturating_sub(1))
     }
 
     /// Status of every configured node, in config order.

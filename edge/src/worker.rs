@@ -112,6 +112,11 @@ pub enum CoreMsg {
         /// The shared waiter slot.
         waiter: Arc<Waiter>,
     },
+    /// A copy of this core's metrics, for a scrape.
+    Metrics {
+        /// Gets the copy.
+        reply: OneshotSender<crate::metrics::CoreMetrics>,
+    },
     /// A health observation about a resource this core owns.
     Health(Box<crate::pool::HealthReport>),
     /// A lease of a fenced connection, to drop after the fence
@@ -283,6 +288,7 @@ impl Worker {
             CoreMsg::Release { key, class, load } => self.shard.borrow_mut().release(&key, class, &load),
             CoreMsg::DropLease(lease) => drop(lease),
             CoreMsg::Health(report) => crate::recovery::observe(self, &report),
+            CoreMsg::Metrics { reply } => reply.send(crate::metrics::snapshot()),
             CoreMsg::Compact { key } => self.shard.borrow_mut().compact(&key),
             CoreMsg::PrepareConfig { revision, config, pool, ack } => {
                 *self.pending.borrow_mut() = Some((revision, config, pool));

@@ -21,7 +21,7 @@ use iop_core::{
     wire::{self, pb, pb::envelope::Body},
 };
 use iop_edge::{
-    surface::openai::relay::{relay_body, BodyEnd, Frame, Source},
+    surface::openai::relay::{relay_body, BodyEnd, Frame, Source, WriteClock},
     transport::{channel, RunTable, TunnelReceiver},
 };
 use monoio::{
@@ -204,10 +204,13 @@ fn relay(n: usize, size: usize, per_frame: usize) -> Measured {
         let mut client = Recorder::default();
         let mut out = Gather::new();
         out.put_slice(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n");
+        let mut first = None;
+        let mut clock = WriteClock::new(&mut first, Some(iop_edge::metrics::Path::Tunnel));
         let before = allocations();
-        let end = relay_body(&mut client, &mut out, &mut link, &mut Frame::Chunked, true, Duration::from_secs(5))
-            .await
-            .unwrap();
+        let end =
+            relay_body(&mut client, &mut out, &mut link, &mut Frame::Chunked, true, Duration::from_secs(5), &mut clock)
+                .await
+                .unwrap();
         let allocations = allocations() - before;
         assert_eq!(end, BodyEnd::Complete);
         // Each event must be among the written segments, from the read buffer.

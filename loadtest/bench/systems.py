@@ -169,7 +169,8 @@ def edge_config(name, mock_addr, scen, workers):
         "iop-mock": 'kind = "mock"\n',
     }[name]
     text = 'workers = %d\nshutdown_grace_sec = 0\nadmin_token = "%s"\n' % (workers, ADMIN_TOKEN)
-    text += '[http]\nlisten = "127.0.0.1:0"\nmax_body_bytes = 1048576\n'
+    # nginx runs with `access_log off`: so does iop, for a like-for-like hop.
+    text += '[http]\nlisten = "127.0.0.1:0"\nmax_body_bytes = 1048576\naccess_log = false\n'
     text += '[node_listener]\nlisten = "127.0.0.1:0"\n'
     text += '[[nodes]]\nid = "bench-node"\ntoken = "%s"\n' % TOKEN
     text += '[[nodes.providers]]\nid = "p"\n' + provider + "capacity = 4096\n"

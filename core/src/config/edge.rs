@@ -74,6 +74,8 @@ pub struct HttpSettings {
     pub body_timeout: Duration,
     /// The whole request (head and body) must arrive within this (408).
     pub read_timeout: Duration,
+    /// One structured `iop::access` log line per request (on by default).
+    pub access_log: bool,
     /// Client connections open at once on the edge; None = derived from
     /// the open-file limit at start.
     pub max_connections: Option<usize>,
@@ -242,6 +244,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
             header_timeout: check::secs("http.header_timeout_sec", http.header_timeout_sec, 10, 1)?,
             body_timeout: check::secs("http.body_timeout_sec", http.body_timeout_sec, 10, 1)?,
             read_timeout: check::secs("http.read_timeout_sec", http.read_timeout_sec, 60, 1)?,
+            access_log: http.access_log.unwrap_or(true),
             max_connections: match http.max_connections {
                 None => None,
                 Some(n) => Some(check::range_usize("http.max_connections", Some(n), 1, 1, 10_000_000)?),
@@ -597,6 +600,7 @@ provider = "local"
         assert_eq!(c.http.max_header_bytes, 16384);
         assert_eq!(c.http.max_body_bytes, 4 * 1024 * 1024);
         assert_eq!(c.http.idle_timeout, Duration::from_secs(60));
+        assert!(c.http.access_log);
         assert_eq!(c.http.header_timeout, Duration::from_secs(10));
         assert_eq!(c.http.body_timeout, Duration::from_secs(10));
         assert_eq!(c.http.read_timeout, Duration::from_secs(60));

@@ -69,6 +69,7 @@ pub(crate) struct RawHttp {
     pub header_timeout_sec: Option<u64>,
     pub body_timeout_sec: Option<u64>,
     pub read_timeout_sec: Option<u64>,
+    pub access_log: Option<bool>,
     pub max_connections: Option<u64>,
     pub max_inflight_body_bytes: Option<u64>,
 }

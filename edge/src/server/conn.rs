@@ -53,6 +53,8 @@ pub struct Conn {
     pub head_only: bool,
     /// The client's address (for per-address limits and logs).
     pub peer: std::net::SocketAddr,
+    /// What the current request did (its metrics and access-log line).
+    pub exchange: super::Exchange,
 }
 
 impl Conn {
@@ -76,7 +78,7 @@ impl Conn {
     /// The writing side, apart from the read half (which a disconnect watch
     /// may hold meanwhile).
     pub fn responder(&mut self) -> Responder<'_> {
-        Responder { wr: &mut self.wr, out: &mut self.out, head_only: self.head_only }
+        Responder { wr: &mut self.wr, out: &mut self.out, head_only: self.head_only, ex: &mut self.exchange }
     }
 
     /// Gives back buffer memory a large request or response left behind.
@@ -98,6 +100,8 @@ pub struct Responder<'a> {
     pub out: &'a mut BytesMut,
     /// Responses carry their head only.
     pub head_only: bool,
+    /// The request's record (status, first byte).
+    pub ex: &'a mut super::Exchange,
 }
 
 impl Responder<'_> {
@@ -117,6 +121,8 @@ impl Responder<'_> {
         if !self.head_only {
             self.out.extend_from_slice(body);
         }
+        self.ex.status(status);
+        self.ex.wrote();
         flush_out(self.wr, self.out).await
     }
 }
@@ -148,7 +154,7 @@ struct Timeouts {
 /// counts it against `http.max_connections` while it lives.
 pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::SocketAddr, _slot: SlotGuard) {
     let _ = stream.set_nodelay(true);
-    let (limits, timeouts) = {
+    let (limits, timeouts, access_log) = {
         let cfg = worker.config.borrow();
         let limits = Limits {
             max_head_bytes: cfg.http.max_header_bytes,
@@ -159,11 +165,19 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::Socket
         (
             limits,
             Timeouts { idle: h.idle_timeout, header: h.header_timeout, body: h.body_timeout, read: h.read_timeout },
+            h.access_log,
         )
     };
     let (rd, wr) = stream.into_split();
-    let mut conn =
-        Conn { rd: ReadSide::new(rd), wr, buf: BytesMut::new(), out: BytesMut::new(), head_only: false, peer };
+    let mut conn = Conn {
+        rd: ReadSide::new(rd),
+        wr,
+        buf: BytesMut::new(),
+        out: BytesMut::new(),
+        head_only: false,
+        peer,
+        exchange: super::Exchange::default(),
+    };
     // The first head is timed from accept: a connection that never sends a
     // byte does not hold its slot for a whole idle timeout.
     let mut accepted = Some(Instant::now());
@@ -171,9 +185,13 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::Socket
         let (head, read_deadline) = match read_head(&mut conn, &limits, &timeouts, accepted.take()).await {
             Ok(Some(head)) => head,
             Ok(None) => return,
-            Err(e) => return fail(&mut conn, e, 0).await,
+            Err(e) => {
+                conn.exchange.begin_unread();
+                return fail(&mut conn, e, 0, access_log).await;
+            }
         };
         conn.head_only = head.method == "HEAD";
+        conn.exchange.begin(&head);
         let declared = match head.body {
             BodyKind::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
             _ => 0,
@@ -181,7 +199,7 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::Socket
         let permit = match reserve_body(&worker, &head) {
             Ok(p) => p,
             // Not read; drained so the client sees the 503.
-            Err(e) => return fail(&mut conn, e, declared).await,
+            Err(e) => return fail(&mut conn, e, declared, access_log).await,
         };
         if head.expect_continue && head.body != BodyKind::Empty {
             conn.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
@@ -191,7 +209,7 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::Socket
         }
         let body = match read_body(&mut conn, &worker, &head, &limits, permit, &timeouts, read_deadline).await {
             Ok(body) => body,
-            Err(e) => return fail(&mut conn, e, 0).await,
+            Err(e) => return fail(&mut conn, e, 0, access_log).await,
         };
         if conn.buf.is_empty() {
             // The request is read: its read buffer is not kept for the
@@ -203,6 +221,7 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::Socket
             let _active = ActiveRequest::new(&worker.shared);
             surface::handle(&worker, &mut conn, head, body).await
         };
+        conn.exchange.done(access_log);
         if !keep_alive || !asked_keep_alive || worker.shared.draining.load(Ordering::Acquire) {
             return;
         }
@@ -224,8 +243,9 @@ enum ConnError {
 
 /// Answers what can be answered, then the connection closes (lingering:
 /// see [`linger`]). `unread` is what the client may still be sending.
-async fn fail(conn: &mut Conn, e: ConnError, unread: usize) {
+async fn fail(conn: &mut Conn, e: ConnError, unread: usize, access_log: bool) {
     let (status, message, code, extra): (u16, String, &str, &[(&str, &str)]) = match e {
+        // Nothing was answered: no request to count.
         ConnError::Io => return,
         ConnError::Http(e) => (e.status(), e.to_string(), e.code(), &[]),
         ConnError::Timeout(what) => (408, format!("the {what} did not arrive in time"), "request_timeout", &[]),
@@ -238,7 +258,9 @@ async fn fail(conn: &mut Conn, e: ConnError, unread: usize) {
     };
     conn.head_only = false;
     let body = crate::surface::openai::error::body(status, &message, Some(code));
-    if conn.respond(status, "application/json", extra, &body, false).await.is_ok() {
+    let answered = conn.respond(status, "application/json", extra, &body, false).await.is_ok();
+    conn.exchange.done(access_log);
+    if answered {
         linger(conn, unread).await;
     }
 }

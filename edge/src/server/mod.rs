@@ -3,6 +3,7 @@
 
 mod body;
 mod conn;
+mod exchange;
 mod reader;
 mod watch;
 
@@ -10,6 +11,7 @@ use std::{rc::Rc, time::Duration};
 
 pub use body::{Body, BodyBudget, BodyPermit};
 pub use conn::{Conn, Responder};
+pub use exchange::{Exchange, Finish};
 use iop_core::limits::LogThrottle;
 pub use reader::ReadSide;
 pub use watch::with_disconnect_watch;

@@ -2,6 +2,7 @@
 
 pub mod admin;
 mod health;
+mod metrics;
 pub mod openai;
 
 use std::rc::Rc;
@@ -51,12 +52,15 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: RequestHead, bod
             let (status, body) = health::Health::of(worker).liveness();
             conn.respond(status, "application/json", &[], body.as_bytes(), keep).await
         }
+        ("GET", "/metrics") => return metrics::scrape(worker, conn, &head, keep).await,
         ("GET", "/readyz") => {
             let (status, body) = health::Health::of(worker).readiness();
             conn.respond(status, "application/json", &[], body.as_bytes(), keep).await
         }
         (_, _) if route.is_some() => method_not_allowed(conn, &head, ("allow", "POST"), keep).await,
-        (_, "/v1/models" | "/healthz" | "/readyz") => method_not_allowed(conn, &head, ALLOW_GET, keep).await,
+        (_, "/v1/models" | "/healthz" | "/readyz" | "/metrics") => {
+            method_not_allowed(conn, &head, ALLOW_GET, keep).await
+        }
         _ => {
             let msg = format!("no route for {} {}", openai::error::clip(&head.method), openai::error::clip(path));
             let body = openai::error::body(404, &msg, Some("not_found"));

@@ -14,6 +14,7 @@ mod hostile_http;
 mod hostile_peers;
 mod lifecycle;
 mod links;
+mod metrics;
 mod ollama;
 mod pool;
 mod real_upstream;

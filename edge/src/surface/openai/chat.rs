@@ -23,6 +23,7 @@ use serde_json::{json, Value};
 
 use super::{
     chunk::ChunkEncoder,
+    relay::WriteClock,
     replay::{Replay, ReplayChance},
     reply, Route,
 };
@@ -56,7 +57,11 @@ pub fn normalized<'a>(
     let body = top.with_model(&parts.bytes, &admitted.target.upstream_model);
     let asked_model = admitted.target.upstream_model.clone();
     let run_req = pb::RunRequest { body, operation: operation as i32, whole: !top.stream, ..Default::default() };
+    let key = admitted.lease.key().clone();
     let mut submitted = dispatch::submit(worker, &parts.group.name, admitted, run_req);
+    if let Ok(s) = &mut submitted {
+        s.report_to(&conn.exchange.finish, &key);
+    }
     drop(permit);
     let (streams, include_usage, base64) = (top.stream, top.include_usage(), top.encoding_base64());
     chance.keep(parts);
@@ -117,7 +122,7 @@ async fn stream(
     write_timeout: std::time::Duration,
     chance: &mut ReplayChance,
 ) -> bool {
-    let Conn { rd, wr, buf, out, .. } = conn;
+    let Conn { rd, wr, buf, out, exchange, .. } = conn;
     let first = match with_disconnect_watch(rd, buf, std::pin::pin!(run.next())).await {
         // The client is gone (dropping `run` cancels it on the node), or the run ended.
         None | Some(None) => return false,
@@ -137,13 +142,15 @@ async fn stream(
         Framing::Chunked,
         keep,
     );
+    exchange.status(200);
     let reported = if let ExecEvent::Start { model } = &first { model.as_str() } else { "" };
     let enc = ChunkEncoder::new(&meta.id, meta.model(reported), meta.created);
     let mut render = StreamRender::new(enc, include_usage);
     // The first event is rendered here, so the body's state holds no event.
     let chunk = http::begin_chunk(out);
     let ended = render.event(out, first);
-    let body = std::pin::pin!(stream_body(wr, out, run, &mut render, chunk, ended, write_timeout));
+    let mut clock = WriteClock::new(&mut exchange.first_byte, Some(crate::metrics::Path::Normalized));
+    let body = std::pin::pin!(stream_body(wr, out, run, &mut render, chunk, ended, write_timeout, &mut clock));
     match with_disconnect_watch(rd, buf, body).await {
         Some(Ok(())) => keep,
         _ => false,
@@ -223,6 +230,7 @@ impl StreamRender {
 
 /// Writes the chunk begun at `chunk` in `out` (ending the stream when
 /// `ended`), then the run's further events, batched per write.
+#[allow(clippy::too_many_arguments)] // the stream's state, passed apart so none is held twice
 async fn stream_body<W: AsyncWriteRentExt>(
     wr: &mut W,
     out: &mut BytesMut,
@@ -231,6 +239,7 @@ async fn stream_body<W: AsyncWriteRentExt>(
     mut chunk: usize,
     mut terminal: bool,
     write_timeout: std::time::Duration,
+    clock: &mut WriteClock<'_>,
 ) -> std::io::Result<()> {
     let mut pacing = super::relay::Pacing::default();
     loop {
@@ -251,6 +260,7 @@ async fn stream_body<W: AsyncWriteRentExt>(
             return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading"));
         };
         res?;
+        clock.wrote();
         if terminal {
             written.clear();
             *out = written;

@@ -135,6 +135,7 @@ pub async fn admit(
         let msg = format!("The model `{}` does not exist", error::clip(&top.model));
         return Err(reply::error(&mut conn.responder(), 404, &msg, Some("model_not_found"), keep).await);
     };
+    conn.exchange.finish.borrow_mut().model.push_str(&group.name);
     let Some(group) = serving(worker, &group, route) else {
         let msg = format!("the model `{}` has no provider that serves {}", error::clip(&top.model), head.path());
         return Err(reply::error(&mut conn.responder(), 400, &msg, Some("unsupported_endpoint"), keep).await);
@@ -169,6 +170,7 @@ async fn take_capacity(
     class: LeaseClass,
 ) -> Option<Result<Admitted, AdmitError>> {
     let mut regrants = 0;
+    let asked = std::time::Instant::now();
     loop {
         let admitted = {
             let Conn { rd, buf, .. } = &mut *conn;
@@ -188,6 +190,7 @@ async fn take_capacity(
             iop_core::rt::yield_now().await;
             continue;
         }
+        conn.exchange.queue_wait = Some(asked.elapsed());
         return Some(Ok(admitted));
     }
 }

@@ -12,7 +12,35 @@ use iop_core::{http, rt::gather::Gather, tunnel::TunnelItem};
 use monoio::io::AsyncWriteRent;
 
 use super::error;
-use crate::dispatch::TunnelStream;
+use crate::{dispatch::TunnelStream, metrics};
+
+/// When a streamed answer's writes go out: the first one is the request's
+/// time to first byte, the gaps between them feed the gap histogram.
+pub struct WriteClock<'a> {
+    first: &'a mut Option<std::time::Instant>,
+    last: Option<std::time::Instant>,
+    /// Where gaps are counted; `None` for a whole (non-streamed) body.
+    path: Option<metrics::Path>,
+}
+
+impl<'a> WriteClock<'a> {
+    /// A clock that records the first write into `first`.
+    pub fn new(first: &'a mut Option<std::time::Instant>, path: Option<metrics::Path>) -> Self {
+        Self { first, last: None, path }
+    }
+
+    /// A write went out.
+    pub fn wrote(&mut self) {
+        let now = std::time::Instant::now();
+        if let (Some(prev), Some(path)) = (self.last, self.path) {
+            metrics::gap(path, now.saturating_duration_since(prev));
+        }
+        if self.first.is_none() {
+            *self.first = Some(now);
+        }
+        self.last = Some(now);
+    }
+}
 
 /// Most body bytes gathered from queued items into one client write.
 pub const MAX_WRITE_BATCH: usize = 256 * 1024;
@@ -105,6 +133,7 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
     frame: &mut Frame,
     sse: bool,
     write_timeout: Duration,
+    clock: &mut WriteClock<'_>,
 ) -> std::io::Result<BodyEnd> {
     let mut pacing = Pacing::default();
     loop {
@@ -176,6 +205,7 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
                 return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading"));
             };
             res?;
+            clock.wrote();
         }
         if let Some(end) = end {
             return Ok(end);

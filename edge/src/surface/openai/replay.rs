@@ -116,6 +116,10 @@ pub fn targets_avoiding(
 /// The spec's `edge_liveness_recovery_observation` (identifiers left out).
 fn observe(decision: &'static str, reason: &'static str, result: Option<&'static str>) {
     tracing::info!(decision, reason, result = result.unwrap_or(""), "edge_liveness_recovery_observation");
+    match result {
+        Some(r) => crate::metrics::recovery_result(r),
+        None => crate::metrics::recovery_decision(decision, reason),
+    }
 }
 
 /// Answers a request whose first attempt failed before commit with `failed`:

@@ -14,7 +14,7 @@ use iop_core::{
 };
 
 use super::{
-    relay::{relay_body, BodyEnd, Frame},
+    relay::{relay_body, BodyEnd, Frame, WriteClock},
     replay::{Replay, ReplayChance},
     reply, Route,
 };
@@ -74,7 +74,11 @@ pub fn run<'a>(
         ..Default::default()
     };
     let model = &parts.group.name;
+    let key = admitted.lease.key().clone();
     let mut submitted = dispatch::submit_tunnel(worker, model, admitted, req, |id| forwarded_headers(&parts.head, id));
+    if let Ok(s) = &mut submitted {
+        s.report_to(&conn.exchange.finish, &key);
+    }
     drop(permit);
     chance.keep(parts);
     let write_timeout = worker.config.borrow().http.idle_timeout;
@@ -97,8 +101,8 @@ async fn relay(
     // One disconnect watch for the whole answer, status to last byte (each
     // watch is a read and its cancellation on the client's socket).
     let head_only = conn.head_only;
-    let Conn { rd, wr, buf, out, .. } = conn;
-    let mut w = Responder { wr, out, head_only };
+    let Conn { rd, wr, buf, out, exchange, .. } = conn;
+    let mut w = Responder { wr, out, head_only, ex: exchange };
     let answer = std::pin::pin!(answer(&mut w, stream, keep, write_timeout, chance));
     // None: the client left; dropping the stream cancels the tunnel.
     with_disconnect_watch(rd, buf, answer).await.unwrap_or(false)
@@ -148,12 +152,14 @@ async fn answer(
     };
     let mut out = Gather::new();
     out.put_with(|b| http::write_response_head(b, status, &out_headers, framing, keep));
+    w.ex.status(status);
     drop(out_headers);
     drop(request_id);
     // The header values are slices of the link's read buffer: not kept for
     // the whole answer.
     drop(headers);
-    match relay_body(w.wr, &mut out, stream, &mut frame, sse, write_timeout).await {
+    let mut clock = WriteClock::new(&mut w.ex.first_byte, sse.then_some(crate::metrics::Path::Tunnel));
+    match relay_body(w.wr, &mut out, stream, &mut frame, sse, write_timeout, &mut clock).await {
         Ok(BodyEnd::Complete) => keep,
         _ => false,
     }

@@ -1,0 +1,191 @@
+//! The Prometheus text exposition of the merged per-core metrics and the
+//! gauges read from the shared state.
+
+use std::{fmt::Write, sync::atomic::Ordering};
+
+use iop_core::config::EdgeConfig;
+
+use super::{CoreMetrics, Histogram, BUCKETS};
+use crate::{
+    pool::{LeaseClass, PoolView},
+    registry::NodeStatus,
+};
+
+/// One of a model's histograms.
+type Pick = fn(&super::ModelMetrics) -> &Histogram;
+
+/// What a scrape reads besides the per-core counters.
+pub struct Gauges<'a> {
+    pub config: &'a EdgeConfig,
+    pub view: &'a PoolView,
+    pub nodes: &'a [NodeStatus],
+    /// Reconnects per configured node, in config order.
+    pub reconnects: &'a [u64],
+}
+
+/// A label value, escaped as the text format requires.
+fn esc(v: &str) -> String {
+    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+}
+
+fn head(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+fn histogram(out: &mut String, name: &str, labels: &str, h: &Histogram) {
+    let sep = if labels.is_empty() { "" } else { "," };
+    let mut cumulative = 0;
+    for (i, bound) in BUCKETS.iter().enumerate() {
+        cumulative += h.counts[i];
+        let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"{bound}\"}} {cumulative}");
+    }
+    cumulative += h.counts[BUCKETS.len()];
+    let _ = writeln!(out, "{name}_bucket{{{labels}{sep}le=\"+Inf\"}} {cumulative}");
+    let _ = writeln!(out, "{name}_sum{{{labels}}} {}", h.sum);
+    let _ = writeln!(out, "{name}_count{{{labels}}} {cumulative}");
+}
+
+/// Renders everything.
+pub fn render(m: &CoreMetrics, g: &Gauges<'_>) -> String {
+    let mut out = String::with_capacity(16 * 1024);
+    let mut models: Vec<_> = m.models.iter().collect();
+    models.sort_by(|a, b| a.0.cmp(b.0));
+
+    head(&mut out, "iop_edge_requests_total", "counter", "Requests answered, by model and HTTP status.");
+    for (model, mm) in &models {
+        let mut statuses = mm.by_status.clone();
+        statuses.sort_unstable();
+        for (status, n) in statuses {
+            let _ = writeln!(out, "iop_edge_requests_total{{model=\"{}\",status=\"{status}\"}} {n}", esc(model));
+        }
+    }
+    let hists: [(&str, &str, Pick); 3] = [
+        ("iop_edge_request_duration_seconds", "From a request's head to its answer's last byte.", |m| &m.duration),
+        ("iop_edge_time_to_first_byte_seconds", "From a request's head to its answer's first body byte.", |m| &m.ttft),
+        ("iop_edge_queue_wait_seconds", "Time a request waited in its model's queue for capacity.", |m| &m.queue_wait),
+    ];
+    for (name, help, get) in hists {
+        head(&mut out, name, "histogram", help);
+        for (model, mm) in &models {
+            histogram(&mut out, name, &format!("model=\"{}\"", esc(model)), get(mm));
+        }
+    }
+    head(
+        &mut out,
+        "iop_edge_inter_token_gap_seconds",
+        "histogram",
+        "Gaps between a streamed answer's writes to its client.",
+    );
+    for (path, h) in ["tunnel", "normalized"].iter().zip(m.gaps.iter()) {
+        histogram(&mut out, "iop_edge_inter_token_gap_seconds", &format!("path=\"{path}\""), h);
+    }
+
+    head(
+        &mut out,
+        "iop_edge_provider_health_evidence_total",
+        "counter",
+        "Validated provider health observations, by source and health.",
+    );
+    let mut ev: Vec<_> = m.health_evidence.iter().collect();
+    ev.sort();
+    for ((source, health), n) in ev {
+        let _ = writeln!(out, "iop_edge_provider_health_evidence_total{{source=\"{source}\",health=\"{health}\"}} {n}");
+    }
+    head(
+        &mut out,
+        "iop_edge_provider_health_transitions_total",
+        "counter",
+        "Runtime health overlay transitions, by outcome.",
+    );
+    let mut tr: Vec<_> = m.health_transitions.iter().collect();
+    tr.sort();
+    for (outcome, n) in tr {
+        let _ = writeln!(out, "iop_edge_provider_health_transitions_total{{outcome=\"{outcome}\"}} {n}");
+    }
+    head(
+        &mut out,
+        "iop_edge_liveness_recovery_eligibility_total",
+        "counter",
+        "Recovery-before-commit decisions, by decision and reason.",
+    );
+    let mut el: Vec<_> = m.recovery_eligibility.iter().collect();
+    el.sort();
+    for ((decision, reason), n) in el {
+        let _ = writeln!(
+            out,
+            "iop_edge_liveness_recovery_eligibility_total{{decision=\"{decision}\",reason=\"{reason}\"}} {n}"
+        );
+    }
+    head(&mut out, "iop_edge_liveness_recovery_results_total", "counter", "Results of replays before commit.");
+    let mut rs: Vec<_> = m.recovery_results.iter().collect();
+    rs.sort();
+    for (result, n) in rs {
+        let _ = writeln!(out, "iop_edge_liveness_recovery_results_total{{result=\"{result}\"}} {n}");
+    }
+
+    gauges(&mut out, g);
+    out
+}
+
+fn gauges(out: &mut String, g: &Gauges<'_>) {
+    head(out, "iop_edge_leases_in_use", "gauge", "Capacity leases held, by provider and pool.");
+    let mut caps = String::new();
+    let mut avail = String::new();
+    for node in &g.config.nodes {
+        for p in &node.providers {
+            let key = crate::pool::ResourceKey::new(&node.id, &p.id);
+            let Some(load) = g.view.resources.get(&key) else { continue };
+            let labels = format!("node=\"{}\",provider=\"{}\"", esc(&node.id), esc(&p.id));
+            for (class, name) in [(LeaseClass::Normal, "normal"), (LeaseClass::Long, "long")] {
+                let _ = writeln!(out, "iop_edge_leases_in_use{{{labels},class=\"{name}\"}} {}", load.in_use(class));
+                let _ = writeln!(caps, "iop_edge_lease_capacity{{{labels},class=\"{name}\"}} {}", load.capacity(class));
+            }
+            let _ = writeln!(
+                avail,
+                "iop_edge_provider_available{{{labels},runtime_health=\"{}\"}} {}",
+                load.overlay().as_str(),
+                u8::from(load.live())
+            );
+        }
+    }
+    head(out, "iop_edge_lease_capacity", "gauge", "Capacity a provider has now (0 when it takes no traffic), by pool.");
+    out.push_str(&caps);
+    head(out, "iop_edge_provider_available", "gauge", "1 when a provider takes traffic (online and healthy).");
+    out.push_str(&avail);
+
+    head(out, "iop_edge_queue_depth", "gauge", "Requests queued for capacity, by model.");
+    for model in &g.config.models {
+        let n = g.view.waiters.get(&model.name).map_or(0, |w| w.load(Ordering::Relaxed));
+        let _ = writeln!(out, "iop_edge_queue_depth{{model=\"{}\"}} {n}", esc(&model.name));
+    }
+    head(
+        out,
+        "iop_edge_tokens_total",
+        "counter",
+        "Tokens of finished requests as their providers reported them, by model and kind.",
+    );
+    for model in &g.config.models {
+        let Some(u) = g.view.usage.get(&model.name) else { continue };
+        for (kind, c) in [
+            ("input", &u.input_tokens),
+            ("output", &u.output_tokens),
+            ("reasoning", &u.reasoning_tokens),
+            ("cached", &u.cached_input_tokens),
+        ] {
+            let _ = writeln!(
+                out,
+                "iop_edge_tokens_total{{model=\"{}\",kind=\"{kind}\"}} {}",
+                esc(&model.name),
+                c.load(Ordering::Relaxed)
+            );
+        }
+    }
+    head(out, "iop_edge_node_links", "gauge", "Connected links of each configured node (0: not connected).");
+    for n in g.nodes {
+        let _ = writeln!(out, "iop_edge_node_links{{node=\"{}\"}} {}", esc(&n.id), n.links.len());
+    }
+    head(out, "iop_edge_node_reconnects_total", "counter", "Connections of a node registered after its first.");
+    for (n, r) in g.nodes.iter().zip(g.reconnects) {
+        let _ = writeln!(out, "iop_edge_node_reconnects_total{{node=\"{}\"}} {r}", esc(&n.id));
+    }
+}

@@ -1,0 +1,162 @@
+//! What one request did: its status, when its answer's first body byte
+//! went out, how long it queued, where it ran and how it ended. Kept per
+//! connection (reset for each request, its buffers reused) and turned into
+//! the request's metrics and its one access-log line when it is answered.
+
+use std::{
+    cell::RefCell,
+    rc::Rc,
+    sync::Arc,
+    time::{Duration, Instant},
+};
+
+use iop_core::exec::Usage;
+
+use crate::metrics;
+
+/// How the request's stream ended (written by the stream itself).
+#[derive(Debug, Default)]
+pub struct Finish {
+    /// The configured model the request named ("" when none did).
+    pub model: String,
+    /// The run or tunnel id of its (last) attempt.
+    pub id: String,
+    /// Node and provider of its (last) attempt.
+    pub node: Option<Arc<str>>,
+    pub provider: Option<Arc<str>>,
+    /// `complete`, `error`, `cancelled` (empty: no stream).
+    pub outcome: &'static str,
+    /// The error code when it failed.
+    pub code: Option<&'static str>,
+    /// Tokens the provider reported.
+    pub usage: Option<Usage>,
+    /// Attempts dispatched (2 after a replay before commit).
+    pub attempts: u8,
+}
+
+/// One request's record.
+#[derive(Debug)]
+pub struct Exchange {
+    started: Instant,
+    /// The request's method and path (clipped), for the log line.
+    method: String,
+    path: String,
+    /// The response status (0 until a head is written).
+    pub status: u16,
+    /// When the first byte of the answer's body went out.
+    pub first_byte: Option<Instant>,
+    /// Time spent queued for capacity.
+    pub queue_wait: Option<Duration>,
+    /// Shared with the request's streams, which fill in how they ended.
+    pub finish: Rc<RefCell<Finish>>,
+}
+
+impl Default for Exchange {
+    fn default() -> Self {
+        Self {
+            started: Instant::now(),
+            method: String::new(),
+            path: String::new(),
+            status: 0,
+            first_byte: None,
+            queue_wait: None,
+            finish: Rc::default(),
+        }
+    }
+}
+
+impl Exchange {
+    /// A new request begins (its head was just read).
+    pub fn begin(&mut self, head: &iop_core::http::RequestHead) {
+        self.reset(Instant::now());
+        self.method.push_str(clip(&head.method, 16));
+        self.path.push_str(clip(head.path(), 256));
+    }
+
+    /// A request that could not be read (no head): only its status is known.
+    pub fn begin_unread(&mut self) {
+        self.reset(Instant::now());
+    }
+
+    fn reset(&mut self, started: Instant) {
+        self.started = started;
+        self.method.clear();
+        self.path.clear();
+        self.status = 0;
+        self.first_byte = None;
+        self.queue_wait = None;
+        let mut f = self.finish.borrow_mut();
+        f.model.clear();
+        f.id.clear();
+        f.node = None;
+        f.provider = None;
+        f.outcome = "";
+        f.code = None;
+        f.usage = None;
+        f.attempts = 0;
+    }
+
+    /// A head with `status` is written.
+    pub fn status(&mut self, status: u16) {
+        self.status = status;
+    }
+
+    /// Body bytes went out (the first time counts).
+    pub fn wrote(&mut self) {
+        if self.first_byte.is_none() {
+            self.first_byte = Some(Instant::now());
+        }
+    }
+
+    /// The request is answered: its metrics and its access-log line.
+    pub fn done(&self, access_log: bool) {
+        let (method, path) = (self.method.as_str(), self.path.as_str());
+        let now = Instant::now();
+        let f = self.finish.borrow();
+        let duration = now.saturating_duration_since(self.started);
+        let ttft = self.first_byte.map(|t| t.saturating_duration_since(self.started));
+        metrics::request(&metrics::RequestDone {
+            model: &f.model,
+            status: self.status,
+            duration,
+            ttft,
+            queue_wait: self.queue_wait,
+        });
+        if !access_log {
+            return;
+        }
+        let ms = |d: Duration| (d.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0;
+        let u = f.usage.unwrap_or_default();
+        // Never the prompt, a header or a credential: ids, names and numbers.
+        tracing::info!(
+            target: "iop::access",
+            id = %f.id,
+            method,
+            path,
+            model = %f.model,
+            node = f.node.as_deref().unwrap_or(""),
+            provider = f.provider.as_deref().unwrap_or(""),
+            status = self.status,
+            outcome = f.outcome,
+            code = f.code.unwrap_or(""),
+            attempts = f.attempts,
+            ttft_ms = ttft.map(ms),
+            duration_ms = ms(duration),
+            queue_ms = self.queue_wait.map(ms),
+            input_tokens = f.usage.map(|_| u.input_tokens),
+            output_tokens = f.usage.map(|_| u.output_tokens),
+            reasoning_tokens = u.reasoning_tokens,
+            cached_tokens = u.cached_input_tokens,
+            "request"
+        );
+    }
+}
+
+/// At most `max` bytes of `s`, cut at a character boundary.
+fn clip(s: &str, max: usize) -> &str {
+    let mut end = s.len().min(max);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}

@@ -1,0 +1,58 @@
+//! `GET /metrics`: the Prometheus text format. With an `admin_token`
+//! configured it needs that token (`Authorization: Bearer`), like the admin
+//! API; without one it is open, as `/healthz` is. It names configured ids
+//! and numbers only: never a request id, a prompt or a credential.
+
+use std::{rc::Rc, time::Duration};
+
+use iop_core::{http::RequestHead, rt::oneshot::oneshot};
+
+use super::admin::auth::{self, Auth};
+use crate::{
+    metrics::{self, render::Gauges, CoreMetrics},
+    server::Conn,
+    worker::{CoreMsg, Worker},
+};
+
+/// How long a core may take to hand over its counters.
+const CORE_WAIT: Duration = Duration::from_secs(2);
+
+/// Answers a scrape; returns whether the connection may be kept.
+pub async fn scrape(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, keep: bool) -> bool {
+    let token = worker.config.borrow().admin_token.clone();
+    if let Auth::Denied = auth::authorize(token.as_ref(), head.header("authorization")) {
+        let body = super::openai::error::body(401, "a valid admin token is required", Some("invalid_admin_token"));
+        let challenge = [("www-authenticate", "Bearer")];
+        return conn.respond(401, "application/json", &challenge, &body, keep).await.is_ok() && keep;
+    }
+    let mut merged = CoreMetrics::default();
+    let mut pending = Vec::with_capacity(worker.shared.inboxes.len());
+    for inbox in &worker.shared.inboxes {
+        let (reply, rx) = oneshot();
+        if inbox.send(CoreMsg::Metrics { reply }).await.is_ok() {
+            pending.push(rx);
+        }
+    }
+    for rx in pending {
+        // A core that does not answer in time is left out of this scrape.
+        if let Ok(Some(m)) = iop_core::rt::time::timeout(CORE_WAIT, rx).await {
+            merged.merge(&m);
+        }
+    }
+    let body = {
+        let config = worker.config.borrow();
+        let view = worker.pool.borrow();
+        let (nodes, reconnects) = {
+            let registry = worker.shared.registry.lock();
+            let nodes = registry.statuses(&config);
+            let reconnects: Vec<u64> = nodes.iter().map(|n| registry.reconnects(&n.id)).collect();
+            (nodes, reconnects)
+        };
+        metrics::render::render(
+            &merged,
+            &Gauges { config: &config, view: &view, nodes: &nodes, reconnects: &reconnects },
+        )
+    };
+    let ct = "text/plain; version=0.0.4; charset=utf-8";
+    conn.respond(200, ct, &[], body.as_bytes(), keep).await.is_ok() && keep
+}
