@@ -191,6 +191,8 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
                 max_frame_bytes: config.max_frame_bytes,
                 shutdown_grace: std::time::Duration::from_secs(5),
                 testing: config.testing,
+                // Its stall counters are the process's: no listener of its own.
+                metrics_listen: None,
             })
         }
         None => None,

@@ -13,6 +13,7 @@
 
 pub mod adapter;
 pub mod command;
+pub mod metrics;
 pub mod process;
 pub mod run;
 pub mod session;

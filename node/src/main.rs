@@ -66,6 +66,13 @@ fn run() -> anyhow::Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
         .context("cannot install signal handlers")?;
     tracing::info!(driver = rt::Driver::detect().name(), edge = %config.edge, workers = config.workers, "iop-node starting");
+    if let Some(addr) = config.metrics_listen {
+        let bound =
+            iop_node::metrics::serve(addr).with_context(|| format!("cannot listen on metrics_listen {addr}"))?;
+        tracing::info!(addr = %bound, "node metrics at GET /metrics");
+        // The bound address (port 0 picks one), for scripts and tests.
+        println!("iop-node metrics http={bound}");
+    }
     let node = iop_node::start(config, true).context("cannot start the node's worker threads")?;
     let stopper = node.stopper();
     std::thread::Builder::new()

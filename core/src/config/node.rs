@@ -25,6 +25,8 @@ pub struct NodeConfig {
     pub shutdown_grace: Duration,
     /// Test-only timers (`[testing]`); defaults outside tests.
     pub testing: TestingSettings,
+    /// Where the node serves `GET /metrics` (none: no listener).
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 /// How the node (re)connects to the edge.
@@ -78,7 +80,11 @@ impl TryFrom<RawNodeConfig> for NodeConfig {
             },
         };
         let testing = TestingSettings::try_from(raw.testing)?;
-        Ok(Self { edge, token, workers, reconnect, max_frame_bytes, shutdown_grace, testing })
+        let metrics_listen = match raw.metrics_listen {
+            None => None,
+            Some(a) => Some(check::socket_addr("metrics_listen", Some(a))?),
+        };
+        Ok(Self { edge, token, workers, reconnect, max_frame_bytes, shutdown_grace, testing, metrics_listen })
     }
 }
 
@@ -115,6 +121,14 @@ mod tests {
         assert_eq!(e.key_path(), Some(key), "{e}");
         assert!(e.to_string().contains(needle), "`{e}` lacks `{needle}`");
         e
+    }
+
+    #[test]
+    fn metrics_listen_is_an_address() {
+        assert_eq!(ok(BASE).metrics_listen, None);
+        let c = ok(&format!("{BASE}metrics_listen = \"127.0.0.1:9101\"\n"));
+        assert_eq!(c.metrics_listen, Some("127.0.0.1:9101".parse().unwrap()));
+        rejects(&format!("{BASE}metrics_listen = \"nowhere\"\n"), "metrics_listen", "nowhere");
     }
 
     #[test]

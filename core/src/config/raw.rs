@@ -178,6 +178,7 @@ pub(crate) struct RawNodeConfig {
     pub max_frame_bytes: Option<u64>,
     pub shutdown_grace_sec: Option<u64>,
     pub reconnect: Option<RawReconnect>,
+    pub metrics_listen: Option<String>,
     pub testing: Option<RawTesting>,
 }
 

@@ -45,9 +45,18 @@ upstream_model = "{upstream_model}"
 "#
     );
     let edge = Edge::start(&config);
-    let node = edge.node(NODE_TOKEN, &[]);
+    let node = edge.node_with(NODE_TOKEN, "metrics_listen = \"127.0.0.1:0\"", &[]);
     edge.wait_nodes_ready(1);
     (mock, edge, node)
+}
+
+/// The node's `GET /metrics` (its address from its stdout line).
+fn node_metrics(node: &Proc) -> String {
+    let line = node.line("iop-node metrics http=");
+    let addr: std::net::SocketAddr = line.trim_start_matches("iop-node metrics http=").parse().expect("address");
+    let r = request(addr, "GET", "/metrics", None, &[]);
+    assert_eq!(r.status, 200);
+    String::from_utf8(r.body).expect("utf-8")
 }
 
 fn chat(edge: &Edge, body: Value) -> (Response, Duration) {
@@ -169,6 +178,9 @@ fn a_provider_found_unhealthy_by_a_stall_takes_no_traffic_until_a_probe_finds_it
     assert_eq!(err["code"], "response_stalled", "{err}");
     wait_observation(&node, "provider_unhealthy");
     ev.wait("provider_health", SECS5, |e| e["source"] == "stall" && e["outcome"] == "lowered");
+    let text = node_metrics(&node);
+    assert!(text.contains("iop_node_response_stalls_total{health=\"unavailable\"} 1"), "{text}");
+    assert!(text.contains("iop_node_response_stall_duration_seconds_count 1"), "{text}");
     let snap = edge.snapshot();
     let p = &snap["nodes"][0]["providers"][0];
     assert_eq!(

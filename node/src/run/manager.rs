@@ -537,6 +537,7 @@ impl StallWatch {
         let seq = self.seq.next();
         let ms = |d: std::time::Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let evidence = StallEvidence { timeout_ms: ms(self.timeout), idle_ms: ms(idle), health, seq };
+        crate::metrics::stall(health, idle);
         tracing::warn!(
             event = "node_response_stall_observation",
             provider = adapter.id(),
