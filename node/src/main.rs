@@ -71,7 +71,11 @@ fn run() -> anyhow::Result<()> {
             iop_node::metrics::serve(addr).with_context(|| format!("cannot listen on metrics_listen {addr}"))?;
         tracing::info!(addr = %bound, "node metrics at GET /metrics");
         // The bound address (port 0 picks one), for scripts and tests.
-        println!("iop-node metrics http={bound}");
+        #[allow(clippy::print_stdout)]
+        {
+            println!("iop-node metrics http={bound}");
+        }
+        let _ = std::io::Write::flush(&mut std::io::stdout());
     }
     let node = iop_node::start(config, true).context("cannot start the node's worker threads")?;
     let stopper = node.stopper();
