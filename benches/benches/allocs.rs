@@ -365,7 +365,7 @@ fn requests(n: usize, body_len: usize) {
                 let mut headers: Vec<pb::Header> = head
                     .headers
                     .iter()
-                    .filter(|(n, _)| tunnel::forwards_request_header(n))
+                    .filter(|(n, _)| tunnel::forwards_request_header(n.as_bytes()))
                     .map(|(n, v)| pb::Header { name: n.clone().into_bytes(), value: v.clone() })
                     .collect();
                 let id = format!("{TUNNEL_ID}-{i}");

@@ -109,7 +109,7 @@ impl TunnelItem {
 
 /// Headers that describe one connection hop, never forwarded (RFC 9110
 /// §7.6.1), plus the framing headers each hop sets for itself.
-pub fn is_hop_by_hop(name: &str) -> bool {
+pub fn is_hop_by_hop(name: &[u8]) -> bool {
     const HOP: &[&str] = &[
         "connection",
         "keep-alive",
@@ -121,7 +121,7 @@ pub fn is_hop_by_hop(name: &str) -> bool {
         "transfer-encoding",
         "upgrade",
     ];
-    HOP.iter().any(|h| name.eq_ignore_ascii_case(h))
+    HOP.iter().any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
 /// Whether a client request header is forwarded to the provider: not
@@ -129,15 +129,15 @@ pub fn is_hop_by_hop(name: &str) -> bool {
 /// `Content-Length`). `Accept-Encoding` is dropped too: the node reads the
 /// body for usage, so it asks for it uncompressed; `Expect` belongs to the
 /// client's hop.
-pub fn forwards_request_header(name: &str) -> bool {
+pub fn forwards_request_header(name: &[u8]) -> bool {
     const OWN: &[&str] = &["host", "authorization", "content-length", "accept-encoding", "expect"];
-    !is_hop_by_hop(name) && !OWN.iter().any(|h| name.eq_ignore_ascii_case(h))
+    !is_hop_by_hop(name) && !OWN.iter().any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
 /// Whether a provider response header reaches the client: everything but
 /// hop-by-hop ones (`Content-Length` is framing and set by each hop).
-pub fn forwards_response_header(name: &str) -> bool {
-    !is_hop_by_hop(name) && !name.eq_ignore_ascii_case("content-length")
+pub fn forwards_response_header(name: &[u8]) -> bool {
+    !is_hop_by_hop(name) && !name.eq_ignore_ascii_case(b"content-length")
 }
 
 #[cfg(test)]
@@ -204,21 +204,26 @@ mod tests {
     #[test]
     fn header_rules() {
         for h in ["Connection", "transfer-encoding", "Upgrade", "keep-alive", "TE", "trailer", "proxy-authorization"] {
-            assert!(is_hop_by_hop(h) && !forwards_request_header(h) && !forwards_response_header(h), "{h}");
+            assert!(
+                is_hop_by_hop(h.as_bytes())
+                    && !forwards_request_header(h.as_bytes())
+                    && !forwards_response_header(h.as_bytes()),
+                "{h}"
+            );
         }
         for h in ["host", "Authorization", "content-length", "accept-encoding", "expect"] {
-            assert!(!forwards_request_header(h), "{h}");
+            assert!(!forwards_request_header(h.as_bytes()), "{h}");
         }
         for h in
             ["content-type", "x-request-id", "openai-organization", "user-agent", "x-stainless-lang", "idempotency-key"]
         {
-            assert!(forwards_request_header(h), "{h}");
+            assert!(forwards_request_header(h.as_bytes()), "{h}");
         }
         for h in
             ["retry-after", "retry-after-ms", "x-ratelimit-remaining-requests", "openai-processing-ms", "content-type"]
         {
-            assert!(forwards_response_header(h), "{h}");
+            assert!(forwards_response_header(h.as_bytes()), "{h}");
         }
-        assert!(!forwards_response_header("Content-Length"));
+        assert!(!forwards_response_header(b"Content-Length"));
     }
 }

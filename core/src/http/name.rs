@@ -2,7 +2,7 @@
 //! copy of the head, so a parsed head costs no allocation per header, and a
 //! name crosses the edge-node wire as `bytes` sliced from the frame.
 
-use std::{fmt, ops::Deref};
+use std::fmt;
 
 use bytes::Bytes;
 
@@ -20,10 +20,19 @@ impl HeaderName {
     /// A name received from elsewhere (the wire): `None` unless it is a
     /// token. Upper-case letters are lowered (one copy, only then).
     pub fn from_bytes(name: Bytes) -> Option<Self> {
-        if name.is_empty() || !name.iter().all(|&b| is_token_byte(b)) {
+        // One pass: every byte a token byte, and whether any is upper case.
+        let mut upper = false;
+        for &b in name.iter() {
+            match TOKEN[usize::from(b)] {
+                0 => return None,
+                2 => upper = true,
+                _ => {}
+            }
+        }
+        if name.is_empty() {
             return None;
         }
-        if name.iter().any(u8::is_ascii_uppercase) {
+        if upper {
             return Some(Self(Bytes::from(name.to_ascii_lowercase())));
         }
         Some(Self(name))
@@ -40,10 +49,21 @@ impl HeaderName {
         Self(name)
     }
 
-    /// The name.
+    /// The name as text (checks its bytes each time: on hot paths use
+    /// [`Self::as_bytes`]).
     pub fn as_str(&self) -> &str {
         // Always ASCII (checked on construction), so this never falls back.
         std::str::from_utf8(&self.0).unwrap_or_default()
+    }
+
+    /// Its length in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Never true (a name is a non-empty token); for symmetry with `len`.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
     }
 
     /// The name's bytes (what comparisons use: no UTF-8 check).
@@ -62,17 +82,31 @@ fn is_token_byte(b: u8) -> bool {
     b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
-impl Deref for HeaderName {
-    type Target = str;
-
-    fn deref(&self) -> &str {
-        self.as_str()
+/// Per byte: 0 not a token byte, 1 a token byte, 2 an upper-case letter.
+static TOKEN: [u8; 256] = {
+    let mut t = [0u8; 256];
+    let mut b = 0;
+    while b < 256 {
+        let c = b as u8;
+        let special = matches!(
+            c,
+            b'!' | b'#' | b'$' | b'%' | b'&' | b'\'' | b'*' | b'+' | b'-' | b'.' | b'^' | b'_' | b'`' | b'|' | b'~'
+        );
+        t[b] = if c.is_ascii_uppercase() {
+            2
+        } else if c.is_ascii_alphanumeric() || special {
+            1
+        } else {
+            0
+        };
+        b += 1;
     }
-}
+    t
+};
 
-impl AsRef<str> for HeaderName {
-    fn as_ref(&self) -> &str {
-        self.as_str()
+impl AsRef<[u8]> for HeaderName {
+    fn as_ref(&self) -> &[u8] {
+        &self.0
     }
 }
 
@@ -111,6 +145,14 @@ mod tests {
         assert_eq!(HeaderName::parse("x-request-id").unwrap().as_str(), "x-request-id");
         for bad in ["", "a b", "a:b", "a\r\nb", "ünï", "a\0"] {
             assert!(HeaderName::parse(bad).is_none(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn the_table_agrees_with_the_rule() {
+        for b in 0..=255u8 {
+            assert_eq!(TOKEN[usize::from(b)] != 0, is_token_byte(b), "{b}");
+            assert_eq!(TOKEN[usize::from(b)] == 2, b.is_ascii_uppercase(), "{b}");
         }
     }
 

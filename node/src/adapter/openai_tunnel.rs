@@ -70,7 +70,7 @@ impl OpenAiCompatAdapter {
             .iter()
             .filter(|(n, _)| {
                 let changed_length = spec.hide_usage_chunk && n == "content-length";
-                !(tunnel::is_hop_by_hop(n) || changed_length)
+                !(tunnel::is_hop_by_hop(n.as_bytes()) || changed_length)
             })
             .cloned()
             .collect();

@@ -59,7 +59,7 @@ impl TunnelSpec {
             let name = HeaderName::from_bytes(h.name).ok_or_else(|| {
                 RunFailure::new(codes::INVALID_REQUEST, 400, FailureSource::Edge, "a tunnel header name is not a token")
             })?;
-            if tunnel::forwards_request_header(&name) {
+            if tunnel::forwards_request_header(name.as_bytes()) {
                 headers.push((name, h.value));
             }
         }

@@ -31,7 +31,7 @@ fn forwarded_headers(head: &RequestHead, request_id: &str) -> Vec<pb::Header> {
     let mut out: Vec<pb::Header> = head
         .headers
         .iter()
-        .filter(|(n, _)| tunnel::forwards_request_header(n))
+        .filter(|(n, _)| tunnel::forwards_request_header(n.as_bytes()))
         .map(|(n, v)| pb::Header { name: n.clone().into_bytes(), value: v.clone() })
         .collect();
     if !out.iter().any(|h| h.name == "x-request-id") {
@@ -139,7 +139,7 @@ async fn answer(
     let sse = headers.iter().any(|(n, v)| n == "content-type" && v.starts_with(b"text/event-stream"));
     let mut out_headers: Vec<(&str, &[u8])> = headers
         .iter()
-        .filter(|(n, _)| tunnel::forwards_response_header(n))
+        .filter(|(n, _)| tunnel::forwards_response_header(n.as_bytes()))
         .map(|(n, v)| (n.as_str(), &v[..]))
         .collect();
     let request_id = stream.run_id().to_owned();
