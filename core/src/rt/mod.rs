@@ -7,6 +7,7 @@
 
 pub mod alloc;
 pub mod blocking;
+pub mod clock;
 pub mod frames;
 pub mod gather;
 pub mod handoff;

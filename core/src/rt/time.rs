@@ -38,7 +38,7 @@ pin_project! {
 
 /// Runs `fut` for at most `limit`.
 pub fn timeout<F: Future>(limit: Duration, fut: F) -> Timeout<F> {
-    Timeout { fut, sleep: Sleep::until(monoio::time::Instant::now() + limit) }
+    Timeout { fut, sleep: Sleep::until(super::clock::now() + limit) }
 }
 
 /// Runs `fut` until `deadline` at the latest.
@@ -48,7 +48,7 @@ pub fn timeout_at<F: Future>(deadline: impl Into<monoio::time::Instant>, fut: F)
 
 /// A sleep of `d` (see the module docs).
 pub fn sleep(d: Duration) -> Sleep {
-    Sleep::until(monoio::time::Instant::now() + d)
+    Sleep::until(super::clock::now() + d)
 }
 
 /// A sleep until `deadline`.

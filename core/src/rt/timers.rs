@@ -88,6 +88,14 @@ impl Timers {
     }
 }
 
+/// Wakes every sleep of this thread due at `now` (a manual clock moved).
+pub(crate) fn fire_due(now: Instant) {
+    let due = TIMERS.with(|t| t.try_borrow_mut().map(|mut t| t.fire(now).0).unwrap_or_default());
+    for w in due {
+        w.wake();
+    }
+}
+
 /// Forgets every deadline of this thread (its runtime is ending). Called
 /// inside the runtime, so the tasks the dropped wakers may free are dropped
 /// there.
@@ -131,7 +139,7 @@ impl Future for Sleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        if Instant::now() >= self.at {
+        if super::clock::now() >= self.at {
             self.disarm();
             return Poll::Ready(());
         }
@@ -193,7 +201,7 @@ impl Future for Driver {
         loop {
             let (due, next) = TIMERS.with(|t| {
                 let mut t = t.borrow_mut();
-                let (due, next) = t.fire(Instant::now());
+                let (due, next) = t.fire(super::clock::now());
                 let slot = t.driver.get_or_insert_with(DriverSlot::default);
                 slot.until = next;
                 let old = slot.waker.replace(cx.waker().clone());
@@ -203,6 +211,10 @@ impl Future for Driver {
                 w.wake();
             }
             let Some((next, _old)) = next else { return Poll::Pending };
+            if super::clock::is_manual() {
+                // A manual clock's advance fires what is due; real time never does.
+                return Poll::Pending;
+            }
             if self.sleep.deadline() != next {
                 self.sleep.as_mut().reset(next);
             }

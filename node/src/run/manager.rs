@@ -388,7 +388,7 @@ fn relay(
     async move {
         // The adapter enforces the tunnel's deadline itself; it is needed
         // here only while a stall's probe runs, after the adapter is gone.
-        let deadline = spec.deadline.map(|d| monoio::time::Instant::now() + d);
+        let deadline = spec.deadline.map(|d| iop_core::rt::clock::now() + d);
         let mut stalled = None;
         monoio::select! {
             biased;
@@ -650,6 +650,65 @@ mod tests {
             let (got, e) = next_run_error(&mut reader).await;
             assert_eq!((got.as_str(), e.code.as_str(), e.status), ("r3", codes::INVALID_REQUEST, 400));
             assert!(e.message.contains("response_stall_timeout_ms"), "{}", e.message);
+            assert_eq!(manager.active(), 0);
+        })
+        .unwrap();
+    }
+
+    #[test]
+    fn on_a_manual_clock_a_stall_fires_at_its_window_and_loses_to_a_cancel_or_the_deadline_at_the_same_instant() {
+        iop_core::rt::block_on_current(async {
+            let clock = iop_core::rt::clock::ManualClock::install();
+            let (writer, mut reader) = link().await;
+            // One token, then an hour of silence (on the manual clock).
+            let settings = MockSettings { tokens: 5, token_interval: Duration::from_secs(3600), ..Default::default() };
+            let adapters = vec![Adapter::Mock(MockAdapter::new("p".into(), 4, settings))];
+            let manager = RunManager::new(adapters, Gates::new(), writer);
+            let body = Bytes::from_static(br#"{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}"#);
+            let run = |id: &str, deadline_ms: u64| pb::RunRequest {
+                run_id: id.into(),
+                adapter: "p".into(),
+                target: "m".into(),
+                body: body.clone(),
+                response_stall_timeout_ms: 100,
+                deadline_ms,
+                ..Default::default()
+            };
+            let settle = || async {
+                for _ in 0..8 {
+                    iop_core::rt::yield_now().await;
+                }
+            };
+            // A client that leaves at the instant the window closes wins.
+            manager.start(run("cancelled", 0));
+            settle().await;
+            clock.advance(Duration::from_millis(100));
+            manager.cancel("cancelled");
+            settle().await;
+            // The deadline and the stall due at the same instant: the deadline wins.
+            let unix_ms =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64;
+            manager.start(run("deadline", unix_ms + 100));
+            settle().await;
+            clock.advance(Duration::from_millis(100));
+            let (id, code, _) = next_error(&mut reader).await;
+            assert_eq!(
+                (id.as_str(), code.as_str()),
+                ("deadline", codes::DEADLINE_EXCEEDED),
+                "the cancelled run sent no stall"
+            );
+            // Alone, the stall fires exactly at its window, not a moment before.
+            manager.start(run("stalled", 0));
+            settle().await;
+            clock.advance(Duration::from_millis(99));
+            settle().await;
+            manager.start(run("marker", 0));
+            settle().await;
+            clock.advance(Duration::from_millis(1));
+            let (id, code, _) = next_error(&mut reader).await;
+            assert_eq!((id.as_str(), code.as_str()), ("stalled", codes::RESPONSE_STALLED));
+            manager.cancel("marker");
+            settle().await;
             assert_eq!(manager.active(), 0);
         })
         .unwrap();

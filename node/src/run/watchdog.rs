@@ -17,12 +17,12 @@ pub struct Activity {
 impl Activity {
     /// Starts the clock now (the request was just sent).
     pub fn new() -> Self {
-        Self { last: Cell::new(Instant::now()), held: Cell::new(0) }
+        Self { last: Cell::new(iop_core::rt::clock::now()), held: Cell::new(0) }
     }
 
     /// The provider produced something (any non-terminal item).
     pub fn progress(&self) {
-        self.last.set(Instant::now());
+        self.last.set(iop_core::rt::clock::now());
     }
 
     /// The stream waits on the edge until the guard drops; the window
@@ -38,7 +38,7 @@ impl Activity {
         loop {
             let due = self.last.get() + timeout;
             iop_core::rt::time::sleep_until(due).await;
-            let idle = Instant::now().saturating_duration_since(self.last.get());
+            let idle = iop_core::rt::clock::now().saturating_duration_since(self.last.get());
             if self.held.get() == 0 && idle >= timeout {
                 return idle;
             }
