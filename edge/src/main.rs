@@ -105,7 +105,10 @@ fn load(path: &std::path::Path) -> anyhow::Result<EdgeConfig> {
 fn init_tracing() -> tracing_appender::non_blocking::WorkerGuard {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IOP_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let (writer, guard) = tracing_appender::non_blocking(std::io::stderr());
+    // 4096 queued lines, not the default 128 000 (a 4 MB table touched at start).
+    let (writer, guard) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .buffered_lines_limit(4096)
+        .finish(std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)

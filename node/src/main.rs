@@ -46,7 +46,9 @@ fn run() -> anyhow::Result<()> {
     let filter = tracing_subscriber::EnvFilter::try_from_env("IOP_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // From a thread of its own: a reactor never blocks on a slow log reader.
-    let (writer, _log_writer) = tracing_appender::non_blocking(std::io::stderr());
+    let (writer, _log_writer) = tracing_appender::non_blocking::NonBlockingBuilder::default()
+        .buffered_lines_limit(4096)
+        .finish(std::io::stderr());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(writer)

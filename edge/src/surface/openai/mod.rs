@@ -102,7 +102,12 @@ pub fn answer<'a>(
     a: Admission,
     chance: &'a mut ReplayChance,
 ) -> Pin<Box<dyn Future<Output = bool> + 'a>> {
-    let Admission { top, bytes, permit, group, admitted, tunnels } = a;
+    let Admission { top, mut bytes, permit, group, admitted, tunnels } = a;
+    if chance.armed() && bytes.len() < replay::COPY_BELOW {
+        // Kept until the answer commits: a small body is a slice of the
+        // connection's read buffer, which it would pin all that time.
+        bytes = bytes::Bytes::copy_from_slice(&bytes);
+    }
     let parts = Replay { head, top, bytes, group, class: admitted.lease.class(), avoid: admitted.lease.key().clone() };
     // Boxed apart: a tunnel's answer is much smaller than a normalized one.
     if tunnels {

@@ -4,7 +4,7 @@
 //! avoiding the provider that failed. After the first byte, never: the
 //! client gets the typed error ending instead.
 //!
-//! The request's parts (head, parsed top, body, group) are kept in the
+//! The request's parts (head, parsed top, body) are kept in the
 //! [`ReplayChance`] only until the answer commits; a committed stream
 //! holds none of them.
 
@@ -20,6 +20,11 @@ use crate::{
     worker::Worker,
 };
 
+/// Bodies below this are copied out of the connection's read buffer when
+/// kept for a replay (the read buffer is 16 KiB; a larger body has a
+/// buffer of its own).
+pub const COPY_BELOW: usize = 16 * 1024;
+
 /// What a second attempt needs.
 pub struct Replay {
     pub(super) head: RequestHead,
@@ -31,12 +36,23 @@ pub struct Replay {
     pub(super) avoid: ResourceKey,
 }
 
+/// What is kept of a [`Replay`] until the answer commits: the group is
+/// looked up again if it is needed, and only the head's forwarded headers
+/// stay (a stream holds this until its first byte).
+pub struct Kept {
+    head: RequestHead,
+    top: Top,
+    bytes: Bytes,
+    class: LeaseClass,
+    avoid: ResourceKey,
+}
+
 /// One request's chance at a second attempt.
 #[derive(Default)]
 pub struct ReplayChance {
     /// Whether the route may be replayed at all (chat and Responses).
     armed: bool,
-    replay: Option<Box<Replay>>,
+    replay: Option<Box<Kept>>,
     /// The first attempt's failure, held back from the client (boxed: the
     /// chance lives in the connection's task for a whole stream).
     failed: Option<Box<RunFailure>>,
@@ -54,11 +70,20 @@ impl ReplayChance {
         Self::default()
     }
 
+    /// Whether the request's parts are to be kept for a replay.
+    pub(super) fn armed(&self) -> bool {
+        self.armed
+    }
+
     /// Keeps the parts of an armed request.
     pub(super) fn keep(&mut self, replay: Replay) {
-        if self.armed {
-            self.replay = Some(Box::new(replay));
+        if !self.armed {
+            return;
         }
+        let Replay { mut head, top, bytes, group: _, class, avoid } = replay;
+        head.headers.retain(|(n, _)| iop_core::tunnel::forwards_request_header(n.as_bytes()));
+        head.headers.shrink_to_fit();
+        self.replay = Some(Box::new(Kept { head, top, bytes, class, avoid }));
     }
 
     /// The first byte is about to reach the client: no replay from here.
@@ -84,7 +109,7 @@ impl ReplayChance {
 
     /// The held failure and the parts to replay with, if the first attempt
     /// ended that way.
-    pub fn take(&mut self) -> Option<(Box<Replay>, RunFailure)> {
+    pub fn take(&mut self) -> Option<(Box<Kept>, RunFailure)> {
         let failed = self.failed.take()?;
         Some((self.replay.take()?, *failed))
     }
@@ -126,11 +151,17 @@ fn observe(decision: &'static str, reason: &'static str, result: Option<&'static
 /// admitted again avoiding the failed provider, or `failed` itself when
 /// there is nowhere else to go. Resolves to whether the connection may be
 /// kept.
-pub async fn replay(worker: &Rc<Worker>, conn: &mut Conn, route: Route, r: Replay, failed: RunFailure) -> bool {
+pub async fn replay(worker: &Rc<Worker>, conn: &mut Conn, route: Route, r: Kept, failed: RunFailure) -> bool {
     let keep = r.head.keep_alive;
     let allow_avoided = failed.stall.as_ref().is_some_and(|s| s.health == ProviderHealth::Available);
+    // The group as the config has it now (a reload may have changed it).
+    let full = worker.config.borrow().model(&r.top.model).cloned();
+    let Some(full) = full.and_then(|g| super::serving(worker, &g, route)) else {
+        observe("ineligible", "no_alternate", None);
+        return reply::failure(&mut conn.responder(), &failed, keep).await;
+    };
     let view = worker.pool.borrow().clone();
-    let Some(group) = targets_avoiding(&view, &r.group, &r.avoid, allow_avoided) else {
+    let Some(group) = targets_avoiding(&view, &full, &r.avoid, allow_avoided) else {
         observe("ineligible", "no_alternate", None);
         return reply::failure(&mut conn.responder(), &failed, keep).await;
     };
@@ -146,7 +177,7 @@ pub async fn replay(worker: &Rc<Worker>, conn: &mut Conn, route: Route, r: Repla
     };
     let tunnels = super::tunnels_to(worker, &admitted);
     tracing::debug!(node = %admitted.target.node, provider = %admitted.target.provider, "replaying before commit");
-    let a = Admission { top: r.top, bytes: r.bytes, permit: None, group: r.group, admitted, tunnels };
+    let a = Admission { top: r.top, bytes: r.bytes, permit: None, group: full, admitted, tunnels };
     let mut none = ReplayChance::none();
     let kept = super::answer(worker, conn, r.head, route, a, &mut none).await;
     observe("eligible", "replayed", Some("answered"));
