@@ -103,9 +103,11 @@ pub fn answer<'a>(
     chance: &'a mut ReplayChance,
 ) -> Pin<Box<dyn Future<Output = bool> + 'a>> {
     let Admission { top, mut bytes, permit, group, admitted, tunnels } = a;
-    if chance.armed() && bytes.len() < replay::COPY_BELOW {
-        // Kept until the answer commits: a small body is a slice of the
-        // connection's read buffer, which it would pin all that time.
+    if chance.armed() && top.stream && bytes.len() < replay::COPY_BELOW {
+        // Kept until a stream's first byte: a small body is a slice of the
+        // connection's read buffer, which it would pin all that time (with
+        // many streams opening at once, a buffer each). A whole answer's
+        // request keeps it: its connection has nothing else to read.
         bytes = bytes::Bytes::copy_from_slice(&bytes);
     }
     let parts = Replay { head, top, bytes, group, class: admitted.lease.class(), avoid: admitted.lease.key().clone() };

@@ -81,8 +81,12 @@ impl ReplayChance {
             return;
         }
         let Replay { mut head, top, bytes, group: _, class, avoid } = replay;
-        head.headers.retain(|(n, _)| iop_core::tunnel::forwards_request_header(n.as_bytes()));
-        head.headers.shrink_to_fit();
+        if top.stream {
+            // Held by each opening stream until its first byte: only what a
+            // replay forwards.
+            head.headers.retain(|(n, _)| iop_core::tunnel::forwards_request_header(n.as_bytes()));
+            head.headers.shrink_to_fit();
+        }
         self.replay = Some(Box::new(Kept { head, top, bytes, class, avoid }));
     }
 
