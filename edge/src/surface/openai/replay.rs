@@ -40,11 +40,72 @@ pub struct Replay {
 /// looked up again if it is needed, and only the head's forwarded headers
 /// stay (a stream holds this until its first byte).
 pub struct Kept {
-    head: RequestHead,
-    top: Top,
+    head: KeptHead,
+    /// The client's body (its top-level fields are parsed again on replay).
     bytes: Bytes,
     class: LeaseClass,
     avoid: ResourceKey,
+}
+
+/// A kept request head: whole for a whole answer's request, compact for a
+/// stream's (each opening stream holds it until its first byte).
+enum KeptHead {
+    Whole(RequestHead),
+    /// `keep_alive` and the forwarded headers as `name:value\n` lines in
+    /// one small buffer (names are tokens, values hold no line break).
+    Compact {
+        keep_alive: bool,
+        block: Bytes,
+    },
+}
+
+impl KeptHead {
+    fn compact(head: &RequestHead) -> Self {
+        let mut block = bytes::BytesMut::new();
+        for (n, v) in head.headers.iter().filter(|(n, _)| iop_core::tunnel::forwards_request_header(n.as_bytes())) {
+            block.extend_from_slice(n.as_bytes());
+            block.extend_from_slice(b":");
+            block.extend_from_slice(v);
+            block.extend_from_slice(b"\n");
+        }
+        KeptHead::Compact { keep_alive: head.keep_alive, block: block.freeze() }
+    }
+
+    fn keep_alive(&self) -> bool {
+        match self {
+            KeptHead::Whole(h) => h.keep_alive,
+            KeptHead::Compact { keep_alive, .. } => *keep_alive,
+        }
+    }
+
+    /// A head to answer the replay with (its method and target are not
+    /// used past admission).
+    fn into_head(self) -> RequestHead {
+        let (keep_alive, block) = match self {
+            KeptHead::Whole(h) => return h,
+            KeptHead::Compact { keep_alive, block } => (keep_alive, block),
+        };
+        let mut headers = Vec::new();
+        let mut at = 0;
+        for line in block.split(|&b| b == b'\n') {
+            let end = at + line.len();
+            if let Some(colon) = line.iter().position(|&b| b == b':') {
+                if let Some(name) = iop_core::http::HeaderName::from_bytes(block.slice(at..at + colon)) {
+                    headers.push((name, block.slice(at + colon + 1..end)));
+                }
+            }
+            at = end + 1;
+        }
+        RequestHead {
+            method: "POST".into(),
+            target: String::new(),
+            version: 1,
+            headers,
+            body: iop_core::http::BodyKind::Empty,
+            keep_alive,
+            expect_continue: false,
+        }
+    }
 }
 
 /// One request's chance at a second attempt.
@@ -80,14 +141,11 @@ impl ReplayChance {
         if !self.armed {
             return;
         }
-        let Replay { mut head, top, bytes, group: _, class, avoid } = replay;
-        if top.stream {
-            // Held by each opening stream until its first byte: only what a
-            // replay forwards.
-            head.headers.retain(|(n, _)| iop_core::tunnel::forwards_request_header(n.as_bytes()));
-            head.headers.shrink_to_fit();
-        }
-        self.replay = Some(Box::new(Kept { head, top, bytes, class, avoid }));
+        let Replay { head, top, bytes, group: _, class, avoid } = replay;
+        // Held by each opening stream until its first byte: only what a
+        // replay forwards, in one small buffer.
+        let head = if top.stream { KeptHead::compact(&head) } else { KeptHead::Whole(head) };
+        self.replay = Some(Box::new(Kept { head, bytes, class, avoid }));
     }
 
     /// The first byte is about to reach the client: no replay from here.
@@ -156,10 +214,12 @@ fn observe(decision: &'static str, reason: &'static str, result: Option<&'static
 /// there is nowhere else to go. Resolves to whether the connection may be
 /// kept.
 pub async fn replay(worker: &Rc<Worker>, conn: &mut Conn, route: Route, r: Kept, failed: RunFailure) -> bool {
-    let keep = r.head.keep_alive;
+    let keep = r.head.keep_alive();
     let allow_avoided = failed.stall.as_ref().is_some_and(|s| s.health == ProviderHealth::Available);
+    // It parsed the first time: it parses again.
+    let Ok(top) = Top::parse(&r.bytes) else { return reply::failure(&mut conn.responder(), &failed, keep).await };
     // The group as the config has it now (a reload may have changed it).
-    let full = worker.config.borrow().model(&r.top.model).cloned();
+    let full = worker.config.borrow().model(&top.model).cloned();
     let Some(full) = full.and_then(|g| super::serving(worker, &g, route)) else {
         observe("ineligible", "no_alternate", None);
         return reply::failure(&mut conn.responder(), &failed, keep).await;
@@ -181,9 +241,9 @@ pub async fn replay(worker: &Rc<Worker>, conn: &mut Conn, route: Route, r: Kept,
     };
     let tunnels = super::tunnels_to(worker, &admitted);
     tracing::debug!(node = %admitted.target.node, provider = %admitted.target.provider, "replaying before commit");
-    let a = Admission { top: r.top, bytes: r.bytes, permit: None, group: full, admitted, tunnels };
+    let a = Admission { top, bytes: r.bytes, permit: None, group: full, admitted, tunnels };
     let mut none = ReplayChance::none();
-    let kept = super::answer(worker, conn, r.head, route, a, &mut none).await;
+    let kept = super::answer(worker, conn, r.head.into_head(), route, a, &mut none).await;
     observe("eligible", "replayed", Some("answered"));
     kept
 }
@@ -203,5 +263,20 @@ mod tests {
         // Armed but nothing kept yet (nothing to replay with): answered.
         assert!(chance.hold(f().retryable()).is_some());
         assert!(chance.take().is_none());
+    }
+
+    #[test]
+    fn a_compact_head_keeps_the_forwarded_headers() {
+        let mut buf = bytes::BytesMut::from(
+            &b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-Trace: a:b c\r\nContent-Length: 2\r\nOpenAI-Organization: org\r\n\r\n"[..],
+        );
+        let head = iop_core::http::parse_request_head(&mut buf, &iop_core::http::Limits::default()).unwrap().unwrap();
+        let back = KeptHead::compact(&head).into_head();
+        let got: Vec<(String, Vec<u8>)> = back.headers.iter().map(|(n, v)| (n.to_string(), v.to_vec())).collect();
+        assert_eq!(
+            got,
+            vec![("x-trace".to_owned(), b"a:b c".to_vec()), ("openai-organization".to_owned(), b"org".to_vec())]
+        );
+        assert!(back.keep_alive);
     }
 }
