@@ -34,32 +34,23 @@ pub fn observe(worker: &Rc<Worker>, report: &HealthReport) {
     let overlay = worker.pool.borrow().resources.get(&report.key).map_or("unknown", |l| l.overlay().as_str());
     let (node, provider) = (&*report.key.node, &*report.key.provider);
     let fields = (report.source.as_str(), report.health.as_str(), observed.as_str());
-    if matches!(observed, Observed::Lowered | Observed::Recovered) {
-        tracing::warn!(
-            node,
-            provider,
-            source = fields.0,
-            provider_health = fields.1,
-            outcome = fields.2,
-            overlay,
-            generation = report.generation,
-            link = report.link,
-            health_observation_seq = report.seq,
-            "edge_provider_health_observation"
-        );
-    } else {
-        tracing::info!(
-            node,
-            provider,
-            source = fields.0,
-            provider_health = fields.1,
-            outcome = fields.2,
-            overlay,
-            generation = report.generation,
-            link = report.link,
-            health_observation_seq = report.seq,
-            "edge_provider_health_observation"
-        );
+    tracing::info!(
+        node,
+        provider,
+        source = fields.0,
+        provider_health = fields.1,
+        outcome = fields.2,
+        overlay,
+        generation = report.generation,
+        link = report.link,
+        health_observation_seq = report.seq,
+        "edge_provider_health_observation"
+    );
+    // What an operator must see: a provider leaving or rejoining traffic.
+    match observed {
+        Observed::Lowered | Observed::Starting => tracing::warn!(node, provider, overlay, "provider out of traffic"),
+        Observed::Recovered => tracing::warn!(node, provider, "provider back in traffic"),
+        Observed::Unchanged | Observed::Stale => {}
     }
     crate::metrics::health(fields.0, fields.1, fields.2);
     worker.shared.events.publish(EdgeEvent::ProviderHealth {

@@ -7,7 +7,6 @@ use std::{rc::Rc, time::Duration};
 
 use iop_core::{http::RequestHead, rt::oneshot::oneshot};
 
-use super::admin::auth::{self, Auth};
 use crate::{
     metrics::{self, render::Gauges, CoreMetrics},
     server::Conn,
@@ -19,11 +18,9 @@ const CORE_WAIT: Duration = Duration::from_secs(2);
 
 /// Answers a scrape; returns whether the connection may be kept.
 pub async fn scrape(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, keep: bool) -> bool {
-    let token = worker.config.borrow().admin_token.clone();
-    if let Auth::Denied = auth::authorize(token.as_ref(), head.header("authorization")) {
-        let body = super::openai::error::body(401, "a valid admin token is required", Some("invalid_admin_token"));
-        let challenge = [("www-authenticate", "Bearer")];
-        return conn.respond(401, "application/json", &challenge, &body, keep).await.is_ok() && keep;
+    // Open without an admin token; with one, checked (and failures limited) as the admin API's.
+    if let Err(kept) = super::admin::check_token(worker, conn, head, keep).await {
+        return kept;
     }
     let mut merged = CoreMetrics::default();
     let mut pending = Vec::with_capacity(worker.shared.inboxes.len());

@@ -37,34 +37,47 @@ pub fn is_admin_path(path: &str) -> bool {
     path == "/admin" || path.starts_with("/admin/")
 }
 
-/// Handles one `/admin` request; returns whether the connection may be kept.
-/// Failed token checks are limited per client address
-/// ([`crate::auth_limit`]): past the limit every attempt gets 429 before
-/// the token is compared.
-pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, body: Body) -> bool {
-    let keep = head.keep_alive;
-    let config = worker.config.borrow().clone();
+/// Checks the admin token of a request, failures limited per client
+/// address ([`crate::auth_limit`]: past the limit every attempt gets 429
+/// before the token is compared). `Ok(true)`: granted; `Ok(false)`: no
+/// admin token is configured; `Err(keep)`: answered (401 or 429).
+pub async fn check_token(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, keep: bool) -> Result<bool, bool> {
+    let token = worker.config.borrow().admin_token.clone();
     let limiter = &worker.shared.auth_failures;
-    if config.admin_token.is_some() {
+    if token.is_some() {
         if let Err(wait) = limiter.check(conn.peer.ip()) {
             let retry = wait.as_secs().max(1).to_string();
             let msg = "too many failed admin authentications from this address; retry later";
             let extra = [("retry-after", retry.as_str())];
-            return respond_error(conn, 429, msg, Some("rate_limited"), &extra, keep).await;
+            return Err(respond_error(conn, 429, msg, Some("rate_limited"), &extra, keep).await);
         }
     }
-    match auth::authorize(config.admin_token.as_ref(), head.header("authorization")) {
-        Auth::Granted => {}
-        Auth::Disabled => return respond_error(conn, 404, DISABLED_MESSAGE, Some("admin_disabled"), &[], keep).await,
+    match auth::authorize(token.as_ref(), head.header("authorization")) {
+        Auth::Granted => Ok(true),
+        Auth::Disabled => Ok(false),
         Auth::Denied => {
             limiter.record_failure(conn.peer.ip());
             // Never log the presented credential.
             tracing::debug!(path = %error::clip(head.path()), peer = %conn.peer, "admin request without a valid token");
             let challenge = [("www-authenticate", "Bearer")];
             let msg = "a valid admin token is required: send `Authorization: Bearer <admin_token>`";
-            return respond_error(conn, 401, msg, Some("invalid_admin_token"), &challenge, keep).await;
+            Err(respond_error(conn, 401, msg, Some("invalid_admin_token"), &challenge, keep).await)
         }
     }
+}
+
+/// Handles one `/admin` request; returns whether the connection may be kept.
+/// Failed token checks are limited per client address
+/// ([`crate::auth_limit`]): past the limit every attempt gets 429 before
+/// the token is compared.
+pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, body: Body) -> bool {
+    let keep = head.keep_alive;
+    match check_token(worker, conn, head, keep).await {
+        Ok(true) => {}
+        Ok(false) => return respond_error(conn, 404, DISABLED_MESSAGE, Some("admin_disabled"), &[], keep).await,
+        Err(kept) => return kept,
+    }
+    let config = worker.config.borrow().clone();
     let path = head.path();
     let method = if head.method == "HEAD" { "GET" } else { head.method.as_str() };
     match (method, path) {

@@ -91,8 +91,8 @@ pub struct Admission {
 
 /// The answer to an admitted request: it is sent to its node before this
 /// returns, and the future holds only what answering needs: the request's
-/// parts (head, parsed request, body, group) end here, or stay in `chance`
-/// until the answer commits when the request may be replayed, so an open
+/// parts (head, parsed request, body, group) end here, or what a replay
+/// needs of them stays in `chance` until the answer commits, so an open
 /// stream keeps none of them.
 pub fn answer<'a>(
     worker: &Rc<Worker>,
