@@ -51,6 +51,8 @@ pub struct EdgeConfig {
     pub models: Vec<ModelGroup>,
     /// Bearer token protecting `/admin`.
     pub admin_token: Option<Secret>,
+    /// Client keys (`[[api_keys]]`); with any, every `/v1` request needs one.
+    pub api_keys: Vec<super::ApiKeyEntry>,
     /// How long SIGINT/SIGTERM lets requests in flight finish.
     pub shutdown_grace: Duration,
     /// Test-only timers (`[testing]`); defaults outside tests.
@@ -332,6 +334,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
             }
             models.push(group);
         }
+        let api_keys = super::api_keys::api_keys(raw.api_keys, &models)?;
         let testing = TestingSettings::try_from(raw.testing)?;
 
         Ok(Self {
@@ -344,6 +347,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
             nodes,
             models,
             admin_token,
+            api_keys,
             shutdown_grace,
             testing,
         })

@@ -3,6 +3,7 @@
 //! (and the value, unless the key holds a secret). String values may
 //! reference environment variables as `${NAME}` or `${NAME:-default}`.
 
+pub mod api_keys;
 pub mod edge;
 pub mod env;
 pub mod error;
@@ -12,6 +13,7 @@ mod raw;
 mod secret;
 pub mod testing;
 
+pub use api_keys::ApiKeyEntry;
 pub use edge::{EdgeConfig, EmbeddedNode, HandshakeSettings, HttpSettings, ModelGroup, ModelTarget, NodeEntry};
 pub use error::ConfigError;
 pub use node::{NodeConfig, ReconnectPolicy};

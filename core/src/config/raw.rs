@@ -55,7 +55,21 @@ pub(crate) struct RawEdge {
     pub nodes: Vec<RawNode>,
     #[serde(default)]
     pub models: Vec<RawModel>,
+    #[serde(default)]
+    pub api_keys: Vec<RawApiKey>,
     pub testing: Option<RawTesting>,
+}
+
+/// `[[api_keys]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawApiKey {
+    pub name: Option<String>,
+    pub sha256: Option<String>,
+    #[serde(default)]
+    pub models: Vec<String>,
+    pub requests_per_minute: Option<u64>,
+    pub tokens_per_minute: Option<u64>,
 }
 
 /// `[http]`.

@@ -158,6 +158,8 @@ pub struct PoolView {
     pub waiters: HashMap<String, Arc<AtomicU32>>,
     /// Usage per public model name.
     pub usage: HashMap<String, Arc<ModelUsage>>,
+    /// Client API keys and their rates (`[[api_keys]]`).
+    pub keys: Vec<Arc<super::keys::KeyState>>,
 }
 
 impl PoolView {
@@ -189,6 +191,7 @@ impl PoolView {
             .iter()
             .map(|m| (m.name.clone(), prev.and_then(|v| v.usage.get(&m.name)).cloned().unwrap_or_default()))
             .collect();
-        Self { resources, waiters, usage }
+        let keys = super::keys::build(&config.api_keys, prev.map_or(&[][..], |v| &v.keys[..]));
+        Self { resources, waiters, usage, keys }
     }
 }

@@ -8,6 +8,7 @@
 //! the snapshot. Capacity is released only by dropping a [`Lease`].
 
 mod admit;
+pub mod keys;
 mod lease;
 mod load;
 mod overlay;

@@ -49,6 +49,9 @@ pub struct Exchange {
     pub queue_wait: Option<Duration>,
     /// Shared with the request's streams, which fill in how they ended.
     pub finish: Rc<RefCell<Finish>>,
+    /// The client's API key, when keys are configured (charged the
+    /// request's tokens when it ends).
+    pub api_key: Option<Arc<crate::pool::keys::KeyState>>,
 }
 
 impl Default for Exchange {
@@ -61,6 +64,7 @@ impl Default for Exchange {
             first_byte: None,
             queue_wait: None,
             finish: Rc::default(),
+            api_key: None,
         }
     }
 }
@@ -85,6 +89,7 @@ impl Exchange {
         self.status = 0;
         self.first_byte = None;
         self.queue_wait = None;
+        self.api_key = None;
         let mut f = self.finish.borrow_mut();
         f.model.clear();
         f.id.clear();
@@ -122,6 +127,11 @@ impl Exchange {
             ttft,
             queue_wait: self.queue_wait,
         });
+        if let (Some(k), Some(u)) = (&self.api_key, f.usage) {
+            if let Some(t) = &k.tokens {
+                t.charge(u.input_tokens.saturating_add(u.output_tokens));
+            }
+        }
         if !access_log {
             return;
         }
@@ -140,6 +150,8 @@ impl Exchange {
             outcome = f.outcome,
             code = f.code.unwrap_or(""),
             attempts = f.attempts,
+            api_key = self.api_key.as_ref().map_or("", |k| k.entry.name.as_str()),
+            key_fp = self.api_key.as_ref().map(|k| k.entry.fingerprint()).unwrap_or_default(),
             ttft_ms = ttft.map(ms),
             duration_ms = ms(duration),
             queue_ms = self.queue_wait.map(ms),

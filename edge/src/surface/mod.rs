@@ -1,6 +1,7 @@
 //! Client-facing API surfaces and the request router.
 
 pub mod admin;
+mod api_keys;
 mod health;
 mod metrics;
 pub mod openai;
@@ -24,11 +25,19 @@ pub const ALLOW_GET: (&str, &str) = ("allow", "GET, HEAD");
 pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: RequestHead, body: Body) -> bool {
     let keep = head.keep_alive;
     let route = openai::Route::from_path(head.path());
+    let key = if head.path().starts_with("/v1/") {
+        match api_keys::authenticate(worker, conn, &head, keep).await {
+            Ok(k) => k,
+            Err(kept) => return kept,
+        }
+    } else {
+        None
+    };
     if let (Some(route), "POST") = (route, head.method.as_str()) {
         // Boxed: an idle keep-alive connection's task holds only its
         // reading state, a busy one that of its stage (admission, then the
         // answer), never the largest of all.
-        let admission = match Box::pin(openai::admit(worker, conn, &head, body, route)).await {
+        let admission = match Box::pin(openai::admit(worker, conn, &head, body, route, key)).await {
             Ok(a) => a,
             Err(keep) => return keep,
         };
@@ -45,7 +54,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: RequestHead, bod
     let result = match (method, path) {
         (_, p) if admin::is_admin_path(p) => return Box::pin(admin::handle(worker, conn, &head, body)).await,
         ("GET", "/v1/models") => {
-            let body = openai::models::list(&worker.config.borrow());
+            let body = openai::models::list(&worker.config.borrow(), key.as_deref());
             conn.respond(200, "application/json", &[], &body, keep).await
         }
         ("GET", "/healthz") => {

@@ -6,6 +6,7 @@ mod attack;
 mod harness;
 
 mod admin;
+mod api_keys;
 mod chat;
 mod commands;
 mod errors;

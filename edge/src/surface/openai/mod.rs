@@ -127,6 +127,7 @@ pub async fn admit(
     head: &RequestHead,
     body: Body,
     route: Route,
+    key: Option<std::sync::Arc<crate::pool::keys::KeyState>>,
 ) -> Result<Admission, bool> {
     let keep = head.keep_alive;
     // The body's share of the core's budget is held until the request is
@@ -143,6 +144,10 @@ pub async fn admit(
         return Err(reply::error(&mut conn.responder(), 404, &msg, Some("model_not_found"), keep).await);
     };
     conn.exchange.finish.borrow_mut().model.push_str(&group.name);
+    if let Some(k) = key {
+        super::api_keys::admit(conn, &k, &group.name, keep).await?;
+        conn.exchange.api_key = Some(k);
+    }
     let Some(group) = serving(worker, &group, route) else {
         let msg = format!("the model `{}` has no provider that serves {}", error::clip(&top.model), head.path());
         return Err(reply::error(&mut conn.responder(), 400, &msg, Some("unsupported_endpoint"), keep).await);

@@ -1,0 +1,96 @@
+//! Client API keys on `/v1`: with any `[[api_keys]]` configured, every
+//! request needs one (`Authorization: Bearer <key>` or `x-api-key`). The
+//! key is looked up by its SHA-256 and never logged (its name and a short
+//! fingerprint are). Failed attempts are limited per client address, as
+//! the admin API's are.
+
+use std::{rc::Rc, sync::Arc};
+
+use iop_core::http::RequestHead;
+
+use super::openai::error;
+use crate::{pool::keys::KeyState, server::Conn, worker::Worker};
+
+/// The presented key: `Authorization: Bearer …` first, else `x-api-key`.
+fn presented(head: &RequestHead) -> Option<&[u8]> {
+    if let Some(auth) = head.header("authorization") {
+        let (scheme, rest) = auth.split_at(auth.len().min(7));
+        if scheme.eq_ignore_ascii_case(b"bearer ") {
+            return Some(rest.trim_ascii());
+        }
+    }
+    head.header("x-api-key").map(<[u8]>::trim_ascii)
+}
+
+/// The request's key: `Ok(None)` when no keys are configured; `Err(keep)`
+/// when the request was answered (401, or 429 past too many failures).
+pub async fn authenticate(
+    worker: &Rc<Worker>,
+    conn: &mut Conn,
+    head: &RequestHead,
+    keep: bool,
+) -> Result<Option<Arc<KeyState>>, bool> {
+    if worker.pool.borrow().keys.is_empty() {
+        return Ok(None);
+    }
+    let limiter = &worker.shared.auth_failures;
+    if let Err(wait) = limiter.check(conn.peer.ip()) {
+        let retry = wait.as_secs().max(1).to_string();
+        let msg = "too many requests with an invalid API key from this address; retry later";
+        return Err(respond(conn, 429, msg, "rate_limit_exceeded", Some(&retry), keep).await);
+    }
+    let Some(key) = presented(head).filter(|k| !k.is_empty()) else {
+        let msg = "no API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)";
+        return Err(respond(conn, 401, msg, "missing_api_key", None, keep).await);
+    };
+    let digest = ring::digest::digest(&ring::digest::SHA256, key);
+    let found = worker.pool.borrow().keys.iter().find(|k| k.entry.sha256[..] == *digest.as_ref()).cloned();
+    match found {
+        Some(k) => Ok(Some(k)),
+        None => {
+            limiter.record_failure(conn.peer.ip());
+            // Never the key itself, nor its hash.
+            tracing::debug!(peer = %conn.peer, "request with an unknown API key");
+            Err(respond(conn, 401, "invalid API key", "invalid_api_key", None, keep).await)
+        }
+    }
+}
+
+/// An OpenAI-shaped error answer (`retry_after` in seconds on 429).
+pub async fn respond(
+    conn: &mut Conn,
+    status: u16,
+    msg: &str,
+    code: &str,
+    retry_after: Option<&str>,
+    keep: bool,
+) -> bool {
+    let body = error::body(status, msg, Some(code));
+    let mut extra: Vec<(&str, &str)> = Vec::new();
+    if status == 401 {
+        extra.push(("www-authenticate", "Bearer"));
+    }
+    if let Some(r) = retry_after {
+        extra.push(("retry-after", r));
+    }
+    conn.respond(status, "application/json", &extra, &body, keep).await.is_ok() && keep
+}
+
+/// Whether `key` may start a request for `model` now: `Err(keep)` when
+/// answered (403 not allowed, 429 over a rate).
+pub async fn admit(conn: &mut Conn, key: &KeyState, model: &str, keep: bool) -> Result<(), bool> {
+    if !key.allows_model(model) {
+        let msg = format!("this API key may not use model `{}`", error::clip(model));
+        return Err(respond(conn, 403, &msg, "model_not_allowed", None, keep).await);
+    }
+    let over = |wait: std::time::Duration| wait.as_secs().max(1).to_string();
+    if let Some(Err(wait)) = key.tokens.as_ref().map(|t| t.allows()) {
+        let msg = "this API key is over its tokens_per_minute";
+        return Err(respond(conn, 429, msg, "rate_limit_exceeded", Some(&over(wait)), keep).await);
+    }
+    if let Some(Err(wait)) = key.requests.as_ref().map(|r| r.take(1)) {
+        let msg = "this API key is over its requests_per_minute";
+        return Err(respond(conn, 429, msg, "rate_limit_exceeded", Some(&over(wait)), keep).await);
+    }
+    Ok(())
+}
