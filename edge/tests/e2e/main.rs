@@ -22,5 +22,6 @@ mod real_upstream;
 mod recovery;
 mod robustness;
 mod sdk_fidelity;
+mod secrets;
 mod stall;
 mod tunnel;
