@@ -4,7 +4,8 @@
 //! every attempt from that address is refused before any credential is
 //! compared. The table is bounded: when full, the address idle longest is
 //! forgotten. Only credential checks touch it (a cold path), never
-//! registered nodes or `/v1` traffic.
+//! registered nodes or `/v1` traffic with a valid key (an API key is
+//! checked against it only once it failed).
 
 use std::{
     collections::HashMap,

@@ -2,7 +2,7 @@
 //! request needs one (`Authorization: Bearer <key>` or `x-api-key`). The
 //! key is looked up by its SHA-256 and never logged (its name and a short
 //! fingerprint are). Failed attempts are limited per client address, as
-//! the admin API's are.
+//! the admin API's are; a valid key never touches that limit.
 
 use std::{rc::Rc, sync::Arc};
 
@@ -33,27 +33,27 @@ pub async fn authenticate(
     if worker.pool.borrow().keys.is_empty() {
         return Ok(None);
     }
-    let limiter = &worker.shared.auth_failures;
-    if let Err(wait) = limiter.check(conn.peer.ip()) {
-        let retry = wait.as_secs().max(1).to_string();
-        let msg = "too many requests with an invalid API key from this address; retry later";
-        return Err(respond(conn, 429, msg, "rate_limit_exceeded", Some(&retry), keep).await);
-    }
     let Some(key) = presented(head).filter(|k| !k.is_empty()) else {
         let msg = "no API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)";
         return Err(respond(conn, 401, msg, "missing_api_key", None, keep).await);
     };
     let digest = ring::digest::digest(&ring::digest::SHA256, key);
     let found = worker.pool.borrow().keys.iter().find(|k| k.entry.sha256[..] == *digest.as_ref()).cloned();
-    match found {
-        Some(k) => Ok(Some(k)),
-        None => {
-            limiter.record_failure(conn.peer.ip());
-            // Never the key itself, nor its hash.
-            tracing::debug!(peer = %conn.peer, "request with an unknown API key");
-            Err(respond(conn, 401, "invalid API key", "invalid_api_key", None, keep).await)
-        }
+    if let Some(k) = found {
+        return Ok(Some(k));
     }
+    // Only a failed check touches the per-address limit (it takes a lock):
+    // a valid key is never slowed, guessing is.
+    let limiter = &worker.shared.auth_failures;
+    if let Err(wait) = limiter.check(conn.peer.ip()) {
+        let retry = wait.as_secs().max(1).to_string();
+        let msg = "too many requests with an invalid API key from this address; retry later";
+        return Err(respond(conn, 429, msg, "rate_limit_exceeded", Some(&retry), keep).await);
+    }
+    limiter.record_failure(conn.peer.ip());
+    // Never the key itself, nor its hash.
+    tracing::debug!(peer = %conn.peer, "request with an unknown API key");
+    Err(respond(conn, 401, "invalid API key", "invalid_api_key", None, keep).await)
 }
 
 /// An OpenAI-shaped error answer (`retry_after` in seconds on 429).
