@@ -17,6 +17,8 @@
 //!   request translated by `ollama_request` and the answer mapped by
 //!   `ollama_stream` (both sans-IO).
 
+#[doc(hidden)]
+pub mod fuzzing;
 mod health;
 pub mod mock;
 pub mod ollama;

@@ -91,7 +91,6 @@ impl LineSplitter {
     }
 
     /// Bytes held.
-    #[cfg(test)]
     pub(crate) fn buffered(&self) -> usize {
         self.buf.len()
     }
