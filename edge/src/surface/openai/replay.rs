@@ -4,9 +4,10 @@
 //! avoiding the provider that failed. After the first byte, never: the
 //! client gets the typed error ending instead.
 //!
-//! The request's parts (head, parsed top, body) are kept in the
-//! [`ReplayChance`] only until the answer commits; a committed stream
-//! holds none of them.
+//! What a replay needs (the body, the head or for a stream only its
+//! forwarded headers, the lease class, the provider to avoid) is kept in
+//! the [`ReplayChance`] only until the answer commits; a committed stream
+//! holds none of it.
 
 use std::rc::Rc;
 
