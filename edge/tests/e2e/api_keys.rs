@@ -14,16 +14,9 @@ fn sha256_hex(key: &str) -> String {
 }
 
 fn config(mock: &MockProv) -> String {
-    format!(
-        r#"
-admin_token = "{ADMIN_TOKEN}"
-[http]
-listen = "127.0.0.1:0"
-[node_listener]
-listen = "127.0.0.1:0"
-[[nodes]]
-id = "n1"
-token = "{NODE_TOKEN}"
+    n1_header()
+        + &format!(
+            r#"
 [[nodes.providers]]
 id = "up"
 kind = "openai_compat"
@@ -50,10 +43,10 @@ sha256 = "{}"
 models = ["m", "o"]
 tokens_per_minute = 3
 "#,
-        mock.base_url(),
-        sha256_hex(ALICE),
-        sha256_hex(BOB),
-    )
+            mock.base_url(),
+            sha256_hex(ALICE),
+            sha256_hex(BOB),
+        )
 }
 
 fn chat(edge: &Edge, model: &str, auth: &[(&str, &str)]) -> Response {

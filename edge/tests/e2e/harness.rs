@@ -145,6 +145,16 @@ pub struct Edge {
 
 pub const NODE_TOKEN: &str = "e2e-node-token";
 
+/// The start of an edge config with two workers, the admin token, both
+/// listeners on port 0 and node `n1` (token [`NODE_TOKEN`]); its providers,
+/// models and the rest follow.
+pub fn n1_header() -> String {
+    format!(
+        "workers = 2\nadmin_token = \"{ADMIN_TOKEN}\"\n[http]\nlisten = \"127.0.0.1:0\"\n\
+         [node_listener]\nlisten = \"127.0.0.1:0\"\n[[nodes]]\nid = \"n1\"\ntoken = \"{NODE_TOKEN}\"\n"
+    )
+}
+
 /// Edge config with one node `n1` whose provider `up` is openai_compat at `upstream`.
 pub fn edge_config(upstream: &str, extra: &str) -> String {
     format!(

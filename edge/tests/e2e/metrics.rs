@@ -14,17 +14,9 @@ const PROVIDER_KEY: &str = "sk-provider-key-91c2";
 const SECS5: std::time::Duration = std::time::Duration::from_secs(5);
 
 fn config(mock: &MockProv) -> String {
-    format!(
-        r#"
-workers = 2
-admin_token = "{ADMIN_TOKEN}"
-[http]
-listen = "127.0.0.1:0"
-[node_listener]
-listen = "127.0.0.1:0"
-[[nodes]]
-id = "n1"
-token = "{NODE_TOKEN}"
+    n1_header()
+        + &format!(
+            r#"
 [[nodes.providers]]
 id = "up"
 kind = "openai_compat"
@@ -49,9 +41,9 @@ node = "n1"
 provider = "ol"
 upstream_model = "mock"
 "#,
-        mock.base_url(),
-        mock.addr
-    )
+            mock.base_url(),
+            mock.addr
+        )
 }
 
 fn chat(edge: &Edge, model: &str, stream: bool, mock: Value) -> Response {

@@ -14,17 +14,9 @@ const STALL_MS: u64 = 400;
 /// An edge with model `m` on two providers of node `n1`, tried in this
 /// order when both are idle: `first` (kind, base URL), then `second`.
 fn two_providers(first: (&str, String), second: (&str, String)) -> (Edge, Proc) {
-    let config = format!(
-        r#"
-workers = 2
-admin_token = "{ADMIN_TOKEN}"
-[http]
-listen = "127.0.0.1:0"
-[node_listener]
-listen = "127.0.0.1:0"
-[[nodes]]
-id = "n1"
-token = "{NODE_TOKEN}"
+    let config = n1_header()
+        + &format!(
+            r#"
 [[nodes.providers]]
 id = "a"
 kind = "{}"
@@ -48,8 +40,8 @@ node = "n1"
 provider = "b"
 model = "mock"
 "#,
-        first.0, first.1, second.0, second.1
-    );
+            first.0, first.1, second.0, second.1
+        );
     let edge = Edge::start(&config);
     let node = edge.node(NODE_TOKEN, &[]);
     edge.wait_nodes_ready(1);
@@ -116,16 +108,9 @@ fn with_one_provider_a_stall_is_replayed_there_only_when_its_probe_found_it_avai
     // Listed target: the probe finds it available, so the one provider is
     // tried once more (and stalls again).
     let silent = MockProv::start(&["--ttft-ms", "60000", "--model", "mock"]);
-    let config = format!(
-        r#"
-admin_token = "{ADMIN_TOKEN}"
-[http]
-listen = "127.0.0.1:0"
-[node_listener]
-listen = "127.0.0.1:0"
-[[nodes]]
-id = "n1"
-token = "{NODE_TOKEN}"
+    let config = n1_header()
+        + &format!(
+            r#"
 [[nodes.providers]]
 id = "a"
 kind = "openai_compat"
@@ -143,8 +128,8 @@ node = "n1"
 provider = "a"
 upstream_model = "not-listed"
 "#,
-        silent.base_url()
-    );
+            silent.base_url()
+        );
     let edge = Edge::start(&config);
     let _node = edge.node(NODE_TOKEN, &[]);
     edge.wait_nodes_ready(1);

@@ -19,16 +19,9 @@ fn no_secret_reaches_a_log_a_metric_or_an_answer_at_debug_level() {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect();
-    let config = format!(
-        r#"
-admin_token = "{ADMIN_TOKEN}"
-[http]
-listen = "127.0.0.1:0"
-[node_listener]
-listen = "127.0.0.1:0"
-[[nodes]]
-id = "n1"
-token = "{NODE_TOKEN}"
+    let config = n1_header()
+        + &format!(
+            r#"
 [[nodes.providers]]
 id = "up"
 kind = "openai_compat"
@@ -57,9 +50,9 @@ name = "client"
 sha256 = "{hash}"
 models = ["m", "o"]
 "#,
-        mock.base_url(),
-        mock.addr
-    );
+            mock.base_url(),
+            mock.addr
+        );
     let edge = Edge::start_with_env(&config, &DEBUG);
     let node = edge.node_with(NODE_TOKEN, "metrics_listen = \"127.0.0.1:0\"", &DEBUG);
     edge.wait_nodes_ready(1);

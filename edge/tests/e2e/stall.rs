@@ -19,17 +19,9 @@ const PROBE_MS: u64 = 100;
 fn setup(kind: &str, upstream_model: &str) -> (MockProv, Edge, Proc) {
     let mock = MockProv::start(&["--model", "mock-upstream"]);
     let base = if kind == "ollama" { format!("http://{}", mock.addr) } else { mock.base_url() };
-    let config = format!(
-        r#"
-workers = 2
-admin_token = "{ADMIN_TOKEN}"
-[http]
-listen = "127.0.0.1:0"
-[node_listener]
-listen = "127.0.0.1:0"
-[[nodes]]
-id = "n1"
-token = "{NODE_TOKEN}"
+    let config = n1_header()
+        + &format!(
+            r#"
 [[nodes.providers]]
 id = "up"
 kind = "{kind}"
@@ -43,7 +35,7 @@ node = "n1"
 provider = "up"
 upstream_model = "{upstream_model}"
 "#
-    );
+        );
     let edge = Edge::start(&config);
     let node = edge.node_with(NODE_TOKEN, "metrics_listen = \"127.0.0.1:0\"", &[]);
     edge.wait_nodes_ready(1);
@@ -228,17 +220,9 @@ fn a_provider_still_loading_is_starting_and_gets_no_traffic_until_ready() {
     let mock = MockProv::start(&["--model", "mock-upstream"]);
     // Loading before its node connects: the edge's first probe sees it.
     set_mock_health(&mock, "loading");
-    let config = format!(
-        r#"
-workers = 2
-admin_token = "{ADMIN_TOKEN}"
-[http]
-listen = "127.0.0.1:0"
-[node_listener]
-listen = "127.0.0.1:0"
-[[nodes]]
-id = "n1"
-token = "{NODE_TOKEN}"
+    let config = n1_header()
+        + &format!(
+            r#"
 [[nodes.providers]]
 id = "up"
 kind = "openai_compat"
@@ -251,8 +235,8 @@ node = "n1"
 provider = "up"
 upstream_model = "mock-upstream"
 "#,
-        mock.base_url()
-    );
+            mock.base_url()
+        );
     let edge = Edge::start(&config);
     let mut ev = edge.events();
     let _node = edge.node(NODE_TOKEN, &[]);
