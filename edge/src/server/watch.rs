@@ -11,10 +11,12 @@ use bytes::BytesMut;
 
 use super::reader::ReadSide;
 
-/// Spare room of a watching read. Small, as it is posted for as long as a
-/// response streams; it is also where the next keep-alive request lands
-/// (most fit, and a longer one is read on).
-const WATCH_RESERVE: usize = 1024;
+/// Spare room of a watching read. Small, as each open stream holds it for
+/// as long as it streams (under io_uring the kernel owns it meanwhile); it
+/// is also where the next keep-alive request's head starts, and the rest of
+/// it is read on into a head-sized buffer (one more read per stream, not
+/// per event).
+const WATCH_RESERVE: usize = 128;
 
 enum First<A> {
     Body(A),

@@ -33,9 +33,11 @@ pub async fn authenticate(
     if worker.pool.borrow().keys.is_empty() {
         return Ok(None);
     }
+    // The answers below are boxed: their states stay out of every
+    // request's task (an open stream's included).
     let Some(key) = presented(head).filter(|k| !k.is_empty()) else {
         let msg = "no API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)";
-        return Err(respond(conn, 401, msg, "missing_api_key", None, keep).await);
+        return Err(Box::pin(respond(conn, 401, msg, "missing_api_key", None, keep)).await);
     };
     let digest = ring::digest::digest(&ring::digest::SHA256, key);
     let found = worker.pool.borrow().keys.iter().find(|k| k.entry.sha256[..] == *digest.as_ref()).cloned();
@@ -48,12 +50,12 @@ pub async fn authenticate(
     if let Err(wait) = limiter.check(conn.peer.ip()) {
         let retry = wait.as_secs().max(1).to_string();
         let msg = "too many requests with an invalid API key from this address; retry later";
-        return Err(respond(conn, 429, msg, "rate_limit_exceeded", Some(&retry), keep).await);
+        return Err(Box::pin(respond(conn, 429, msg, "rate_limit_exceeded", Some(&retry), keep)).await);
     }
     limiter.record_failure(conn.peer.ip());
     // Never the key itself, nor its hash.
     tracing::debug!(peer = %conn.peer, "request with an unknown API key");
-    Err(respond(conn, 401, "invalid API key", "invalid_api_key", None, keep).await)
+    Err(Box::pin(respond(conn, 401, "invalid API key", "invalid_api_key", None, keep)).await)
 }
 
 /// An OpenAI-shaped error answer (`retry_after` in seconds on 429).

@@ -49,10 +49,26 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: RequestHead, bod
             None => kept,
         };
     }
+    // Boxed: the other routes' states stay out of every connection's task
+    // (an open stream's included).
+    Box::pin(other(worker, conn, head, body, route.is_some(), key)).await
+}
+
+/// The routes other than a model's `POST`: admin, models, health, metrics
+/// and the errors for everything else.
+async fn other(
+    worker: &Rc<Worker>,
+    conn: &mut Conn,
+    head: RequestHead,
+    body: Body,
+    model_route: bool,
+    key: Option<std::sync::Arc<crate::pool::keys::KeyState>>,
+) -> bool {
+    let keep = head.keep_alive;
     let path = head.path();
     let method = if head.method == "HEAD" { "GET" } else { head.method.as_str() };
     let result = match (method, path) {
-        (_, p) if admin::is_admin_path(p) => return Box::pin(admin::handle(worker, conn, &head, body)).await,
+        (_, p) if admin::is_admin_path(p) => return admin::handle(worker, conn, &head, body).await,
         ("GET", "/v1/models") => {
             let body = openai::models::list(&worker.config.borrow(), key.as_deref());
             conn.respond(200, "application/json", &[], &body, keep).await
@@ -66,7 +82,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: RequestHead, bod
             let (status, body) = health::Health::of(worker).readiness();
             conn.respond(status, "application/json", &[], body.as_bytes(), keep).await
         }
-        (_, _) if route.is_some() => method_not_allowed(conn, &head, ("allow", "POST"), keep).await,
+        (_, _) if model_route => method_not_allowed(conn, &head, ("allow", "POST"), keep).await,
         (_, "/v1/models" | "/healthz" | "/readyz" | "/metrics") => {
             method_not_allowed(conn, &head, ALLOW_GET, keep).await
         }

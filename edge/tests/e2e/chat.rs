@@ -189,6 +189,44 @@ fn keep_alive_serves_several_requests_on_one_connection() {
 }
 
 #[test]
+fn a_request_after_a_stream_on_its_connection_is_read_whole_however_long_its_head() {
+    use std::io::{Read, Write};
+    // While a stream is answered a small read watches for the client
+    // leaving; the next request's head lands there first and must be read
+    // on, not cut at that read's size.
+    let (_mock, edge, _node) = setup(&["--tokens", "2"], &[]);
+    let mut s = std::net::TcpStream::connect(edge.http).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    let stream =
+        json!({"model": "gpt-test", "stream": true, "messages": [{"role": "user", "content": "x"}]}).to_string();
+    let req =
+        format!("POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-length: {}\r\n\r\n{stream}", stream.len());
+    s.write_all(req.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !got.ends_with(b"0\r\n\r\n") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "stream ended early: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(String::from_utf8_lossy(&got).contains("data: [DONE]"));
+    let body = json!({"model": "gpt-test", "messages": [{"role": "user", "content": "x"}]}).to_string();
+    let pad = "p".repeat(3000);
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\nx-pad: {pad}\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    while !String::from_utf8_lossy(&got).contains("tok0 tok1 ") {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "no answer to the second request: {}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    assert!(got.starts_with(b"HTTP/1.1 200"), "{}", String::from_utf8_lossy(&got));
+}
+
+#[test]
 fn client_disconnect_mid_stream_closes_the_upstream_connection() {
     use std::io::{Read, Write};
     let (mock, edge, _node) = setup(&["--tokens", "1000", "--token-interval-ms", "50"], &[]);
