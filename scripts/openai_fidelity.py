@@ -7,18 +7,28 @@ field by field (edge/tests/e2e/sdk_fidelity.rs).
 
 Usage: openai_fidelity.py BASE_URL MODEL FLOW[,FLOW...]
 
+With IOP_TEST_CA set (a PEM file), an https BASE_URL is verified against
+that CA only (the TLS end-to-end test's own CA).
+
 Flows: tools_stream, tools, agent_loop, choices, choices_stream, refusal,
 refusal_stream, error_429, embeddings, embeddings_base64, completions,
 completions_stream, responses, responses_stream.
 """
 import json
+import os
+import ssl
 import sys
 
 import openai
 from openai import OpenAI
 
 base_url, model, flows = sys.argv[1], sys.argv[2], sys.argv[3].split(",")
-client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=30)
+ca = os.environ.get("IOP_TEST_CA")
+http_client = None
+if ca:
+    # The SDK's own client class (with its defaults), whatever HTTP library it is built on.
+    http_client = openai.DefaultHttpxClient(verify=ssl.create_default_context(cafile=ca))
+client = OpenAI(base_url=base_url, api_key="unused", max_retries=0, timeout=30, http_client=http_client)
 USER = [{"role": "user", "content": "What is the weather in Paris?"}]
 TOOLS = [{
     "type": "function",

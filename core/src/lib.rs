@@ -9,6 +9,7 @@
 //! - [`exec`]: run events, usage and failure classification.
 //! - [`flow`]: per-stream credit windows on the edge↔node link.
 //! - [`limits`]: counted slots, a log throttle, the open-file limit.
+//! - [`net`]: the stream seam (plain TCP or TLS) and TLS configuration.
 //! - [`liveness`]: the response-stall timeout and a stall terminal's evidence.
 //! - [`tunnel`]: the provider tunnel's items and header rules.
 //! - [`request`]: top-level fields of an OpenAI request body, edited in place.
@@ -19,6 +20,7 @@ pub mod flow;
 pub mod http;
 pub mod limits;
 pub mod liveness;
+pub mod net;
 pub mod request;
 pub mod rt;
 pub mod sse;

@@ -32,7 +32,8 @@ pub enum EdgeEvent {
     },
     /// A registration was refused.
     RegistrationRefused {
-        /// `unknown_token`, `duplicate_connection`, `config_build_failed` or `protocol`.
+        /// `unknown_token`, `duplicate_connection`, `config_build_failed`,
+        /// `protocol`, `rate_limited` or `identity_mismatch`.
         refusal: &'static str,
         /// Node id when known (duplicate), else empty.
         node: String,

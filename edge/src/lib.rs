@@ -23,4 +23,4 @@ pub mod surface;
 pub mod transport;
 pub mod worker;
 
-pub use start::{start, EdgeHandle, ReloadError, StartError};
+pub use start::{load_tls, start, EdgeHandle, ReloadError, StartError};

@@ -39,6 +39,8 @@ fn run() -> anyhow::Result<()> {
         tracing::warn!(error = %e, "jemalloc tuning failed: freed memory returns to the OS more slowly");
     }
     let config = load(&args.config)?;
+    // The TLS files too: a check passes only when the edge would start.
+    iop_edge::load_tls(&config).with_context(|| format!("invalid config {}", args.config.display()))?;
     if args.check_config {
         eprintln!("config {} is valid", args.config.display());
         return Ok(());

@@ -21,6 +21,10 @@ pub enum RegisterRefusal {
     /// Another process (or this link of it) already owns this node.
     #[error("node `{0}` already has a live connection")]
     Duplicate(String),
+    /// Managed mode: the peer's certificate is not for the node its token
+    /// names.
+    #[error("the client certificate is not for node `{0}`")]
+    IdentityMismatch(String),
 }
 
 /// Which link of which node process a connection is (from its

@@ -39,6 +39,10 @@ pub struct Shared {
     pub node_handshakes: Slots,
     /// Failed credential checks per client/node address.
     pub auth_failures: crate::auth_limit::FailureLimiter,
+    /// TLS of the client listener (`[http.tls]`), reloaded on SIGHUP.
+    pub http_tls: Option<iop_core::net::tls::ServerTls>,
+    /// TLS of the node listener (`[node_listener.tls]`), reloaded on SIGHUP.
+    pub node_tls: Option<iop_core::net::tls::ServerTls>,
 }
 
 /// Counts one client request as active while it lives.

@@ -43,6 +43,9 @@ pub enum StartError {
     /// `embedded_node` names a node that is not configured.
     #[error("embedded node `{0}` is not configured")]
     EmbeddedNode(String),
+    /// TLS material that cannot be used (the error names its key).
+    #[error("{0}")]
+    Tls(#[from] iop_core::config::ConfigError),
 }
 
 /// A running edge.
@@ -71,6 +74,10 @@ pub enum ReloadError {
     /// The edge is shutting down.
     #[error("the edge is shutting down")]
     Stopped,
+    /// A listener's certificate or key could not be loaded again (the
+    /// running ones stay, and so does the rest of the config).
+    #[error("{0}")]
+    Tls(String),
 }
 
 impl EdgeHandle {
@@ -109,6 +116,16 @@ impl EdgeHandle {
         }
         if config.embedded_node != boot.embedded_node {
             tracing::warn!("`embedded_node` differs from the running one; it applies after a restart");
+        }
+        if config.http.tls != boot.http.tls || config.node_tls != boot.node_tls {
+            tracing::warn!("TLS files or settings differ from the running ones; they apply after a restart (the running files are read again now)");
+        }
+        // Certificates first: a renewed certificate that does not load
+        // leaves everything as it was.
+        for (section, tls) in [("http.tls", &self.shared.http_tls), ("node_listener.tls", &self.shared.node_tls)] {
+            if let Some(tls) = tls {
+                tls.reload().map_err(|e| ReloadError::Tls(format!("{section}: {e}")))?;
+            }
         }
         let revision = revision + 1;
         let config = Arc::new(config);
@@ -163,6 +180,16 @@ fn send_blocking(inbox: &mailbox::Sender<CoreMsg>, mut msg: CoreMsg) -> Result<(
     }
 }
 
+/// The listeners' TLS material (file reads: before any reactor runs).
+pub fn load_tls(
+    config: &EdgeConfig,
+) -> Result<(Option<iop_core::net::tls::ServerTls>, Option<iop_core::net::tls::ServerTls>), StartError> {
+    use iop_core::{config::tls::server_tls, net::tls};
+    let http = config.http.tls.as_ref().map(|t| server_tls("http.tls", t, tls::ALPN_HTTP1)).transpose()?;
+    let node = config.node_tls.as_ref().map(|t| server_tls("node_listener.tls", t, tls::ALPN_LINK)).transpose()?;
+    Ok((http, node))
+}
+
 /// Binds the listeners and starts `config.workers` pinned workers.
 pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
     let workers = config.workers.max(1);
@@ -193,11 +220,15 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
                 testing: config.testing,
                 // Its stall counters are the process's: no listener of its own.
                 metrics_listen: None,
+                // Loopback; the config refuses an embedded node beside
+                // a TLS node listener.
+                edge_tls: None,
             })
         }
         None => None,
     };
 
+    let (http_tls, node_tls) = load_tls(&config)?;
     let driver = rt::Driver::detect();
     let open_files = iop_core::limits::raise_open_file_limit();
     let default_max_connections = iop_core::limits::default_max_connections(open_files);
@@ -222,6 +253,8 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         default_max_connections,
         node_handshakes: Default::default(),
         auth_failures: Default::default(),
+        http_tls,
+        node_tls,
     });
     let pool = Arc::new(PoolView::build(&shared.config, None));
 

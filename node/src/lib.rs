@@ -21,14 +21,14 @@ pub mod supervisor;
 pub mod tunnel;
 pub mod upstream;
 
-pub use process::{start, LinkSpec, NodeHandle, Stopper};
+pub use process::{edge_tls, start, LinkSpec, NodeHandle, Stopper};
 pub use supervisor::NodeError;
 
 /// Starts a node inside this process (the edge's embedded node), one link
 /// per worker like a standalone node; it speaks the same protocol over
 /// loopback TCP. Its workers are not pinned (they share the edge's cores).
 pub fn spawn_embedded(config: iop_core::config::NodeConfig) -> std::io::Result<std::thread::JoinHandle<()>> {
-    let node = process::start(config, false)?;
+    let node = process::start(config, false, None)?;
     std::thread::Builder::new().name("iop-node-wait".into()).spawn(move || {
         if let Err(e) = node.wait() {
             tracing::error!(error = %e, "embedded node stopped");

@@ -61,6 +61,7 @@ fn run() -> anyhow::Result<()> {
         .with_context(|| format!("cannot read config {}", args.config.display()))?;
     let config = NodeConfig::from_toml(&text, &|k| std::env::var(k).ok())
         .with_context(|| format!("invalid config {}", args.config.display()))?;
+    let tls = iop_node::edge_tls(&config).with_context(|| format!("invalid config {}", args.config.display()))?;
     if args.check_config {
         eprintln!("config {} is valid", args.config.display());
         return Ok(());
@@ -79,7 +80,7 @@ fn run() -> anyhow::Result<()> {
         }
         let _ = std::io::Write::flush(&mut std::io::stdout());
     }
-    let node = iop_node::start(config, true).context("cannot start the node's worker threads")?;
+    let node = iop_node::start(config, true, tls).context("cannot start the node's worker threads")?;
     let stopper = node.stopper();
     std::thread::Builder::new()
         .name("iop-node-signals".into())

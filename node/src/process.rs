@@ -11,6 +11,7 @@ use std::{
     time::{SystemTime, UNIX_EPOCH},
 };
 
+use iop_core::net::tls::ClientTls;
 use iop_core::{
     config::NodeConfig,
     rt::{self, mailbox, signal::LocalCancel},
@@ -29,6 +30,8 @@ pub struct LinkSpec {
     pub count: u32,
     /// The process's provider gates.
     pub gates: Arc<Gates>,
+    /// TLS to the edge (`[edge_tls]`, loaded at start); none: plain TCP.
+    pub tls: Option<ClientTls>,
 }
 
 /// A running node process.
@@ -58,10 +61,22 @@ fn new_instance() -> u64 {
     mixed.max(1)
 }
 
+/// Loads the TLS client of `[edge_tls]` (file reads, and the system's
+/// roots when no CA is given: call before any reactor runs).
+pub fn edge_tls(config: &NodeConfig) -> Result<Option<ClientTls>, iop_core::config::ConfigError> {
+    config.edge_tls.as_ref().map(iop_core::config::tls::client_tls).transpose()
+}
+
 /// Starts the node's workers. `pin`: pin each to a core (a standalone
-/// node; the edge's embedded one shares the edge's cores unpinned).
-pub fn start(config: NodeConfig, pin: bool) -> std::io::Result<NodeHandle> {
+/// node; the edge's embedded one shares the edge's cores unpinned). `tls`:
+/// from [`edge_tls`].
+pub fn start(config: NodeConfig, pin: bool, tls: Option<ClientTls>) -> std::io::Result<NodeHandle> {
     let count = config.workers.max(1);
+    // https providers without a CA of their own use these; read here, not
+    // on a reactor when the first such config arrives.
+    if let Err(e) = iop_core::net::tls::load_system_roots() {
+        tracing::debug!(error = %e, "no system TLS roots: https providers need a tls_ca");
+    }
     let instance = new_instance();
     let gates = Gates::new();
     let (done_tx, done) = mpsc::channel();
@@ -70,7 +85,8 @@ pub fn start(config: NodeConfig, pin: bool) -> std::io::Result<NodeHandle> {
     for index in 0..count {
         let (stop_tx, stop_rx) = mailbox::mailbox(1);
         stops.push(stop_tx);
-        let link = LinkSpec { instance, index: index as u32, count: count as u32, gates: gates.clone() };
+        let link =
+            LinkSpec { instance, index: index as u32, count: count as u32, gates: gates.clone(), tls: tls.clone() };
         let (config, done_tx) = (config.clone(), done_tx.clone());
         let t = rt::spawn_worker("iop-node", index, pin, move || async move {
             let _ = done_tx.send(run_link(config, link, stop_rx).await);

@@ -4,6 +4,7 @@
 use std::{cell::Cell, rc::Rc, time::Instant};
 
 use bytes::BytesMut;
+use iop_core::net::Stream;
 use iop_core::{
     config::NodeConfig,
     rt::{
@@ -13,7 +14,7 @@ use iop_core::{
     },
     wire::pb::{self, envelope::Body, Envelope},
 };
-use monoio::{io::Splitable, net::TcpStream};
+use monoio::net::TcpStream;
 
 use crate::{adapter::Adapter, process::LinkSpec, run::RunManager};
 
@@ -72,8 +73,26 @@ pub async fn run(cfg: &NodeConfig, link: &LinkSpec, shutdown: &LocalCancel) -> S
             Err(_) => last_err = format!("connecting to edge {addr} timed out"),
         }
     }
-    let Some(stream) = stream else { return retry(last_err) };
-    let _ = stream.set_nodelay(true);
+    let Some(tcp) = stream else { return retry(last_err) };
+    let _ = tcp.set_nodelay(true);
+    let stream = match &link.tls {
+        None => Stream::Plain(tcp),
+        Some(tls) => {
+            let name =
+                cfg.edge_tls.as_ref().and_then(|t| t.server_name.clone()).unwrap_or_else(|| edge_host(&cfg.edge));
+            let handshake = monoio::select! {
+                r = iop_core::rt::time::timeout(HANDSHAKE_TIMEOUT, tls.connect(tcp, &name)) => r,
+                _ = shutdown.cancelled() => return SessionEnd::Shutdown,
+            };
+            match handshake {
+                Ok(Ok(s)) => s,
+                // A certificate the node does not trust will not change by
+                // retrying at once, but may by a renewal: retried.
+                Ok(Err(e)) => return retry(format!("TLS handshake with edge {} failed: {e}", cfg.edge)),
+                Err(_) => return retry(format!("TLS handshake with edge {} timed out", cfg.edge)),
+            }
+        }
+    };
     let (rd, wr) = stream.into_split();
     let writer = FrameWriter::new(cfg.max_frame_bytes, HIGH_WATER, HARD_LIMIT);
     monoio::spawn(writer.clone().run(wr));
@@ -89,6 +108,12 @@ pub async fn run(cfg: &NodeConfig, link: &LinkSpec, shutdown: &LocalCancel) -> S
     let end = serve(cfg, link, shutdown, &writer, &mut reader).await;
     writer.close();
     end
+}
+
+/// The host of a `host:port` edge address (brackets of an IPv6 one off).
+fn edge_host(edge: &str) -> String {
+    let host = edge.rsplit_once(':').map_or(edge, |(h, _)| h);
+    host.trim_start_matches('[').trim_end_matches(']').to_owned()
 }
 
 async fn next_frame<R: monoio::io::CancelableAsyncReadRent>(
@@ -139,6 +164,10 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
             Ok(pb::RegisterRefusal::UnknownToken) => {
                 SessionEnd::Fatal(format!("edge refused the registration: {} (check the node token)", resp.reason))
             }
+            Ok(pb::RegisterRefusal::IdentityMismatch) => SessionEnd::Fatal(format!(
+                "edge refused the registration: {} (edge_tls.cert must be issued for this node's id)",
+                resp.reason
+            )),
             Ok(pb::RegisterRefusal::ConfigBuildFailed) => {
                 SessionEnd::Fatal(format!("edge could not build this node's config: {}", resp.reason))
             }

@@ -41,6 +41,9 @@ pub struct EdgeConfig {
     pub node_listen: Option<SocketAddr>,
     /// Limits on node connections before they are registered and ready.
     pub node_handshake: HandshakeSettings,
+    /// TLS on the node listener (`[node_listener.tls]`); with `client_ca`,
+    /// managed mode: every node presents a certificate for its id.
+    pub node_tls: Option<super::ListenerTls>,
     /// Largest edge↔node frame accepted, in bytes.
     pub max_frame_bytes: usize,
     /// Run this node inside the edge process.
@@ -84,6 +87,8 @@ pub struct HttpSettings {
     /// Request body bytes being received and parsed at once per worker
     /// core; beyond it 503.
     pub max_inflight_body_bytes: usize,
+    /// TLS on the client listener (`[http.tls]`); it then speaks only TLS.
+    pub tls: Option<super::ListenerTls>,
 }
 
 /// Limits on node connections that have not finished the handshake.
@@ -252,6 +257,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
                 Some(n) => Some(check::range_usize("http.max_connections", Some(n), 1, 1, 10_000_000)?),
             },
             max_inflight_body_bytes: 0,
+            tls: super::tls::listener("http.tls", http.tls, false)?,
         };
         // A body the limit allows must fit in the per-core budget.
         let max_inflight_body_bytes = check::range_usize(
@@ -295,8 +301,9 @@ impl TryFrom<RawEdge> for EdgeConfig {
                 Some(EmbeddedNode { node_id })
             }
         };
-        let (node_listen, node_handshake) = match raw.node_listener {
+        let (node_listen, node_handshake, node_tls) = match raw.node_listener {
             Some(l) => {
+                let tls = super::tls::listener("node_listener.tls", l.tls, true)?;
                 let listen = check::socket_addr("node_listener.listen", l.listen)?;
                 let handshake = HandshakeSettings {
                     timeout: check::secs(
@@ -313,12 +320,18 @@ impl TryFrom<RawEdge> for EdgeConfig {
                         1_000_000,
                     )?,
                 };
-                (Some(listen), handshake)
+                (Some(listen), handshake, tls)
             }
-            None if embedded_node.is_some() => (None, HandshakeSettings::default()),
+            None if embedded_node.is_some() => (None, HandshakeSettings::default(), None),
             None => return Err(ConfigError::key("node_listener", "is required unless [embedded_node] is set")),
         };
 
+        if embedded_node.is_some() && node_tls.is_some() {
+            return Err(ConfigError::key(
+                "embedded_node",
+                "cannot be used with [node_listener.tls]: the embedded node links over loopback without TLS",
+            ));
+        }
         if raw.models.is_empty() {
             return Err(ConfigError::key("models", "at least one [[models]] entry is required"));
         }
@@ -342,6 +355,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
             http,
             node_listen,
             node_handshake,
+            node_tls,
             max_frame_bytes,
             embedded_node,
             nodes,
@@ -582,6 +596,30 @@ provider = "local"
         e
     }
 
+    #[test]
+    fn tls_sections() {
+        let http = "listen = \"127.0.0.1:8080\"\n";
+        let node = "listen = \"127.0.0.1:7070\"\n";
+        let c =
+            ok(&BASE.replacen(http, &format!("{http}[http.tls]\ncert = \"/c.pem\"\nkey = \"/k.pem\"\n"), 1).replacen(
+                node,
+                &format!("{node}[node_listener.tls]\ncert = \"/n.pem\"\nkey = \"/nk.pem\"\nclient_ca = \"/ca.pem\"\n"),
+                1,
+            ));
+        let t = c.http.tls.unwrap();
+        assert_eq!((t.cert.to_str(), t.key.to_str(), t.client_ca), (Some("/c.pem"), Some("/k.pem"), None));
+        assert_eq!(c.node_tls.unwrap().client_ca.unwrap().to_str(), Some("/ca.pem"));
+        rejects(&[(http, &format!("{http}[http.tls]\ncert = \"/c.pem\"\n"))], "http.tls.key", "is required");
+        rejects(
+            &[(http, &format!("{http}[http.tls]\ncert = \"/c\"\nkey = \"/k\"\nclient_ca = \"/ca\"\n"))],
+            "http.tls.client_ca",
+            "only on [node_listener.tls]",
+        );
+        rejects(&[(http, &format!("{http}[http.tls]\ncert = \"\"\nkey = \"/k\"\n"))], "http.tls.cert", "file path");
+        let embedded = format!("[embedded_node]\nnode = \"node-1\"\n[node_listener]\n{node}[node_listener.tls]\ncert = \"/n\"\nkey = \"/k\"\n");
+        rejects(&[(&format!("[node_listener]\n{node}"), &embedded)], "embedded_node", "[node_listener.tls]");
+    }
+
     fn top(line: &str) -> (&'static str, String) {
         ("[http]", format!("{line}\n[http]"))
     }
@@ -622,7 +660,7 @@ provider = "local"
         assert_eq!(
             p.kind,
             ProviderKind::OpenAiCompat {
-                base_url: UpstreamUrl { host: "127.0.0.1".into(), port: 9000, path_prefix: "/v1".into() }
+                base_url: UpstreamUrl { tls: false, host: "127.0.0.1".into(), port: 9000, path_prefix: "/v1".into() }
             }
         );
         assert_eq!(
@@ -1082,14 +1120,19 @@ heartbeat_wait_ms = 25
         rejects(&[(PROVIDER_URL, "")], &format!("{p}.base_url"), "is required when kind = \"openai_compat\"");
         rejects(&[(PROVIDER_KIND, "kind = \"mock\"")], &format!("{p}.base_url"), "not allowed when kind = \"mock\"");
         rejects(
-            &[(PROVIDER_URL, "base_url = \"https://api.example.com/v1\"")],
-            &format!("{p}.base_url"),
-            "invalid value `https://api.example.com/v1`: https upstreams are not supported yet",
+            &[(PROVIDER_URL, "base_url = \"http://api.example.com/v1\"\ntls_ca = \"/etc/ca.pem\"")],
+            &format!("{p}.tls_ca"),
+            "invalid value `/etc/ca.pem`: only with an https:// base_url",
+        );
+        rejects(
+            &[(PROVIDER_URL, "base_url = \"https://api.example.com/v1\"\ntls_ca = \"/nonexistent/ca.pem\"")],
+            &format!("{p}.tls_ca"),
+            "invalid value `/nonexistent/ca.pem`: cannot read it",
         );
         rejects(
             &[(PROVIDER_URL, "base_url = \"127.0.0.1:9000\"")],
             &format!("{p}.base_url"),
-            "expected an http:// URL",
+            "expected an http:// or https:// URL",
         );
         rejects(
             &[(PROVIDER_URL, "base_url = \"http://h:1\"\n[nodes.providers.mock]")],
@@ -1341,7 +1384,13 @@ heartbeat_wait_ms = 25
     #[test]
     fn upstream_url_parse() {
         let u = |s: &str| UpstreamUrl::parse(s).unwrap_or_else(|e| panic!("{s}: {e}"));
-        let url = |host: &str, port: u16, path: &str| UpstreamUrl { host: host.into(), port, path_prefix: path.into() };
+        let url = |host: &str, port: u16, path: &str| UpstreamUrl {
+            tls: false,
+            host: host.into(),
+            port,
+            path_prefix: path.into(),
+        };
+        let https = |host: &str, port: u16, path: &str| UpstreamUrl { tls: true, ..url(host, port, path) };
         assert_eq!(u("http://127.0.0.1:9000/v1"), url("127.0.0.1", 9000, "/v1"));
         assert_eq!(u("http://127.0.0.1:9000/v1/"), url("127.0.0.1", 9000, "/v1"));
         assert_eq!(u("http://example.com"), url("example.com", 80, ""));
@@ -1357,11 +1406,12 @@ heartbeat_wait_ms = 25
             let e = UpstreamUrl::parse(s).unwrap_err();
             assert!(e.contains(why), "{s}: `{e}` lacks `{why}`");
         };
-        bad("https://api.openai.com/v1", "https upstreams are not supported yet");
-        bad("HTTPS://x", "https upstreams are not supported yet");
+        assert_eq!(u("https://api.openai.com/v1"), https("api.openai.com", 443, "/v1"));
+        assert_eq!(u("HTTPS://x:8443"), https("x", 8443, ""));
+        assert_eq!(u("https://api.openai.com/v1").to_url(), "https://api.openai.com:443/v1");
         bad("ftp://x", "unsupported scheme");
-        bad("127.0.0.1:9000", "expected an http:// URL");
-        bad("", "expected an http:// URL");
+        bad("127.0.0.1:9000", "expected an http:// or https:// URL");
+        bad("", "expected an http:// or https:// URL");
         bad("http://", "missing host");
         bad("http:///v1", "missing host");
         bad("http://:80", "missing host");

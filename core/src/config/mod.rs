@@ -12,6 +12,7 @@ pub mod provider;
 mod raw;
 mod secret;
 pub mod testing;
+pub mod tls;
 
 pub use api_keys::ApiKeyEntry;
 pub use edge::{EdgeConfig, EmbeddedNode, HandshakeSettings, HttpSettings, ModelGroup, ModelTarget, NodeEntry};
@@ -20,3 +21,4 @@ pub use node::{NodeConfig, ReconnectPolicy};
 pub use provider::{MockSettings, ProviderEntry, ProviderKind, UpstreamUrl};
 pub use secret::Secret;
 pub use testing::TestingSettings;
+pub use tls::{EdgeTls, ListenerTls};

@@ -27,6 +27,8 @@ pub struct NodeConfig {
     pub testing: TestingSettings,
     /// Where the node serves `GET /metrics` (none: no listener).
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// TLS to the edge (`[edge_tls]`); none: plain TCP.
+    pub edge_tls: Option<super::EdgeTls>,
 }
 
 /// How the node (re)connects to the edge.
@@ -84,7 +86,8 @@ impl TryFrom<RawNodeConfig> for NodeConfig {
             None => None,
             Some(a) => Some(check::socket_addr("metrics_listen", Some(a))?),
         };
-        Ok(Self { edge, token, workers, reconnect, max_frame_bytes, shutdown_grace, testing, metrics_listen })
+        let edge_tls = super::tls::edge(raw.edge_tls)?;
+        Ok(Self { edge, token, workers, reconnect, max_frame_bytes, shutdown_grace, testing, metrics_listen, edge_tls })
     }
 }
 

@@ -37,6 +37,10 @@ pub struct ProviderEntry {
     /// How often the edge probes this provider while its runtime health is
     /// lowered (unavailable after a stall, or still loading).
     pub health_probe_interval: Duration,
+    /// The CA bundle (PEM, read from `tls_ca` when the config is loaded) an
+    /// `https` provider's certificate must chain to; None = the node's
+    /// system roots. Sent to the node with the provider's config.
+    pub tls_ca_pem: Option<Vec<u8>>,
 }
 
 impl ProviderEntry {
@@ -123,6 +127,7 @@ impl ProviderEntry {
             max_concurrency: self.max_concurrency(),
             mock,
             request_timeout_ms: millis(self.request_timeout),
+            tls_ca_pem: self.tls_ca_pem.clone().map(bytes::Bytes::from).unwrap_or_default(),
         }
     }
 }
@@ -144,28 +149,32 @@ pub struct MockSettings {
     pub reasoning: bool,
 }
 
-/// An `http://host:port/prefix` URL (https is not supported yet).
+/// An `http://` or `https://host:port/prefix` URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpstreamUrl {
+    /// `https`: TLS, verified against the system's roots or the provider's
+    /// `tls_ca`, with the host as SNI.
+    pub tls: bool,
     /// Host name or IP literal (without brackets).
     pub host: String,
-    /// Port (default 80).
+    /// Port (default 80, 443 for https).
     pub port: u16,
     /// Path prefix without trailing slash, e.g. "/v1" or "".
     pub path_prefix: String,
 }
 
 impl UpstreamUrl {
-    /// Parses `http://host[:port][/prefix]`.
+    /// Parses `http[s]://host[:port][/prefix]`.
     pub fn parse(s: &str) -> Result<Self, String> {
-        let scheme_end = s.find("://").ok_or("expected an http:// URL, e.g. http://127.0.0.1:9000/v1")?;
+        let scheme_end = s.find("://").ok_or("expected an http:// or https:// URL, e.g. http://127.0.0.1:9000/v1")?;
         let scheme = &s[..scheme_end];
-        if scheme.eq_ignore_ascii_case("https") {
-            return Err("https upstreams are not supported yet".into());
-        }
-        if !scheme.eq_ignore_ascii_case("http") {
-            return Err(format!("unsupported scheme `{scheme}`, expected http://"));
-        }
+        let tls = if scheme.eq_ignore_ascii_case("https") {
+            true
+        } else if scheme.eq_ignore_ascii_case("http") {
+            false
+        } else {
+            return Err(format!("unsupported scheme `{scheme}`, expected http:// or https://"));
+        };
         let rest = &s[scheme_end + 3..];
         if rest.contains(['?', '#']) {
             return Err("must not contain a query or fragment".into());
@@ -176,18 +185,19 @@ impl UpstreamUrl {
         }
         let (host, port) = split_host_port(authority)?;
         let port = match port {
+            None if tls => 443,
             None => 80,
             Some(p) => match p.parse::<u16>() {
                 Ok(p) if p > 0 => p,
                 _ => return Err(format!("invalid port `{p}`")),
             },
         };
-        Ok(Self { host: host.to_owned(), port, path_prefix: path.trim_end_matches('/').to_owned() })
+        Ok(Self { tls, host: host.to_owned(), port, path_prefix: path.trim_end_matches('/').to_owned() })
     }
 
-    /// The URL again, `http://host:port/prefix`.
+    /// The URL again, `http[s]://host:port/prefix`.
     pub fn to_url(&self) -> String {
-        format!("http://{}{}", self.authority(), self.path_prefix)
+        format!("{}://{}{}", if self.tls { "https" } else { "http" }, self.authority(), self.path_prefix)
     }
 
     /// `host:port` for the Host header and for connecting.
@@ -270,7 +280,9 @@ pub(crate) fn provider_entry(key: &str, raw: RawProvider) -> Result<ProviderEntr
             format!("must be 10-{MAX_HEALTH_PROBE_INTERVAL_MS} (milliseconds)"),
         ));
     }
+    let tls_ca_pem = tls_ca(key, raw.tls_ca, kind.base_url())?;
     Ok(ProviderEntry {
+        tls_ca_pem,
         id,
         kind,
         response_stall_timeout: Duration::from_millis(stall_ms),
@@ -281,6 +293,19 @@ pub(crate) fn provider_entry(key: &str, raw: RawProvider) -> Result<ProviderEntr
         long_capacity,
         request_timeout,
     })
+}
+
+/// `tls_ca`: a PEM CA bundle (read now, so a bad file fails the config
+/// load), only for an https `base_url`.
+fn tls_ca(key: &str, path: Option<String>, url: Option<&UpstreamUrl>) -> Result<Option<Vec<u8>>, ConfigError> {
+    let Some(path) = path else { return Ok(None) };
+    let ca_key = format!("{key}.tls_ca");
+    if !url.is_some_and(|u| u.tls) {
+        return Err(ConfigError::invalid(ca_key, &path, "only with an https:// base_url"));
+    }
+    let pem = std::fs::read(&path).map_err(|e| ConfigError::invalid(&ca_key, &path, format!("cannot read it: {e}")))?;
+    crate::net::tls::parse_certs(&pem, &path).map_err(|e| ConfigError::invalid(&ca_key, &path, e.to_string()))?;
+    Ok(Some(pem))
 }
 
 fn mock_settings(key: &str, raw: Option<raw::RawMock>) -> Result<MockSettings, ConfigError> {

@@ -86,6 +86,19 @@ pub(crate) struct RawHttp {
     pub access_log: Option<bool>,
     pub max_connections: Option<u64>,
     pub max_inflight_body_bytes: Option<u64>,
+    pub tls: Option<RawTls>,
+}
+
+/// `[http.tls]`, `[node_listener.tls]`, the node's `[edge_tls]` (each
+/// takes its own keys; the others are refused by name).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawTls {
+    pub cert: Option<String>,
+    pub key: Option<String>,
+    pub client_ca: Option<String>,
+    pub ca: Option<String>,
+    pub server_name: Option<String>,
 }
 
 /// `[node_listener]`.
@@ -95,6 +108,7 @@ pub(crate) struct RawNodeListener {
     pub listen: Option<String>,
     pub handshake_timeout_sec: Option<u64>,
     pub max_handshakes: Option<u64>,
+    pub tls: Option<RawTls>,
 }
 
 /// `[embedded_node]`.
@@ -127,6 +141,7 @@ pub(crate) struct RawProvider {
     pub request_timeout_sec: Option<u64>,
     pub response_stall_timeout_ms: Option<u64>,
     pub health_probe_interval_ms: Option<u64>,
+    pub tls_ca: Option<String>,
     pub mock: Option<RawMock>,
 }
 
@@ -193,6 +208,7 @@ pub(crate) struct RawNodeConfig {
     pub shutdown_grace_sec: Option<u64>,
     pub reconnect: Option<RawReconnect>,
     pub metrics_listen: Option<String>,
+    pub edge_tls: Option<RawTls>,
     pub testing: Option<RawTesting>,
 }
 

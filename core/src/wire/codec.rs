@@ -220,6 +220,7 @@ mod tests {
                     max_concurrency: 64,
                     mock: None,
                     request_timeout_ms: 600_000,
+                    tls_ca_pem: Default::default(),
                 },
             ],
         }

@@ -12,12 +12,13 @@
 use std::{io, rc::Rc, sync::atomic::Ordering, time::Duration};
 
 use bytes::BytesMut;
+use iop_core::net::{Stream, WriteHalf};
 use iop_core::{
     http::{self, BodyDecoder, BodyKind, Framing, HttpError, Limits, RequestHead},
     limits::SlotGuard,
 };
 use monoio::{
-    io::{AsyncWriteRent, AsyncWriteRentExt, OwnedWriteHalf, Splitable},
+    io::{AsyncWriteRent, AsyncWriteRentExt},
     net::TcpStream,
     time::Instant,
 };
@@ -44,7 +45,7 @@ pub struct Conn {
     /// Read half (a read may be posted on it across requests).
     pub rd: ReadSide,
     /// Write half.
-    pub wr: OwnedWriteHalf<TcpStream>,
+    pub wr: WriteHalf,
     /// Received bytes not yet parsed (may hold a pipelined request).
     pub buf: BytesMut,
     /// Outgoing bytes, written by `flush`.
@@ -95,7 +96,7 @@ impl Conn {
 /// The writing side of a connection.
 pub struct Responder<'a> {
     /// Write half.
-    pub wr: &'a mut OwnedWriteHalf<TcpStream>,
+    pub wr: &'a mut WriteHalf,
     /// Outgoing bytes, written by `respond`.
     pub out: &'a mut BytesMut,
     /// Responses carry their head only.
@@ -128,7 +129,7 @@ impl Responder<'_> {
 }
 
 /// Writes and clears `out`.
-async fn flush_out(wr: &mut OwnedWriteHalf<TcpStream>, out: &mut BytesMut) -> io::Result<()> {
+async fn flush_out(wr: &mut WriteHalf, out: &mut BytesMut) -> io::Result<()> {
     if out.is_empty() {
         return Ok(());
     }
@@ -152,8 +153,8 @@ struct Timeouts {
 
 /// Serves one client connection until it closes or must be closed. `_slot`
 /// counts it against `http.max_connections` while it lives.
-pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::SocketAddr, _slot: SlotGuard) {
-    let _ = stream.set_nodelay(true);
+pub async fn serve(worker: Rc<Worker>, tcp: TcpStream, peer: std::net::SocketAddr, _slot: SlotGuard) {
+    let _ = tcp.set_nodelay(true);
     let (limits, timeouts, access_log) = {
         let cfg = worker.config.borrow();
         let limits = Limits {
@@ -168,6 +169,18 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::Socket
             h.access_log,
         )
     };
+    // The first head is timed from accept: a connection that never sends a
+    // byte does not hold its slot for a whole idle timeout.
+    let accepted = Instant::now();
+    let stream = match &worker.shared.http_tls {
+        None => Stream::Plain(tcp),
+        // The handshake counts against the first head's deadline.
+        Some(tls) => match iop_core::rt::time::timeout(timeouts.header, Box::pin(tls.accept(tcp))).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => return handshake_failed(peer, &e.to_string()),
+            Err(_) => return handshake_failed(peer, "timed out"),
+        },
+    };
     let (rd, wr) = stream.into_split();
     let mut conn = Conn {
         rd: ReadSide::new(rd),
@@ -178,16 +191,31 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::Socket
         peer,
         exchange: super::Exchange::default(),
     };
-    // The first head is timed from accept: a connection that never sends a
-    // byte does not hold its slot for a whole idle timeout.
-    let mut accepted = Some(Instant::now());
+    let tls = worker.shared.http_tls.is_some();
+    requests(&worker, &mut conn, &limits, &timeouts, access_log, accepted).await;
+    if tls {
+        // The client learns the close was meant (close_notify), not a cut.
+        let _ = iop_core::rt::time::timeout(LINGER_TIME, Box::pin(conn.wr.shutdown())).await;
+    }
+}
+
+/// Reads and answers requests until the connection must close.
+async fn requests(
+    worker: &Rc<Worker>,
+    conn: &mut Conn,
+    limits: &Limits,
+    timeouts: &Timeouts,
+    access_log: bool,
+    accepted: Instant,
+) {
+    let mut accepted = Some(accepted);
     loop {
-        let (head, read_deadline) = match read_head(&mut conn, &limits, &timeouts, accepted.take()).await {
+        let (head, read_deadline) = match read_head(conn, limits, timeouts, accepted.take()).await {
             Ok(Some(head)) => head,
             Ok(None) => return,
             Err(e) => {
                 conn.exchange.begin_unread();
-                return fail(&mut conn, e, 0, access_log).await;
+                return fail(conn, e, 0, access_log).await;
             }
         };
         conn.head_only = head.method == "HEAD";
@@ -196,10 +224,10 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::Socket
             BodyKind::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
             _ => 0,
         };
-        let permit = match reserve_body(&worker, &head) {
+        let permit = match reserve_body(worker, &head) {
             Ok(p) => p,
             // Not read; drained so the client sees the 503.
-            Err(e) => return fail(&mut conn, e, declared, access_log).await,
+            Err(e) => return fail(conn, e, declared, access_log).await,
         };
         if head.expect_continue && head.body != BodyKind::Empty {
             conn.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
@@ -207,9 +235,9 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::Socket
                 return;
             }
         }
-        let body = match read_body(&mut conn, &worker, &head, &limits, permit, &timeouts, read_deadline).await {
+        let body = match read_body(conn, worker, &head, limits, permit, timeouts, read_deadline).await {
             Ok(body) => body,
-            Err(e) => return fail(&mut conn, e, 0, access_log).await,
+            Err(e) => return fail(conn, e, 0, access_log).await,
         };
         if conn.buf.is_empty() {
             // The request is read: its read buffer is not kept for the
@@ -219,13 +247,22 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: std::net::Socket
         let asked_keep_alive = head.keep_alive;
         let keep_alive = {
             let _active = ActiveRequest::new(&worker.shared);
-            surface::handle(&worker, &mut conn, head, body).await
+            surface::handle(worker, conn, head, body).await
         };
         conn.exchange.done(access_log);
         if !keep_alive || !asked_keep_alive || worker.shared.draining.load(Ordering::Acquire) {
             return;
         }
         conn.shrink();
+    }
+}
+
+/// A client whose TLS handshake failed (plain HTTP on a TLS port among
+/// them) is closed without an answer; a debug line, at most one a second.
+fn handshake_failed(peer: std::net::SocketAddr, why: &str) {
+    static LOG: iop_core::limits::LogThrottle = iop_core::limits::LogThrottle::new(Duration::from_secs(1));
+    if let Some(more) = LOG.allow() {
+        tracing::debug!(%peer, error = why, failed_since_last_report = more, "client TLS handshake failed");
     }
 }
 
@@ -270,7 +307,8 @@ async fn fail(conn: &mut Conn, e: ConnError, unread: usize, access_log: bool) {
 /// closes too. Closing with unread input would make the kernel send a reset,
 /// which can destroy the response before the client reads it.
 async fn linger(conn: &mut Conn, unread: usize) {
-    let _ = conn.wr.shutdown().await;
+    // Bounded: a TLS close_notify is a write, to a peer that may not read.
+    let _ = iop_core::rt::time::timeout(LINGER_TIME, conn.wr.shutdown()).await;
     let mut left = unread.max(64 * 1024);
     let deadline = Instant::now() + LINGER_TIME;
     let mut scratch = std::mem::take(&mut conn.buf);

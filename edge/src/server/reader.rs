@@ -14,9 +14,10 @@ use std::{
 };
 
 use bytes::BytesMut;
-use monoio::{buf::IoBufMut, io::AsyncReadRent, io::OwnedReadHalf, net::TcpStream};
+use iop_core::net::ReadHalf;
+use monoio::{buf::IoBufMut, io::AsyncReadRent};
 
-type Half = OwnedReadHalf<TcpStream>;
+type Half = ReadHalf;
 /// The read owns the half while posted (its future borrows it), and gives
 /// it back with the buffer.
 type Posted = Pin<Box<dyn Future<Output = (Half, io::Result<usize>, BytesMut)>>>;
@@ -93,7 +94,7 @@ mod tests {
     use std::time::Duration;
 
     use monoio::{
-        io::{AsyncWriteRentExt, Splitable},
+        io::AsyncWriteRentExt,
         net::{TcpListener, TcpStream},
     };
 
@@ -106,7 +107,7 @@ mod tests {
             let addr = listener.local_addr().unwrap();
             let mut client = TcpStream::connect(addr).await.unwrap();
             let (server, _) = listener.accept().await.unwrap();
-            let (rd, _wr) = server.into_split();
+            let (rd, _wr) = iop_core::net::Stream::Plain(server).into_split();
             let mut rd = ReadSide::new(rd);
             let mut buf = BytesMut::from(&b"GET "[..]);
 

@@ -4,6 +4,7 @@
 use std::{cell::RefCell, net::SocketAddr, rc::Rc, time::Instant};
 
 use bytes::BytesMut;
+use iop_core::net::{Detached, Stream};
 use iop_core::{
     exec::{codes, ExecEvent, FailureSource, RunFailure},
     limits::{LogThrottle, SlotGuard},
@@ -14,7 +15,7 @@ use iop_core::{
     },
     wire::pb::{self, envelope::Body, Envelope},
 };
-use monoio::{io::Splitable, net::TcpStream};
+use monoio::net::TcpStream;
 
 use super::{
     runs::{Reception, Routed, RunTable},
@@ -47,7 +48,7 @@ fn envelope(correlation_id: u64, body: Body) -> Envelope {
 /// served by the core its link belongs on.
 pub struct Arrival {
     /// The connection (its read buffer empty: nothing past the request).
-    pub stream: std::net::TcpStream,
+    pub stream: Detached,
     /// Bytes read past the request.
     pub leftover: BytesMut,
     /// The request.
@@ -77,13 +78,29 @@ pub fn link_core(node_id: &str, index: u32, workers: usize) -> usize {
 /// over when that is another core). `handshake` counts it against
 /// `node_listener.max_handshakes` until it is ready; register and ready
 /// must both happen within `node_listener.handshake_timeout_sec`.
-pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr, handshake: SlotGuard) {
-    let _ = stream.set_nodelay(true);
+pub async fn serve(worker: Rc<Worker>, tcp: TcpStream, peer: SocketAddr, handshake: SlotGuard) {
+    let _ = tcp.set_nodelay(true);
     let (max_frame, handshake_timeout) = {
         let cfg = worker.config.borrow();
         (cfg.max_frame_bytes, cfg.node_handshake.timeout)
     };
     let deadline = Instant::now() + handshake_timeout;
+    let stream = match &worker.shared.node_tls {
+        None => Stream::Plain(tcp),
+        // Boxed: only TLS links carry the handshake's state.
+        Some(tls) => match iop_core::rt::time::timeout_at(deadline, Box::pin(tls.accept(tcp))).await {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                tracing::info!(%peer, error = %e, "node TLS handshake failed");
+                worker.shared.auth_failures.record_failure(peer.ip());
+                return;
+            }
+            Err(_) => {
+                tracing::info!(%peer, "node TLS handshake timed out");
+                return;
+            }
+        },
+    };
     let mut reader = FrameReader::new(stream, PREAUTH_MAX_FRAME.min(max_frame), BytesMut::new());
     let Some((correlation_id, request)) = first_frame(&worker, &mut reader, peer, deadline).await else { return };
     let (mut stream, leftover) = reader.into_parts();
@@ -100,15 +117,26 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr, hand
         answer_and_close(&mut stream, correlation_id, resp).await;
         return;
     };
-    let arrival = Arrival {
-        stream: iop_core::rt::handoff::detach(stream),
-        leftover,
-        request,
-        correlation_id,
-        peer,
-        deadline,
-        handshake,
+    if let Some(why) = identity_refusal(&worker, &stream, &node) {
+        worker.shared.auth_failures.record_failure(peer.ip());
+        tracing::warn!(%peer, node = %node, reason = %why, "node registration refused");
+        worker.shared.events.publish(EdgeEvent::RegistrationRefused {
+            refusal: "identity_mismatch",
+            node: node.clone(),
+            peer: peer.to_string(),
+        });
+        let resp = refusal(pb::RegisterRefusal::IdentityMismatch, why.to_string());
+        answer_and_close(&mut stream, correlation_id, resp).await;
+        return;
+    }
+    let stream = match stream.detach() {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!(%peer, error = %e, "could not release a node connection");
+            return;
+        }
     };
+    let arrival = Arrival { stream, leftover, request, correlation_id, peer, deadline, handshake };
     let target = link_core(&node, arrival.request.link, worker.shared.workers);
     if target == worker.index {
         serve_arrival(worker, arrival).await;
@@ -128,7 +156,7 @@ pub async fn serve(worker: Rc<Worker>, stream: TcpStream, peer: SocketAddr, hand
 /// answered (when it said something) and closed.
 async fn first_frame(
     worker: &Rc<Worker>,
-    reader: &mut FrameReader<TcpStream>,
+    reader: &mut FrameReader<Stream>,
     peer: SocketAddr,
     deadline: Instant,
 ) -> Option<(u64, pb::RegisterRequest)> {
@@ -177,7 +205,7 @@ async fn first_frame(
 
 /// Writes `resp` to a connection that has no frame writer yet (bounded:
 /// a peer that does not read it is not waited for), then drops it.
-async fn answer_and_close(stream: &mut TcpStream, correlation_id: u64, resp: pb::RegisterResponse) {
+async fn answer_and_close(stream: &mut Stream, correlation_id: u64, resp: pb::RegisterResponse) {
     let mut out = BytesMut::new();
     if iop_core::wire::encode(&envelope(correlation_id, Body::RegisterResponse(resp)), &mut out, PREAUTH_MAX_FRAME)
         .is_ok()
@@ -190,7 +218,7 @@ async fn answer_and_close(stream: &mut TcpStream, correlation_id: u64, resp: pb:
 /// Serves a registering link on this core to its end.
 pub async fn serve_arrival(worker: Rc<Worker>, arrival: Arrival) {
     let Arrival { stream, leftover, request, correlation_id, peer, deadline, handshake } = arrival;
-    let stream = match iop_core::rt::handoff::adopt(stream) {
+    let stream = match stream.adopt() {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(%peer, error = %e, "could not adopt a node connection");
@@ -285,6 +313,10 @@ fn register(
                 RegisterRefusal::Duplicate(n) => {
                     (pb::RegisterRefusal::DuplicateConnection, "duplicate_connection", n.clone())
                 }
+                // Refused before the registry is asked (see `identity_refusal`).
+                RegisterRefusal::IdentityMismatch(n) => {
+                    (pb::RegisterRefusal::IdentityMismatch, "identity_mismatch", n.clone())
+                }
             };
             tracing::warn!(%peer, reason = %refused, "node registration refused");
             worker.shared.events.publish(EdgeEvent::RegistrationRefused {
@@ -305,6 +337,21 @@ fn register(
 }
 
 /// A refused registration's answer.
+/// Managed mode (`node_listener.tls.client_ca`): the certificate the link
+/// presented (verified against the CA in the handshake) must be issued for
+/// `node`, its id as a DNS name among the subject alternative names. So a
+/// valid token with another node's certificate is refused, as is a valid
+/// certificate with another node's token.
+fn identity_refusal(worker: &Worker, stream: &Stream, node: &str) -> Option<RegisterRefusal> {
+    let managed = worker.shared.config.node_tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+    if !managed {
+        return None;
+    }
+    let leaf = stream.peer_certificates().and_then(|c| c.into_iter().next());
+    let ok = leaf.is_some_and(|c| iop_core::net::tls::names_identity(&c, node));
+    (!ok).then(|| RegisterRefusal::IdentityMismatch(node.to_owned()))
+}
+
 fn refusal(kind: pb::RegisterRefusal, reason: String) -> pb::RegisterResponse {
     pb::RegisterResponse { accepted: false, reason, refusal: kind as i32, config: None }
 }

@@ -27,7 +27,7 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-fn scratch(name: &str) -> PathBuf {
+pub fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("iop-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     dir.join(format!("{}-{}", SEQ.fetch_add(1, Ordering::Relaxed), name))

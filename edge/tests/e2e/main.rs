@@ -4,6 +4,7 @@
 
 mod attack;
 mod harness;
+mod pki;
 
 mod admin;
 mod api_keys;
@@ -24,4 +25,5 @@ mod robustness;
 mod sdk_fidelity;
 mod secrets;
 mod stall;
+mod tls;
 mod tunnel;

@@ -23,8 +23,19 @@ const TUNNEL_FLOWS: &str = "tools_stream,tools,agent_loop,choices,choices_stream
 
 /// Runs `flows` with the SDK against `base_url` (…/v1) asking for `model`.
 pub fn sdk_flows(base_url: &str, model: &str, flows: &str) -> Value {
+    sdk_flows_with(base_url, model, flows, &[])
+}
+
+/// [`sdk_flows`] with extra environment (`IOP_TEST_CA`: the CA an https
+/// base URL is verified against).
+pub fn sdk_flows_with(base_url: &str, model: &str, flows: &str, envs: &[(&str, &str)]) -> Value {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/openai_fidelity.py");
-    let out = Command::new("python3").args([script, base_url, model, flows]).output().unwrap_or_else(|e| {
+    let mut cmd = Command::new("python3");
+    cmd.args([script, base_url, model, flows]);
+    for (k, v) in envs {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().unwrap_or_else(|e| {
         panic!("python3: {e} (install the SDK with scripts/fetch-test-model.sh)");
     });
     assert!(out.status.success(), "openai_fidelity.py failed:\n{}", String::from_utf8_lossy(&out.stderr));

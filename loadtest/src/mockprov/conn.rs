@@ -20,9 +20,8 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use iop_core::http::{parse_request_head, write_response_head, BodyDecoder, BodyKind, Framing, HttpError, RequestHead};
-use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt, Splitable};
-use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
-use monoio::net::TcpStream;
+use iop_core::net::{ReadHalf, Stream, WriteHalf};
+use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 
 use super::clock::Timestamp;
 use super::play::Live;
@@ -43,11 +42,11 @@ const YIELD_EVERY: u64 = 32;
 const LINGER: Duration = Duration::from_secs(1);
 const LINGER_BYTES: usize = 256 * 1024;
 
-type ReadDone = (TcpOwnedReadHalf, io::Result<usize>, Vec<u8>);
+type ReadDone = (ReadHalf, io::Result<usize>, Vec<u8>);
 type ReadFut = Pin<Box<dyn Future<Output = ReadDone>>>;
 
 enum ReadState {
-    Idle(TcpOwnedReadHalf, Vec<u8>),
+    Idle(ReadHalf, Vec<u8>),
     Busy(ReadFut),
     /// Only between taking `Idle` apart and starting the read.
     Broken,
@@ -127,7 +126,7 @@ impl Drop for ActiveStream {
 
 pub(super) struct Conn {
     reader: Reader,
-    wr: TcpOwnedWriteHalf,
+    wr: WriteHalf,
     pub(super) inbuf: BytesMut,
     /// Our own write buffer (monoio's BufWriter is unsound in 0.2.4).
     pub(super) out: BytesMut,
@@ -139,7 +138,7 @@ pub(super) struct Conn {
 }
 
 /// Serves one connection until it closes; errors are logged, never fatal.
-pub(crate) async fn serve(stream: TcpStream, ctx: Rc<Ctx>) {
+pub(crate) async fn serve(stream: Stream, ctx: Rc<Ctx>) {
     let (rd, wr) = stream.into_split();
     let mut conn = Conn {
         reader: Reader { state: ReadState::Idle(rd, Vec::with_capacity(READ_CHUNK)) },

@@ -129,6 +129,12 @@ pub struct MockConfig {
     /// Do not record exchanges for /last and /log (load tests).
     #[arg(long)]
     pub no_record: bool,
+    /// Serve HTTPS with this PEM certificate chain (with `--tls-key`).
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 impl MockConfig {
@@ -149,6 +155,8 @@ impl MockConfig {
             refusal: None,
             logprobs: false,
             no_record: false,
+            tls_cert: None,
+            tls_key: None,
         }
     }
 }
@@ -230,12 +238,20 @@ pub(crate) struct Ctx {
 pub struct MockProv {
     listener: monoio::net::TcpListener,
     ctx: Rc<Ctx>,
+    tls: Option<iop_core::net::tls::ServerTls>,
 }
 
 impl MockProv {
     /// Binds `config.listen` (without `SO_REUSEPORT`, so a stale server can
     /// never silently share the port).
     pub fn bind(config: MockConfig) -> io::Result<Self> {
+        let tls = match (&config.tls_cert, &config.tls_key) {
+            (Some(c), Some(k)) => Some(
+                iop_core::net::tls::ServerTls::new(c, k, None, iop_core::net::tls::ALPN_HTTP1)
+                    .map_err(io::Error::other)?,
+            ),
+            _ => None,
+        };
         let opts = monoio::net::ListenerOpts::new().reuse_port(false);
         let listener = monoio::net::TcpListener::bind_with_config(config.listen, &opts)?;
         let ctx = Rc::new(Ctx {
@@ -246,7 +262,7 @@ impl MockProv {
             closes: RefCell::new(closes::CloseLog::default()),
             list_health: std::cell::Cell::new(list_health::ListHealth::Ok),
         });
-        Ok(Self { listener, ctx })
+        Ok(Self { listener, ctx, tls })
     }
 
     /// The bound address (with the real port).
@@ -269,7 +285,22 @@ impl MockProv {
                     if let Err(e) = stream.set_nodelay(true) {
                         tracing::debug!(%peer, error = %e, "set_nodelay failed");
                     }
-                    monoio::spawn(conn::serve(stream, self.ctx.clone()));
+                    let ctx = self.ctx.clone();
+                    match self.tls.clone() {
+                        None => {
+                            monoio::spawn(conn::serve(iop_core::net::Stream::Plain(stream), ctx));
+                        }
+                        Some(tls) => {
+                            monoio::spawn(async move {
+                                let shake = monoio::time::timeout(Duration::from_secs(10), tls.accept(stream));
+                                match shake.await {
+                                    Ok(Ok(s)) => conn::serve(s, ctx).await,
+                                    Ok(Err(e)) => tracing::debug!(%peer, error = %e, "TLS handshake failed"),
+                                    Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                                }
+                            });
+                        }
+                    }
                 }
                 Err(e) => {
                     // Typically EMFILE: back off instead of spinning, keep serving.

@@ -19,6 +19,8 @@ const MAX_LIST_BYTES: usize = 1024 * 1024;
 pub(super) struct Probe<'a> {
     pub client: &'a UpstreamClient,
     pub url: &'a UpstreamUrl,
+    /// TLS for an https provider.
+    pub tls: Option<&'a iop_core::net::tls::ClientTls>,
     /// `Bearer …`, when the provider wants one.
     pub authorization: Option<&'a str>,
     /// The list's path under the base URL (`/models`, `/api/tags`).
@@ -41,6 +43,7 @@ impl Probe<'_> {
             target: &path,
             headers: &headers,
             body: &[],
+            tls: self.tls,
         };
         let call = async {
             // Not reachable, or the connection broke: not answering.

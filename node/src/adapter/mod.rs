@@ -91,6 +91,15 @@ pub enum AdapterConfigError {
         /// Why.
         reason: String,
     },
+    /// An https provider's TLS cannot be set up (its CA bundle does not
+    /// parse, or the node has no system roots and was given none).
+    #[error("provider {id:?}: TLS: {reason}")]
+    Tls {
+        /// Provider id.
+        id: String,
+        /// Why.
+        reason: String,
+    },
     /// `max_concurrency` is 0.
     #[error("provider {id:?}: field `max_concurrency` must be at least 1")]
     MaxConcurrency {
@@ -108,6 +117,26 @@ pub enum Adapter {
     OpenAiCompat(OpenAiCompatAdapter),
     /// Ollama's native API.
     Ollama(OllamaAdapter),
+}
+
+/// The TLS client of an https provider: its CA bundle from the edge, or
+/// the system's roots (loaded when the node started); none for http.
+fn upstream_tls(
+    id: &str,
+    url: &UpstreamUrl,
+    ca_pem: &[u8],
+) -> Result<Option<iop_core::net::tls::ClientTls>, AdapterConfigError> {
+    use iop_core::net::tls::{self, ClientTls, Roots};
+    if !url.tls {
+        return Ok(None);
+    }
+    let fail = |e: tls::TlsError| AdapterConfigError::Tls { id: id.to_owned(), reason: e.to_string() };
+    let roots = if ca_pem.is_empty() {
+        Roots::System
+    } else {
+        Roots::Bundle(tls::parse_certs(ca_pem, "tls_ca").map_err(fail)?)
+    };
+    ClientTls::new(&roots, None, tls::ALPN_HTTP1).map(Some).map_err(fail)
 }
 
 impl Adapter {
@@ -142,16 +171,21 @@ impl Adapter {
                     .map_err(|reason| AdapterConfigError::BaseUrl { id: id.clone(), reason })?;
                 let api_key = (!cfg.api_key.is_empty()).then_some(cfg.api_key.as_str());
                 let kind = if cfg.kind == pb::ProviderKind::Vllm as i32 { "vllm" } else { "openai_compat" };
+                let tls = upstream_tls(&id, &url, &cfg.tls_ca_pem)?;
                 Ok(Adapter::OpenAiCompat(
                     OpenAiCompatAdapter::new(id, url, api_key, cfg.max_concurrency, timeout, client.clone())
-                        .with_kind(kind),
+                        .with_kind(kind)
+                        .with_tls(tls),
                 ))
             }
             Ok(pb::ProviderKind::Ollama) => {
                 let url = UpstreamUrl::parse(&cfg.base_url)
                     .map_err(|reason| AdapterConfigError::BaseUrl { id: id.clone(), reason })?;
                 let api_key = (!cfg.api_key.is_empty()).then_some(cfg.api_key.as_str());
-                Ok(Adapter::Ollama(OllamaAdapter::new(id, url, api_key, cfg.max_concurrency, timeout, client.clone())))
+                let tls = upstream_tls(&id, &url, &cfg.tls_ca_pem)?;
+                Ok(Adapter::Ollama(
+                    OllamaAdapter::new(id, url, api_key, cfg.max_concurrency, timeout, client.clone()).with_tls(tls),
+                ))
             }
             Ok(pb::ProviderKind::Unspecified) | Err(_) => Err(AdapterConfigError::Kind { id, value: cfg.kind }),
         }
@@ -316,6 +350,7 @@ pub(crate) mod tests {
             max_concurrency,
             mock: None,
             request_timeout_ms: 0,
+            tls_ca_pem: Default::default(),
         }
     }
 

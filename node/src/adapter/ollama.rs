@@ -60,6 +60,8 @@ pub struct OllamaAdapter {
     max_concurrency: u32,
     request_timeout: Duration,
     client: UpstreamClient,
+    /// TLS of an https Ollama (behind a proxy).
+    tls: Option<iop_core::net::tls::ClientTls>,
 }
 
 impl OllamaAdapter {
@@ -77,7 +79,13 @@ impl OllamaAdapter {
         let chat_path = format!("{prefix}/api/chat");
         let embed_path = format!("{prefix}/api/embed");
         let authorization = api_key.map(|k| Secret::new(format!("Bearer {k}")));
-        Self { id, url, chat_path, embed_path, authorization, max_concurrency, request_timeout, client }
+        Self { id, url, chat_path, embed_path, authorization, max_concurrency, request_timeout, client, tls: None }
+    }
+
+    /// The same adapter, with TLS for its https URL.
+    pub fn with_tls(mut self, tls: Option<iop_core::net::tls::ClientTls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// Provider id.
@@ -100,6 +108,7 @@ impl OllamaAdapter {
         super::health::Probe {
             client: &self.client,
             url: &self.url,
+            tls: self.tls.as_ref(),
             authorization: self.authorization.as_ref().map(|a| a.expose()),
             list: "/api/tags",
             provider: &self.id,
@@ -201,6 +210,7 @@ impl OllamaAdapter {
             target: path,
             headers: &headers,
             body,
+            tls: self.tls.as_ref(),
         };
         let mut resp = self.send(&req, run_id).await.map_err(Halt::Fail)?;
         let status = resp.status();
@@ -249,6 +259,7 @@ impl OllamaAdapter {
             target: &target,
             headers: &headers,
             body: &body,
+            tls: self.tls.as_ref(),
         };
         let call = async {
             let mut resp = self.send(&req, "-").await?;
@@ -294,7 +305,12 @@ mod tests {
     };
 
     fn adapter(server: &TestServer, timeout: Duration) -> OllamaAdapter {
-        let url = UpstreamUrl { host: "127.0.0.1".into(), port: server.addr.port(), path_prefix: "/ollama".into() };
+        let url = UpstreamUrl {
+            tls: false,
+            host: "127.0.0.1".into(),
+            port: server.addr.port(),
+            path_prefix: "/ollama".into(),
+        };
         OllamaAdapter::new("ol".into(), url, Some("sk-test"), 4, timeout, UpstreamClient::default())
     }
 
@@ -565,7 +581,7 @@ mod tests {
     #[test]
     fn connect_failure_is_retryable_and_hides_the_address() {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let url = UpstreamUrl { host: "127.0.0.1".into(), port, path_prefix: String::new() };
+        let url = UpstreamUrl { tls: false, host: "127.0.0.1".into(), port, path_prefix: String::new() };
         let a = OllamaAdapter::new("ol".into(), url, None, 1, Duration::from_secs(5), UpstreamClient::default());
         let evs = run(&a, chat_spec(json!({"messages": [{"role": "user", "content": "x"}]})));
         assert_eq!(evs.len(), 1);

@@ -41,6 +41,8 @@ pub struct OpenAiCompatAdapter {
     pub(super) client: UpstreamClient,
     /// The configured kind (`openai_compat` or `vllm`), for capabilities.
     kind: &'static str,
+    /// TLS of an https provider.
+    pub(super) tls: Option<iop_core::net::tls::ClientTls>,
 }
 
 impl OpenAiCompatAdapter {
@@ -49,6 +51,7 @@ impl OpenAiCompatAdapter {
         super::health::Probe {
             client: &self.client,
             url: &self.url,
+            tls: self.tls.as_ref(),
             authorization: self.authorization.as_ref().map(|a| a.expose()),
             list: "/models",
             provider: &self.id,
@@ -82,7 +85,23 @@ impl OpenAiCompatAdapter {
     ) -> Self {
         let path = format!("{}/chat/completions", url.path_prefix.trim_end_matches('/'));
         let authorization = api_key.map(|k| Secret::new(format!("Bearer {k}")));
-        Self { id, url, path, authorization, max_concurrency, request_timeout, client, kind: "openai_compat" }
+        Self {
+            id,
+            url,
+            path,
+            authorization,
+            max_concurrency,
+            request_timeout,
+            client,
+            kind: "openai_compat",
+            tls: None,
+        }
+    }
+
+    /// The same adapter, with TLS for its https URL.
+    pub fn with_tls(mut self, tls: Option<iop_core::net::tls::ClientTls>) -> Self {
+        self.tls = tls;
+        self
     }
 
     /// The same adapter, reporting `kind` (e.g. `vllm`) in capabilities.
@@ -148,6 +167,7 @@ impl OpenAiCompatAdapter {
                 target: &self.path,
                 headers: &headers,
                 body: &body,
+                tls: self.tls.as_ref(),
             };
             super::send_upstream(&self.client, &req, &self.id, &spec.run_id).await.map_err(Halt::Fail)?
         };
@@ -250,7 +270,8 @@ mod tests {
     };
 
     fn adapter(server: &TestServer, timeout: Duration) -> OpenAiCompatAdapter {
-        let url = UpstreamUrl { host: "127.0.0.1".into(), port: server.addr.port(), path_prefix: "/v1".into() };
+        let url =
+            UpstreamUrl { tls: false, host: "127.0.0.1".into(), port: server.addr.port(), path_prefix: "/v1".into() };
         OpenAiCompatAdapter::new("up".into(), url, Some("sk-test"), 4, timeout, UpstreamClient::default())
     }
 
@@ -406,7 +427,7 @@ mod tests {
     fn connect_failure_is_retryable() {
         // A port that was just free: nothing listens there.
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let url = UpstreamUrl { host: "127.0.0.1".into(), port, path_prefix: String::new() };
+        let url = UpstreamUrl { tls: false, host: "127.0.0.1".into(), port, path_prefix: String::new() };
         let a = OpenAiCompatAdapter::new("up".into(), url, None, 1, Duration::from_secs(5), UpstreamClient::default());
         let evs = run(&a, spec("m", "x", None));
         assert_eq!(evs.len(), 1);

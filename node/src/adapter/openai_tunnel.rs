@@ -51,6 +51,7 @@ impl OpenAiCompatAdapter {
             target: &target,
             headers: &headers,
             body: &spec.body,
+            tls: self.tls.as_ref(),
         };
         // Boxed: connecting and sending are brief, and a stream's task then
         // holds only the relay loop's state for the rest of the answer.
@@ -142,7 +143,8 @@ mod tests {
     }
 
     fn adapter(server: &TestServer, timeout: Duration) -> OpenAiCompatAdapter {
-        let url = UpstreamUrl { host: "127.0.0.1".into(), port: server.addr.port(), path_prefix: "/v1".into() };
+        let url =
+            UpstreamUrl { tls: false, host: "127.0.0.1".into(), port: server.addr.port(), path_prefix: "/v1".into() };
         OpenAiCompatAdapter::new("up".into(), url, Some("sk-test"), 4, timeout, UpstreamClient::default())
     }
 
@@ -233,7 +235,7 @@ mod tests {
     #[test]
     fn an_unreachable_provider_is_an_error_before_start() {
         let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
-        let url = UpstreamUrl { host: "127.0.0.1".into(), port, path_prefix: String::new() };
+        let url = UpstreamUrl { tls: false, host: "127.0.0.1".into(), port, path_prefix: String::new() };
         let a = OpenAiCompatAdapter::new("up".into(), url, None, 1, Duration::from_secs(5), UpstreamClient::default());
         let items = run(&a, spec(b"{}", false));
         let [TunnelItem::Error(f)] = &items[..] else { panic!("{items:?}") };

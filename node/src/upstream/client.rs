@@ -13,10 +13,8 @@ use std::{
     task::Poll,
 };
 
-use monoio::{
-    io::{AsyncWriteRent, AsyncWriteRentExt, CancelableAsyncReadRent, Canceller},
-    net::TcpStream,
-};
+use iop_core::net::{tls::ClientTls, Stream};
+use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, CancelableAsyncReadRent, Canceller};
 
 use super::{
     authority,
@@ -47,6 +45,9 @@ pub struct Request<'a> {
     pub headers: &'a [(&'a str, &'a [u8])],
     /// Request body.
     pub body: &'a [u8],
+    /// https: TLS with this config, the host as SNI and the name its
+    /// certificate must be valid for.
+    pub tls: Option<&'a ClientTls>,
 }
 
 impl fmt::Debug for Request<'_> {
@@ -59,6 +60,7 @@ impl fmt::Debug for Request<'_> {
             .field("target", &self.target)
             .field("headers", &self.headers.iter().map(|(n, _)| *n).collect::<Vec<_>>())
             .field("body_len", &self.body.len())
+            .field("tls", &self.tls.is_some())
             .finish()
     }
 }
@@ -120,7 +122,8 @@ impl UpstreamClient {
 
     /// Idle connections parked for `host:port`.
     pub fn idle_connections(&self, host: &str, port: u16) -> usize {
-        self.inner.pool.idle_count(&PoolKey { host: host.to_owned(), port })
+        self.inner.pool.idle_count(&PoolKey { host: host.to_owned(), port, tls: false })
+            + self.inner.pool.idle_count(&PoolKey { host: host.to_owned(), port, tls: true })
     }
 
     /// Sends `req` and waits for the response head. Reuses an idle
@@ -130,7 +133,7 @@ impl UpstreamClient {
     /// failure is returned, never a second copy (the provider may be
     /// running the first).
     pub async fn send(&self, req: &Request<'_>) -> Result<Response, UpstreamError> {
-        let key = PoolKey { host: req.host.to_owned(), port: req.port };
+        let key = PoolKey { host: req.host.to_owned(), port: req.port, tls: req.tls.is_some() };
         let wire = encode_request(req);
         let head_request = req.method.eq_ignore_ascii_case("HEAD");
         while let Some(mut stream) = self.inner.pool.take(&key) {
@@ -149,13 +152,13 @@ impl UpstreamClient {
                 Err(Attempt::Failed(e)) => return Err(e),
             }
         }
-        let stream = connect(req.host, req.port, self.inner.cfg.connect_timeout).await?;
+        let stream = connect(req.host, req.port, req.tls, self.inner.cfg.connect_timeout).await?;
         self.exchange(stream, wire, head_request, key, false).await.map_err(Attempt::into_error)
     }
 
     async fn exchange(
         &self,
-        mut stream: TcpStream,
+        mut stream: Stream,
         wire: Bytes,
         head_request: bool,
         key: PoolKey,
@@ -218,7 +221,7 @@ impl UpstreamClient {
 /// block means open; EOF, an error or unsolicited bytes mean it cannot. The
 /// probing read is polled once, then cancelled and awaited (never dropped
 /// in flight, which could lose a completion under io_uring).
-async fn still_open(stream: &mut TcpStream) -> bool {
+async fn still_open(stream: &mut Stream) -> bool {
     let canceller = Canceller::new();
     let mut read = pin!(stream.cancelable_read(Vec::with_capacity(1), canceller.handle()));
     let first = poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
@@ -251,7 +254,7 @@ pub struct Response {
     head: ResponseHead,
     decoder: BodyDecoder,
     buf: BytesMut,
-    conn: Option<TcpStream>,
+    conn: Option<Stream>,
     client: Rc<Inner>,
     key: PoolKey,
     reused: bool,
@@ -397,7 +400,15 @@ mod tests {
     use crate::upstream::test_server::{with_body, Event, Reply, TestServer};
 
     fn get(port: u16) -> Request<'static> {
-        Request { method: "GET", host: "127.0.0.1", port, target: "/x", headers: &[("x-test", b"1")], body: b"" }
+        Request {
+            method: "GET",
+            host: "127.0.0.1",
+            port,
+            target: "/x",
+            headers: &[("x-test", b"1")],
+            body: b"",
+            tls: None,
+        }
     }
 
     async fn body_of(client: &UpstreamClient, req: &Request<'_>) -> (u16, Bytes, bool) {

@@ -80,6 +80,16 @@ pub enum UpstreamError {
         #[source]
         source: io::Error,
     },
+    /// The TLS handshake failed (an untrusted or mismatched certificate, a
+    /// peer that does not speak TLS).
+    #[error("TLS with {authority} failed: {source}")]
+    Tls {
+        /// `host:port`.
+        authority: String,
+        /// Why.
+        #[source]
+        source: io::Error,
+    },
     /// Resolution plus handshake took longer than the connect timeout.
     #[error("connecting to {authority} timed out")]
     ConnectTimeout {
@@ -100,7 +110,7 @@ pub enum UpstreamError {
 impl UpstreamError {
     /// The request never reached the provider (safe to send elsewhere).
     pub fn is_connect(&self) -> bool {
-        matches!(self, Self::Resolve { .. } | Self::Connect { .. } | Self::ConnectTimeout { .. })
+        matches!(self, Self::Resolve { .. } | Self::Connect { .. } | Self::Tls { .. } | Self::ConnectTimeout { .. })
     }
 
     /// A description for API clients: never the provider's address, which
@@ -110,6 +120,7 @@ impl UpstreamError {
             Self::Resolve { .. } => "the provider's host name could not be resolved".into(),
             Self::Connect { .. } => "the provider refused or failed the connection".into(),
             Self::ConnectTimeout { .. } => "connecting to the provider timed out".into(),
+            Self::Tls { .. } => "the TLS handshake with the provider failed".into(),
             other => other.to_string(),
         }
     }

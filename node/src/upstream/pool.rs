@@ -7,17 +7,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use monoio::net::TcpStream;
+use iop_core::net::Stream;
 
 /// Which upstream a connection belongs to.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct PoolKey {
     pub(crate) host: String,
     pub(crate) port: u16,
+    /// https: never shared with plain connections to the same port.
+    pub(crate) tls: bool,
 }
 
 struct Idle {
-    stream: TcpStream,
+    stream: Stream,
     since: Instant,
 }
 
@@ -35,7 +37,7 @@ impl Pool {
 
     /// The most recently parked live connection (the one least likely to
     /// have been closed by the peer), if any.
-    pub(crate) fn take(&self, key: &PoolKey) -> Option<TcpStream> {
+    pub(crate) fn take(&self, key: &PoolKey) -> Option<Stream> {
         let mut idle = self.idle.borrow_mut();
         let queue = idle.get_mut(key)?;
         let now = Instant::now();
@@ -55,7 +57,7 @@ impl Pool {
     }
 
     /// Parks a connection whose last response ended cleanly.
-    pub(crate) fn put(&self, key: PoolKey, stream: TcpStream) {
+    pub(crate) fn put(&self, key: PoolKey, stream: Stream) {
         if self.max_per_host == 0 {
             return;
         }
