@@ -382,6 +382,7 @@ fn requests(n: usize, body_len: usize) {
                     window_bytes: 1 << 20,
                     hide_usage_chunk: hide,
                     response_stall_timeout_ms: 300_000,
+                    ..Default::default()
                 };
                 let env = pb::Envelope { correlation_id: 0, body: Some(Body::ProviderTunnelRequest(req)) };
                 link_out.put_with(|b| wire::encode(&env, b, MAX)).expect("fits");

@@ -111,6 +111,21 @@ pub mod codes {
     pub const INVALID_REQUEST: &str = "invalid_request";
     /// Anything else.
     pub const INTERNAL: &str = "internal";
+    /// Managed mode: the run's credential lease was refused (one code per
+    /// reason of `lease::LeaseError`).
+    pub const LEASE_REVOKED: &str = "credential_lease_revoked";
+    /// See [`LEASE_REVOKED`].
+    pub const LEASE_DISABLED: &str = "credential_lease_disabled";
+    /// See [`LEASE_REVOKED`].
+    pub const LEASE_EXPIRED: &str = "credential_lease_expired";
+    /// See [`LEASE_REVOKED`].
+    pub const LEASE_STALE: &str = "credential_lease_stale";
+    /// See [`LEASE_REVOKED`].
+    pub const LEASE_REPLAYED: &str = "credential_lease_replayed";
+    /// See [`LEASE_REVOKED`].
+    pub const LEASE_WRONG_RECIPIENT: &str = "credential_lease_wrong_recipient";
+    /// See [`LEASE_REVOKED`].
+    pub const LEASE_MISMATCHED: &str = "credential_lease_mismatched";
 
     /// Every code, for mapping wire strings back to `&'static str`.
     pub const ALL: &[&str] = &[
@@ -126,6 +141,13 @@ pub mod codes {
         SLOW_CONSUMER,
         INVALID_REQUEST,
         INTERNAL,
+        LEASE_REVOKED,
+        LEASE_DISABLED,
+        LEASE_EXPIRED,
+        LEASE_STALE,
+        LEASE_REPLAYED,
+        LEASE_WRONG_RECIPIENT,
+        LEASE_MISMATCHED,
     ];
 }
 

@@ -8,6 +8,7 @@
 //! - [`http`], [`sse`]: sans-IO HTTP/1.1 and server-sent-events codecs.
 //! - [`exec`]: run events, usage and failure classification.
 //! - [`flow`]: per-stream credit windows on the edge↔node link.
+//! - [`lease`]: sealed credential leases (managed mode).
 //! - [`limits`]: counted slots, a log throttle, the open-file limit.
 //! - [`net`]: the stream seam (plain TCP or TLS) and TLS configuration.
 //! - [`liveness`]: the response-stall timeout and a stall terminal's evidence.
@@ -18,6 +19,7 @@ pub mod config;
 pub mod exec;
 pub mod flow;
 pub mod http;
+pub mod lease;
 pub mod limits;
 pub mod liveness;
 pub mod net;

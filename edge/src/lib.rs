@@ -11,6 +11,7 @@ pub mod accept;
 pub mod auth_limit;
 pub mod dispatch;
 pub mod events;
+pub mod leases;
 pub mod metrics;
 pub mod payload;
 pub mod pool;

@@ -43,6 +43,9 @@ pub struct Shared {
     pub http_tls: Option<iop_core::net::tls::ServerTls>,
     /// TLS of the node listener (`[node_listener.tls]`), reloaded on SIGHUP.
     pub node_tls: Option<iop_core::net::tls::ServerTls>,
+    /// Managed mode (`node_listener.tls.client_ca`): the key credential
+    /// leases are signed with (made at start, never stored).
+    pub leases: Option<Arc<iop_core::lease::Issuer>>,
 }
 
 /// Counts one client request as active while it lives.

@@ -46,6 +46,9 @@ pub enum StartError {
     /// TLS material that cannot be used (the error names its key).
     #[error("{0}")]
     Tls(#[from] iop_core::config::ConfigError),
+    /// The credential lease key could not be made.
+    #[error("{0}")]
+    Leases(#[from] iop_core::lease::KeyError),
 }
 
 /// A running edge.
@@ -229,6 +232,9 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
     };
 
     let (http_tls, node_tls) = load_tls(&config)?;
+    let managed = config.node_tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+    let leases =
+        if managed { Some(Arc::new(iop_core::lease::Issuer::generate(config.testing.lease_ttl)?)) } else { None };
     let driver = rt::Driver::detect();
     let open_files = iop_core::limits::raise_open_file_limit();
     let default_max_connections = iop_core::limits::default_max_connections(open_files);
@@ -255,6 +261,7 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         auth_failures: Default::default(),
         http_tls,
         node_tls,
+        leases,
     });
     let pool = Arc::new(PoolView::build(&shared.config, None));
 

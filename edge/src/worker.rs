@@ -324,7 +324,7 @@ impl Worker {
                     let _ = session.try_send(transport::SessionCmd::Close { reason });
                 }
                 Some(entry) if old.node(node_id) != Some(entry) => {
-                    let payload = crate::payload::node_payload(entry, rev);
+                    let payload = crate::payload::node_payload(entry, rev, self.shared.leases.as_deref());
                     if session.try_send(transport::SessionCmd::Refresh { payload }).is_err() {
                         tracing::warn!(node = %node_id, "could not queue the config refresh for the node");
                     }

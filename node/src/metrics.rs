@@ -26,6 +26,14 @@ static DURATION_SUM_US: AtomicU64 = AtomicU64::new(0);
 const HEALTHS: [ProviderHealth; 4] =
     [ProviderHealth::Available, ProviderHealth::Unavailable, ProviderHealth::Unknown, ProviderHealth::Starting];
 
+static LEASE_REFUSALS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+
+/// Records a refused credential lease by its reason (a closed label).
+pub fn lease_refused(reason: &str) {
+    let i = iop_core::lease::LeaseError::ALL.iter().position(|e| e.label() == reason).unwrap_or(6);
+    LEASE_REFUSALS[i].fetch_add(1, Ordering::Relaxed);
+}
+
 /// Records one stall: the probe's finding and how long nothing had come.
 pub fn stall(health: ProviderHealth, idle: Duration) {
     let i = HEALTHS.iter().position(|h| *h == health).unwrap_or(2);
@@ -57,6 +65,16 @@ pub fn render() -> String {
     let sum = DURATION_SUM_US.load(Ordering::Relaxed) as f64 / 1e6;
     let _ = writeln!(out, "iop_node_response_stall_duration_seconds_sum {sum}");
     let _ = writeln!(out, "iop_node_response_stall_duration_seconds_count {cumulative}");
+    out.push_str("# HELP iop_node_credential_lease_refusals_total Runs failed closed because their credential lease was refused, by reason.\n");
+    out.push_str("# TYPE iop_node_credential_lease_refusals_total counter\n");
+    for (e, c) in iop_core::lease::LeaseError::ALL.iter().zip(LEASE_REFUSALS.iter()) {
+        let _ = writeln!(
+            out,
+            "iop_node_credential_lease_refusals_total{{reason=\"{}\"}} {}",
+            e.label(),
+            c.load(Ordering::Relaxed)
+        );
+    }
     out
 }
 

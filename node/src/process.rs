@@ -32,6 +32,9 @@ pub struct LinkSpec {
     pub gates: Arc<Gates>,
     /// TLS to the edge (`[edge_tls]`, loaded at start); none: plain TCP.
     pub tls: Option<ClientTls>,
+    /// The process's credential lease key (its public half is sent at
+    /// registration; an edge in managed mode seals credentials to it).
+    pub leases: Arc<iop_core::lease::Opener>,
 }
 
 /// A running node process.
@@ -78,6 +81,7 @@ pub fn start(config: NodeConfig, pin: bool, tls: Option<ClientTls>) -> std::io::
         tracing::debug!(error = %e, "no system TLS roots: https providers need a tls_ca");
     }
     let instance = new_instance();
+    let leases = Arc::new(iop_core::lease::Opener::generate().map_err(std::io::Error::other)?);
     let gates = Gates::new();
     let (done_tx, done) = mpsc::channel();
     let mut stops = Vec::with_capacity(count);
@@ -85,8 +89,14 @@ pub fn start(config: NodeConfig, pin: bool, tls: Option<ClientTls>) -> std::io::
     for index in 0..count {
         let (stop_tx, stop_rx) = mailbox::mailbox(1);
         stops.push(stop_tx);
-        let link =
-            LinkSpec { instance, index: index as u32, count: count as u32, gates: gates.clone(), tls: tls.clone() };
+        let link = LinkSpec {
+            instance,
+            index: index as u32,
+            count: count as u32,
+            gates: gates.clone(),
+            tls: tls.clone(),
+            leases: leases.clone(),
+        };
         let (config, done_tx) = (config.clone(), done_tx.clone());
         let t = rt::spawn_worker("iop-node", index, pin, move || async move {
             let _ = done_tx.send(run_link(config, link, stop_rx).await);

@@ -148,6 +148,7 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
         instance: link.instance,
         link: link.index,
         links: link.count,
+        lease_key: link.leases.public_key().to_vec().into(),
     };
     if writer.send(&envelope(1, Body::RegisterRequest(register))).is_err() {
         return retry("connection closed before registering");
@@ -183,6 +184,16 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     };
     let node_id = payload.node_id.clone();
     let manager = RunManager::new(adapters, link.gates.clone(), writer.clone());
+    if !resp.lease_verify_key.is_empty() {
+        // Managed mode: provider credentials come with each run, sealed.
+        let leases = crate::run::lease::NodeLeases::new(
+            link.leases.clone(),
+            resp.lease_verify_key.to_vec(),
+            resp.generation,
+            &payload,
+        );
+        manager.set_leases(leases);
+    }
 
     let ready = pb::NodeReadyRequest { node_id: node_id.clone(), config_revision: payload.revision };
     if writer.send(&envelope(2, Body::NodeReadyRequest(ready))).is_err() {
@@ -263,6 +274,9 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
                 let ack = match refresh.config.as_ref().map(build_adapters) {
                     Some(Ok(adapters)) => {
                         manager.replace_adapters(adapters);
+                        if let Some(payload) = refresh.config.as_ref() {
+                            manager.config_applied(payload);
+                        }
                         tracing::info!(revision, "provider config refreshed");
                         pb::ConfigRefreshAck { revision, applied: true, error: String::new() }
                     }

@@ -798,7 +798,8 @@ heartbeat_wait_ms = 25
             c.testing,
             TestingSettings {
                 heartbeat_interval: Duration::from_millis(10),
-                heartbeat_wait: Duration::from_millis(25)
+                heartbeat_wait: Duration::from_millis(25),
+                ..Default::default()
             }
         );
     }

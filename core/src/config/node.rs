@@ -164,7 +164,8 @@ mod tests {
             c.testing,
             TestingSettings {
                 heartbeat_interval: Duration::from_millis(20),
-                heartbeat_wait: Duration::from_millis(50)
+                heartbeat_wait: Duration::from_millis(50),
+                ..Default::default()
             }
         );
         let c = ok(&format!("{BASE}[reconnect]\nmax_attempts = 0\n"));

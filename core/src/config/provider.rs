@@ -128,6 +128,9 @@ impl ProviderEntry {
             mock,
             request_timeout_ms: millis(self.request_timeout),
             tls_ca_pem: self.tls_ca_pem.clone().map(bytes::Bytes::from).unwrap_or_default(),
+            // Set by the edge's payload in managed mode.
+            leased: false,
+            credential_epoch: 0,
         }
     }
 }

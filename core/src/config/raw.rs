@@ -195,6 +195,7 @@ pub(crate) struct RawTarget {
 pub(crate) struct RawTesting {
     pub heartbeat_interval_ms: Option<u64>,
     pub heartbeat_wait_ms: Option<u64>,
+    pub lease_ttl_ms: Option<u64>,
 }
 
 /// Node config file.

@@ -23,6 +23,8 @@ pub struct TestingSettings {
     /// How long a side waits without hearing from the peer before closing
     /// the session; always greater than `heartbeat_interval`.
     pub heartbeat_wait: Duration,
+    /// How long a credential lease is valid after issue (managed mode).
+    pub lease_ttl: Duration,
 }
 
 impl Default for TestingSettings {
@@ -31,6 +33,7 @@ impl Default for TestingSettings {
         Self {
             heartbeat_interval: Duration::from_millis(DEFAULT_HEARTBEAT_INTERVAL_MS),
             heartbeat_wait: Duration::from_millis(DEFAULT_HEARTBEAT_WAIT_MS),
+            lease_ttl: crate::lease::DEFAULT_TTL,
         }
     }
 }
@@ -57,7 +60,15 @@ impl TryFrom<Option<RawTesting>> for TestingSettings {
                 format!("must be greater than testing.heartbeat_interval_ms ({})", heartbeat_interval.as_millis()),
             ));
         }
-        Ok(Self { heartbeat_interval, heartbeat_wait })
+        // 0: every lease is expired when it arrives (the expiry test).
+        let lease_ttl = check::millis(
+            "testing.lease_ttl_ms",
+            raw.lease_ttl_ms,
+            crate::lease::DEFAULT_TTL.as_millis() as u64,
+            0,
+            600_000,
+        )?;
+        Ok(Self { heartbeat_interval, heartbeat_wait, lease_ttl })
     }
 }
 

@@ -221,6 +221,7 @@ mod tests {
                     mock: None,
                     request_timeout_ms: 600_000,
                     tls_ca_pem: Default::default(),
+                    ..Default::default()
                 },
             ],
         }
@@ -257,18 +258,21 @@ mod tests {
                 instance: 77,
                 link: 1,
                 links: 2,
+                ..Default::default()
             }),
             Body::RegisterResponse(pb::RegisterResponse {
                 accepted: true,
                 reason: String::new(),
                 refusal: pb::RegisterRefusal::None as i32,
                 config: Some(node_config()),
+                ..Default::default()
             }),
             Body::RegisterResponse(pb::RegisterResponse {
                 accepted: false,
                 reason: "duplicate".into(),
                 refusal: pb::RegisterRefusal::DuplicateConnection as i32,
                 config: None,
+                ..Default::default()
             }),
             Body::NodeReadyRequest(pb::NodeReadyRequest { node_id: "node-1".into(), config_revision: 7 }),
             Body::NodeReadyResponse(pb::NodeReadyResponse { ready: true, reason: String::new() }),
@@ -283,6 +287,7 @@ mod tests {
                 window_bytes: 1 << 20,
                 whole: true,
                 response_stall_timeout_ms: 30_000,
+                ..Default::default()
             }),
             run_event(Rk::Start(pb::RunStart { model: "m".into() })),
             run_event(Rk::Delta(pb::TextDelta { text: "hi".into() })),
@@ -322,6 +327,7 @@ mod tests {
                 window_bytes: 1 << 20,
                 hide_usage_chunk: true,
                 response_stall_timeout_ms: 0,
+                ..Default::default()
             }),
             tunnel_frame(Tk::Status(pb::TunnelResponseStart { status: 200, headers: vec![header] })),
             tunnel_frame(Tk::Body(Bytes::from_static(b"data: {}\n\n"))),
@@ -620,6 +626,7 @@ mod tests {
                     window_bytes: 0,
                     whole: embeddings,
                     response_stall_timeout_ms: deadline_ms % 1000,
+                    ..Default::default()
                 })
             },
         )

@@ -240,11 +240,23 @@ pub async fn serve_arrival(worker: Rc<Worker>, arrival: Arrival) {
         });
     }
     let link = LinkId { instance: request.instance, index: request.link, count: request.links.max(1) };
+    if worker.shared.leases.is_some() && request.lease_key.len() != 32 {
+        // Managed mode seals credentials to the node's key: a node without
+        // one (an older build) cannot be given any.
+        tracing::warn!(%peer, "node registration refused: managed mode needs the node's lease key");
+        let why = "managed mode: the node sent no credential lease key (upgrade the node)".to_owned();
+        let _ =
+            writer.send(&envelope(correlation_id, Body::RegisterResponse(refusal(pb::RegisterRefusal::Protocol, why))));
+        writer.close();
+        return;
+    }
     let Some((node_id, generation)) = register(&worker, &request, correlation_id, link, &writer, peer) else {
         writer.close();
         return;
     };
     reader.set_max_frame(max_frame);
+    // The registration answer carried this revision's config.
+    let sent_revision = Rc::new(std::cell::Cell::new(worker.revision.get()));
     let (cmd_tx, cmd_rx) = mailbox::mailbox(SESSION_CMD_CAPACITY);
     let session = Session {
         worker: worker.clone(),
@@ -257,6 +269,17 @@ pub async fn serve_arrival(worker: Rc<Worker>, arrival: Arrival) {
         closed: LocalCancel::new(),
         last_seen: Rc::new(std::cell::Cell::new(Instant::now())),
         stop_reason,
+        sent_revision: sent_revision.clone(),
+        leases: worker.shared.leases.clone().map(|issuer| {
+            Rc::new(crate::leases::LinkLeases {
+                issuer,
+                worker: worker.clone(),
+                node: node_id.clone(),
+                generation,
+                recipient: request.lease_key.to_vec(),
+                sent_revision,
+            })
+        }),
     };
     let reason = session.run(&mut reader, cmd_tx, cmd_rx, deadline, handshake).await;
     session.teardown(reason).await;
@@ -282,11 +305,14 @@ fn register(
                     generation,
                     peer: peer.to_string(),
                 });
+                let leases = worker.shared.leases.as_deref();
                 let resp = pb::RegisterResponse {
                     accepted: true,
                     reason: String::new(),
                     refusal: pb::RegisterRefusal::None as i32,
-                    config: Some(node_payload(entry, worker.revision.get())),
+                    config: Some(node_payload(entry, worker.revision.get(), leases)),
+                    lease_verify_key: leases.map(|l| l.verify_key().into()).unwrap_or_default(),
+                    generation,
                 };
                 (resp, Some((node_id, generation)))
             }
@@ -353,7 +379,7 @@ fn identity_refusal(worker: &Worker, stream: &Stream, node: &str) -> Option<Regi
 }
 
 fn refusal(kind: pb::RegisterRefusal, reason: String) -> pb::RegisterResponse {
-    pb::RegisterResponse { accepted: false, reason, refusal: kind as i32, config: None }
+    pb::RegisterResponse { accepted: false, reason, refusal: kind as i32, ..Default::default() }
 }
 
 struct Session {
@@ -369,6 +395,10 @@ struct Session {
     last_seen: Rc<std::cell::Cell<Instant>>,
     /// Why the session stopped its own reader (heartbeat timeout, close command).
     stop_reason: Rc<RefCell<Option<String>>>,
+    /// The config revision last sent to the node on this link.
+    sent_revision: Rc<std::cell::Cell<u64>>,
+    /// Managed mode: seals each run's credential.
+    leases: Option<Rc<crate::leases::LinkLeases>>,
 }
 
 impl Session {
@@ -386,11 +416,15 @@ impl Session {
     {
         monoio::spawn(pump_commands(
             cmd_rx,
-            self.runs.clone(),
-            self.commands.clone(),
-            self.writer.clone(),
-            self.closed.clone(),
-            Stop { stopper: reader.stopper(), reason: self.stop_reason.clone() },
+            Pumped {
+                runs: self.runs.clone(),
+                commands: self.commands.clone(),
+                writer: self.writer.clone(),
+                closed: self.closed.clone(),
+                stop: Stop { stopper: reader.stopper(), reason: self.stop_reason.clone() },
+                sent_revision: self.sent_revision.clone(),
+                leases: self.leases.clone(),
+            },
         ));
         let timing = self.worker.config.borrow().testing;
         monoio::spawn(heartbeat(
@@ -551,8 +585,11 @@ impl Session {
         }
         let entry = self.worker.config.borrow().node(&self.node_id).cloned();
         if let Some(entry) = entry {
-            let refresh = pb::ConfigRefresh { config: Some(node_payload(&entry, revision)) };
-            let _ = self.writer.send(&envelope(revision, Body::ConfigRefresh(refresh)));
+            let payload = node_payload(&entry, revision, self.worker.shared.leases.as_deref());
+            let refresh = pb::ConfigRefresh { config: Some(payload) };
+            if self.writer.send(&envelope(revision, Body::ConfigRefresh(refresh))).is_ok() {
+                self.sent_revision.set(revision);
+            }
         }
     }
 
@@ -640,15 +677,20 @@ fn send_cancel(writer: &FrameWriter, run_id: String, reason: &str) {
     let _ = writer.send(&envelope(0, Body::CancelRequest(req)));
 }
 
-/// Applies commands from any core to this session until it closes.
-async fn pump_commands(
-    rx: mailbox::Receiver<SessionCmd>,
+/// What the command pump of a session works with.
+struct Pumped {
     runs: Rc<RefCell<RunTable>>,
     commands: Rc<super::commands::PendingCommands>,
     writer: FrameWriter,
     closed: LocalCancel,
     stop: Stop,
-) {
+    sent_revision: Rc<std::cell::Cell<u64>>,
+    leases: Option<Rc<crate::leases::LinkLeases>>,
+}
+
+/// Applies commands from any core to this session until it closes.
+async fn pump_commands(rx: mailbox::Receiver<SessionCmd>, p: Pumped) {
+    let Pumped { runs, commands, writer, closed, stop, sent_revision, leases } = p;
     loop {
         let cmd = monoio::select! {
             cmd = rx.recv() => cmd,
@@ -656,7 +698,10 @@ async fn pump_commands(
         };
         let Some(cmd) = cmd else { break };
         match cmd {
-            SessionCmd::Run { req, events, lease } => {
+            SessionCmd::Run { mut req, events, lease } => {
+                if let Some(l) = &leases {
+                    l.seal_run(&mut req);
+                }
                 runs.borrow_mut().insert(req.run_id.clone(), events, Some(lease));
                 let env = envelope(0, Body::RunRequest(*req));
                 if writer.send(&env).is_err() {
@@ -667,7 +712,10 @@ async fn pump_commands(
                     runs.borrow_mut().set_target(&r.run_id, r.target);
                 }
             }
-            SessionCmd::Tunnel { req, events, lease } => {
+            SessionCmd::Tunnel { mut req, events, lease } => {
+                if let Some(l) = &leases {
+                    l.seal_tunnel(&mut req);
+                }
                 let tunnel_id = req.tunnel_id.clone();
                 runs.borrow_mut().insert_tunnel(tunnel_id, events, Some(lease));
                 let env = envelope(0, Body::ProviderTunnelRequest(*req));
@@ -704,6 +752,7 @@ async fn pump_commands(
                 if writer.send(&envelope(revision, Body::ConfigRefresh(refresh))).is_err() {
                     break;
                 }
+                sent_revision.set(revision);
             }
             SessionCmd::Close { reason } => {
                 stop.stop(reason);

@@ -14,6 +14,7 @@ mod errors;
 mod faults;
 mod hostile_http;
 mod hostile_peers;
+mod leases;
 mod lifecycle;
 mod links;
 mod metrics;

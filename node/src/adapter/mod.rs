@@ -338,6 +338,7 @@ pub(crate) mod tests {
             target: target.into(),
             body: bytes::Bytes::copy_from_slice(body.as_bytes()),
             operation: crate::run::Operation::Chat,
+            credential: None,
         }
     }
 
@@ -351,6 +352,7 @@ pub(crate) mod tests {
             mock: None,
             request_timeout_ms: 0,
             tls_ca_pem: Default::default(),
+            ..Default::default()
         }
     }
 

@@ -137,7 +137,7 @@ impl OllamaAdapter {
     /// except for the failures it returns.
     async fn chat<S: EventSink>(&self, spec: &RunSpec, sink: &mut S) -> Result<(), Halt> {
         let body = chat_body(&spec.body, &spec.target).map_err(Halt::Fail)?;
-        let mut resp = self.post(&self.chat_path, &body, b"application/x-ndjson", &spec.run_id).await?;
+        let mut resp = self.post(&self.chat_path, &body, b"application/x-ndjson", spec).await?;
         // Sent: not kept while the answer streams.
         drop(body);
         let mut state = ChatStream::new(&spec.run_id, &spec.target);
@@ -187,7 +187,7 @@ impl OllamaAdapter {
     /// Posts to `/api/embed` and emits the vectors and the terminal.
     async fn embed<S: EventSink>(&self, spec: &RunSpec, sink: &mut S) -> Result<(), Halt> {
         let (body, inputs) = embed_body(&spec.body, &spec.target).map_err(Halt::Fail)?;
-        let mut resp = self.post(&self.embed_path, &body, b"application/json", &spec.run_id).await?;
+        let mut resp = self.post(&self.embed_path, &body, b"application/json", spec).await?;
         let (body, truncated) =
             resp.read_to_end(MAX_EMBED_BODY).await.map_err(|e| Halt::Fail(protocol(e.to_string())))?;
         if truncated {
@@ -198,9 +198,11 @@ impl OllamaAdapter {
     }
 
     /// Sends one POST; a non-2xx answer is the failure it returns.
-    async fn post(&self, path: &str, body: &[u8], accept: &[u8], run_id: &str) -> Result<Response, Halt> {
+    async fn post(&self, path: &str, body: &[u8], accept: &[u8], spec: &RunSpec) -> Result<Response, Halt> {
+        let run_id = &spec.run_id;
         let mut headers: Vec<(&str, &[u8])> = vec![("content-type", b"application/json"), ("accept", accept)];
-        if let Some(auth) = &self.authorization {
+        // A leased credential (managed mode) before the configured one.
+        if let Some(auth) = spec.credential.as_ref().or(self.authorization.as_ref()) {
             headers.push(("authorization", auth.expose().as_bytes()));
         }
         let req = Request {

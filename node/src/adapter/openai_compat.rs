@@ -157,7 +157,8 @@ impl OpenAiCompatAdapter {
             let body = request_body(spec).map_err(Halt::Fail)?;
             let mut headers: Vec<(&str, &[u8])> =
                 vec![("content-type", b"application/json"), ("accept", b"text/event-stream")];
-            if let Some(auth) = &self.authorization {
+            // A leased credential (managed mode) before the configured one.
+            if let Some(auth) = spec.credential.as_ref().or(self.authorization.as_ref()) {
                 headers.push(("authorization", auth.expose().as_bytes()));
             }
             let req = Request {

@@ -41,7 +41,8 @@ impl OpenAiCompatAdapter {
     async fn relay<S: TunnelSink>(&self, spec: &mut TunnelSpec, sink: &mut S) -> Result<(), Halt> {
         let target = format!("{}{}", self.url.path_prefix, spec.path);
         let mut headers: Vec<(&str, &[u8])> = spec.headers.iter().map(|(n, v)| (n.as_str(), &v[..])).collect();
-        if let Some(auth) = &self.authorization {
+        // A leased credential (managed mode) before the configured one.
+        if let Some(auth) = spec.credential.as_ref().or(self.authorization.as_ref()) {
             headers.push(("authorization", auth.expose().as_bytes()));
         }
         let req = Request {
@@ -160,6 +161,7 @@ mod tests {
             body: Bytes::from_static(body),
             hide_usage_chunk: hide,
             deadline: None,
+            credential: None,
         }
     }
 

@@ -43,6 +43,8 @@ pub struct RunManager {
     /// connection has a new manager: it starts at 0), the first stall
     /// observation is 1.
     health_seq: HealthSeq,
+    /// Managed mode: what credential leases are checked against.
+    leases: RefCell<Option<super::lease::NodeLeases>>,
 }
 
 /// A link's health observation sequence, shared by its stall terminals and
@@ -113,7 +115,33 @@ impl RunManager {
             draining: Cell::new(false),
             idle: LocalNotify::new(),
             health_seq: HealthSeq::default(),
+            leases: RefCell::new(None),
         })
+    }
+
+    /// Managed mode: runs must bring credential leases, checked with these.
+    pub fn set_leases(&self, leases: super::lease::NodeLeases) {
+        *self.leases.borrow_mut() = Some(leases);
+    }
+
+    /// A config was applied (leases are bound to its revision and epochs).
+    pub fn config_applied(&self, payload: &pb::NodeConfigPayload) {
+        if let Some(l) = self.leases.borrow().as_ref() {
+            l.applied(payload);
+        }
+    }
+
+    /// Opens a run's lease (after admission, right before the provider
+    /// call); without managed mode there is none to open.
+    fn credential(
+        &self,
+        run: &super::lease::RunBinding<'_>,
+        lease: Option<&pb::SealedLease>,
+    ) -> Result<Option<iop_core::config::Secret>, RunFailure> {
+        match self.leases.borrow().as_ref() {
+            Some(l) => l.open(run, lease),
+            None => Ok(None),
+        }
     }
 
     /// Replaces the adapter set; runs in flight keep the adapter they started with.
@@ -224,8 +252,26 @@ impl RunManager {
             Err(None) => return,
             Err(Some(f)) => return refuse(f),
         };
-        let spec =
-            RunSpec { run_id: run_id.clone(), target: req.target, body: req.body, operation: req.operation.into() };
+        let binding = super::lease::RunBinding {
+            provider: &req.adapter,
+            target: &req.target,
+            route: iop_core::lease::run_route(req.operation),
+            slot: &run_id,
+            profile: &req.profile,
+            principal: &req.principal,
+        };
+        // Dropping `slot` on a refusal gives the capacity back.
+        let credential = match self.credential(&binding, req.credential.as_ref()) {
+            Ok(c) => c,
+            Err(f) => return refuse(f),
+        };
+        let spec = RunSpec {
+            run_id: run_id.clone(),
+            target: req.target,
+            body: req.body,
+            operation: req.operation.into(),
+            credential,
+        };
         let stall = self.stall(stall_timeout);
         let emitter = Emitter::new(self.writer.clone(), run_id)
             .with_slot(slot)
@@ -257,10 +303,23 @@ impl RunManager {
             Err(None) => return,
             Err(Some(f)) => return refuse(f),
         };
-        let spec = match TunnelSpec::from_wire(req, deadline) {
+        let binding = super::lease::RunBinding {
+            provider: &req.adapter,
+            target: &req.target,
+            route: &req.path,
+            slot: &id,
+            profile: &req.profile,
+            principal: &req.principal,
+        };
+        let credential = match self.credential(&binding, req.credential.as_ref()) {
+            Ok(c) => c,
+            Err(f) => return refuse(f),
+        };
+        let mut spec = match TunnelSpec::from_wire(req, deadline) {
             Ok(spec) => spec,
             Err(f) => return refuse(f),
         };
+        spec.credential = credential;
         let stall = self.stall(stall_timeout);
         let emitter = Emitter::new(self.writer.clone(), id)
             .with_slot(slot)

@@ -3,6 +3,7 @@
 mod credit;
 mod emitter;
 mod gate;
+pub mod lease;
 mod manager;
 mod spec;
 pub mod watchdog;

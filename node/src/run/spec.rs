@@ -35,6 +35,9 @@ pub struct RunSpec {
     pub body: Bytes,
     /// Chat or embeddings.
     pub operation: Operation,
+    /// Managed mode: the `Authorization` value from the run's opened
+    /// credential lease (else the adapter's own, if any).
+    pub credential: Option<iop_core::config::Secret>,
 }
 
 /// The receiving end went away (run cancelled or session closed); the

@@ -33,6 +33,8 @@ pub struct TunnelSpec {
     pub hide_usage_chunk: bool,
     /// Time left until the edge's deadline, if it set one.
     pub deadline: Option<Duration>,
+    /// As [`crate::run::RunSpec::credential`].
+    pub credential: Option<iop_core::config::Secret>,
 }
 
 impl TunnelSpec {
@@ -71,6 +73,7 @@ impl TunnelSpec {
             body: req.body,
             hide_usage_chunk: req.hide_usage_chunk,
             deadline,
+            credential: None,
         })
     }
 }

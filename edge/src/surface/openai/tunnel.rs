@@ -71,6 +71,7 @@ pub fn run<'a>(
         path: route.provider_path().into(),
         body,
         hide_usage_chunk,
+        principal: conn.exchange.api_key.as_ref().map(|k| k.entry.name.clone()).unwrap_or_default(),
         ..Default::default()
     };
     let model = &parts.group.name;

@@ -1,0 +1,87 @@
+//! Issuing credential leases on a node link (managed mode): each run or
+//! tunnel to a provider with an `api_key` carries the key sealed to the
+//! node's process key, bound to the run (see `iop_core::lease`). The node's
+//! config then carries no key at all.
+
+use std::{cell::Cell, rc::Rc, sync::Arc};
+
+use iop_core::{
+    lease::{self, Issuer},
+    wire::pb,
+};
+
+use crate::worker::Worker;
+
+/// One link's lease issuing.
+pub struct LinkLeases {
+    pub issuer: Arc<Issuer>,
+    pub worker: Rc<Worker>,
+    pub node: String,
+    pub generation: u64,
+    /// The node's X25519 public key (from its registration).
+    pub recipient: Vec<u8>,
+    /// The config revision last sent to the node on this link.
+    pub sent_revision: Rc<Cell<u64>>,
+}
+
+/// What a lease binds besides the run's id, target and route.
+struct Binding<'a> {
+    provider: &'a str,
+    target: &'a str,
+    route: &'a str,
+    slot: &'a str,
+    profile: &'a str,
+    principal: &'a str,
+}
+
+impl LinkLeases {
+    /// Seals the provider's credential into `req` (nothing for a provider
+    /// without an `api_key`: it has no secret to lease).
+    pub fn seal_run(&self, req: &mut pb::RunRequest) {
+        req.credential = self.seal(&Binding {
+            provider: &req.adapter,
+            target: &req.target,
+            route: lease::run_route(req.operation),
+            slot: &req.run_id,
+            profile: &req.profile,
+            principal: &req.principal,
+        });
+    }
+
+    /// As [`LinkLeases::seal_run`], for a tunnel (its route: the provider path).
+    pub fn seal_tunnel(&self, req: &mut pb::ProviderTunnelRequest) {
+        req.credential = self.seal(&Binding {
+            provider: &req.adapter,
+            target: &req.target,
+            route: &req.path,
+            slot: &req.tunnel_id,
+            profile: &req.profile,
+            principal: &req.principal,
+        });
+    }
+
+    fn seal(&self, b: &Binding<'_>) -> Option<pb::SealedLease> {
+        let config = self.worker.config.borrow();
+        let entry = config.node(&self.node)?.providers.iter().find(|p| p.id == b.provider)?;
+        let key = entry.api_key.as_ref()?;
+        let scope = pb::LeaseScope {
+            principal: b.principal.to_owned(),
+            route: b.route.to_owned(),
+            slot: b.slot.to_owned(),
+            profile: b.profile.to_owned(),
+            target: b.target.to_owned(),
+            node: self.node.clone(),
+            provider: b.provider.to_owned(),
+            revision: self.sent_revision.get(),
+            generation: self.generation,
+            credential_epoch: self.issuer.epoch_of(key.expose()),
+            ..Default::default()
+        };
+        let sealed = self.issuer.issue(scope, key.expose(), &self.recipient, lease::now_ms());
+        if sealed.is_none() {
+            // The node then refuses the run (mismatched): closed, not open.
+            tracing::error!(node = %self.node, provider = b.provider, "could not seal a credential lease");
+        }
+        sealed
+    }
+}
