@@ -33,7 +33,7 @@ pub enum EdgeEvent {
     /// A registration was refused.
     RegistrationRefused {
         /// `unknown_token`, `duplicate_connection`, `config_build_failed`,
-        /// `protocol`, `rate_limited` or `identity_mismatch`.
+        /// `protocol`, `rate_limited`, `identity_mismatch` or `tls_handshake`.
         refusal: &'static str,
         /// Node id when known (duplicate), else empty.
         node: String,

@@ -91,8 +91,15 @@ pub async fn serve(worker: Rc<Worker>, tcp: TcpStream, peer: SocketAddr, handsha
         Some(tls) => match iop_core::rt::time::timeout_at(deadline, Box::pin(tls.accept(tcp))).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => {
+                // A certificate of another CA, an expired one, none where
+                // one is required: counted like a bad token.
                 tracing::info!(%peer, error = %e, "node TLS handshake failed");
                 worker.shared.auth_failures.record_failure(peer.ip());
+                worker.shared.events.publish(EdgeEvent::RegistrationRefused {
+                    refusal: "tls_handshake",
+                    node: String::new(),
+                    peer: peer.to_string(),
+                });
                 return;
             }
             Err(_) => {

@@ -272,6 +272,7 @@ fn managed_mode_binds_a_node_to_its_certificate() {
     for identity in [Some(&stranger), Some(&expired), None] {
         let before = edge.proc.log_text().matches("node TLS handshake failed").count();
         let _n = edge.node_with(NODE_TOKEN, &edge_tls(&pki, identity), &[]);
+        events.wait("registration_refused", Duration::from_secs(10), |e| e["refusal"] == "tls_handshake");
         eventually(Duration::from_secs(10), "handshake refused", || {
             edge.proc.log_text().matches("node TLS handshake failed").count() > before
         });
