@@ -37,7 +37,7 @@ pub async fn authenticate(
     // request's task (an open stream's included).
     let Some(key) = presented(head).filter(|k| !k.is_empty()) else {
         let msg = "no API key: send `Authorization: Bearer <key>` (or `x-api-key: <key>`)";
-        return Err(Box::pin(respond(conn, 401, msg, "missing_api_key", None, keep)).await);
+        return Err(Box::pin(respond(conn, head, 401, msg, "missing_api_key", None, keep)).await);
     };
     let digest = ring::digest::digest(&ring::digest::SHA256, key);
     let found = worker.pool.borrow().keys.iter().find(|k| k.entry.sha256[..] == *digest.as_ref()).cloned();
@@ -50,24 +50,30 @@ pub async fn authenticate(
     if let Err(wait) = limiter.check(conn.peer.ip()) {
         let retry = wait.as_secs().max(1).to_string();
         let msg = "too many requests with an invalid API key from this address; retry later";
-        return Err(Box::pin(respond(conn, 429, msg, "rate_limit_exceeded", Some(&retry), keep)).await);
+        return Err(Box::pin(respond(conn, head, 429, msg, "rate_limit_exceeded", Some(&retry), keep)).await);
     }
     limiter.record_failure(conn.peer.ip());
     // Never the key itself, nor its hash.
     tracing::debug!(peer = %conn.peer, "request with an unknown API key");
-    Err(Box::pin(respond(conn, 401, "invalid API key", "invalid_api_key", None, keep)).await)
+    Err(Box::pin(respond(conn, head, 401, "invalid API key", "invalid_api_key", None, keep)).await)
 }
 
-/// An OpenAI-shaped error answer (`retry_after` in seconds on 429).
+/// An error answer in the client's dialect: Anthropic's shape for a
+/// client that speaks it, else OpenAI's (`retry_after` in seconds on 429).
 pub async fn respond(
     conn: &mut Conn,
+    head: &RequestHead,
     status: u16,
     msg: &str,
     code: &str,
     retry_after: Option<&str>,
     keep: bool,
 ) -> bool {
-    let body = error::body(status, msg, Some(code));
+    let body = if super::anthropic::speaks_anthropic(head) {
+        super::anthropic::error::body(status, msg)
+    } else {
+        error::body(status, msg, Some(code))
+    };
     let mut extra: Vec<(&str, &str)> = Vec::new();
     if status == 401 {
         extra.push(("www-authenticate", "Bearer"));
@@ -80,19 +86,19 @@ pub async fn respond(
 
 /// Whether `key` may start a request for `model` now: `Err(keep)` when
 /// answered (403 not allowed, 429 over a rate).
-pub async fn admit(conn: &mut Conn, key: &KeyState, model: &str, keep: bool) -> Result<(), bool> {
+pub async fn admit(conn: &mut Conn, head: &RequestHead, key: &KeyState, model: &str, keep: bool) -> Result<(), bool> {
     if !key.allows_model(model) {
         let msg = format!("this API key may not use model `{}`", error::clip(model));
-        return Err(respond(conn, 403, &msg, "model_not_allowed", None, keep).await);
+        return Err(respond(conn, head, 403, &msg, "model_not_allowed", None, keep).await);
     }
     let over = |wait: std::time::Duration| wait.as_secs().max(1).to_string();
     if let Some(Err(wait)) = key.tokens.as_ref().map(|t| t.allows()) {
         let msg = "this API key is over its tokens_per_minute";
-        return Err(respond(conn, 429, msg, "rate_limit_exceeded", Some(&over(wait)), keep).await);
+        return Err(respond(conn, head, 429, msg, "rate_limit_exceeded", Some(&over(wait)), keep).await);
     }
     if let Some(Err(wait)) = key.requests.as_ref().map(|r| r.take(1)) {
         let msg = "this API key is over its requests_per_minute";
-        return Err(respond(conn, 429, msg, "rate_limit_exceeded", Some(&over(wait)), keep).await);
+        return Err(respond(conn, head, 429, msg, "rate_limit_exceeded", Some(&over(wait)), keep).await);
     }
     Ok(())
 }

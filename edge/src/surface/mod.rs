@@ -1,6 +1,7 @@
 //! Client-facing API surfaces and the request router.
 
 pub mod admin;
+pub mod anthropic;
 mod api_keys;
 mod health;
 mod metrics;

@@ -116,3 +116,39 @@ fn keys_gate_every_v1_request_by_model_and_rate() {
     }
     edge.assert_idle();
 }
+
+#[test]
+fn a_client_that_speaks_anthropic_gets_its_refusals_in_anthropic_shape() {
+    let mock = MockProv::start(&[]);
+    let edge = Edge::start(&config(&mock));
+    let _node = edge.node(NODE_TOKEN, &[]);
+    edge.wait_nodes_ready(1);
+    let anthropic = |r: &Response, status: u16, kind: &str| {
+        assert_eq!(r.status, status, "{}", String::from_utf8_lossy(&r.body));
+        let v = r.json();
+        assert_eq!((&v["type"], &v["error"]["type"]), (&json!("error"), &json!(kind)), "{v}");
+        assert!(v["error"]["message"].is_string() && v.get("code").is_none(), "{v}");
+    };
+    let messages = |auth: &[(&str, &str)]| {
+        let body = br#"{"model":"m","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}"#;
+        let mut headers = vec![("content-type", "application/json"), ("anthropic-version", "2023-06-01")];
+        headers.extend_from_slice(auth);
+        request(edge.http, "POST", "/v1/messages", Some(body), &headers)
+    };
+    // Missing and wrong keys on the Messages route.
+    anthropic(&messages(&[]), 401, "authentication_error");
+    anthropic(&messages(&[("x-api-key", "sk-nobody")]), 401, "authentication_error");
+    // A model the key may not use, and a rate exceeded, from a client
+    // sending Anthropic's version header.
+    let av = ("anthropic-version", "2023-06-01");
+    anthropic(&chat(&edge, "o", &[("x-api-key", ALICE), av]), 403, "permission_error");
+    for _ in 0..2 {
+        assert_eq!(chat(&edge, "m", &[("x-api-key", ALICE), av]).status, 200);
+    }
+    let r = chat(&edge, "m", &[("x-api-key", ALICE), av]);
+    anthropic(&r, 429, "rate_limit_error");
+    assert!(r.header("retry-after").is_some());
+    // Without the header the same refusal is OpenAI's.
+    let r = chat(&edge, "o", &[("authorization", &format!("Bearer {ALICE}"))]);
+    assert_eq!((r.status, code(&r)), (403, json!("model_not_allowed")));
+}

@@ -145,7 +145,7 @@ pub async fn admit(
     };
     conn.exchange.finish.borrow_mut().model.push_str(&group.name);
     if let Some(k) = key {
-        super::api_keys::admit(conn, &k, &group.name, keep).await?;
+        super::api_keys::admit(conn, head, &k, &group.name, keep).await?;
         conn.exchange.api_key = Some(k);
     }
     let Some(group) = serving(worker, &group, route) else {
