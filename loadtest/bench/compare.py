@@ -19,6 +19,9 @@ def metrics(rec, cores=1):
     cpu = rec.get("cpu_sec", {})
     if load["completed"] and "system" in cpu:
         m["cpu_us_req"] = cpu["system"] / load["completed"] * 1e6
+        if "system_kernel" in cpu:
+            m["kernel_us_req"] = cpu["system_kernel"] / load["completed"] * 1e6
+            m["user_us_req"] = m["cpu_us_req"] - m["kernel_us_req"]
     if "loadtest" in cpu and load["elapsed_sec"]:
         m["gen_cores"] = cpu["loadtest"] / load["elapsed_sec"]
     if "mock" in cpu and load["elapsed_sec"]:
@@ -229,8 +232,11 @@ def render(results, md=False):
             out.extend([title, text, table(headers, rows, md), ""])
 
     sid = "S1"
-    section(sid, ["system", "req/s", "CPU µs/req", "mock cores", "gen cores", "machine busy %", "errors"],
-            [[s, cell(agg, sid, s, w, "req_s"), cell(agg, sid, s, w, "cpu_us_req", 1), cell(agg, sid, s, w, "mock_cores"),
+    section(sid, ["system", "req/s", "CPU µs/req", "of it user / kernel", "mock cores", "gen cores", "machine busy %",
+                  "errors"],
+            [[s, cell(agg, sid, s, w, "req_s"), cell(agg, sid, s, w, "cpu_us_req", 1),
+              "%s / %s" % (fmt(agg.value(sid, s, w, "user_us_req"), 1), fmt(agg.value(sid, s, w, "kernel_us_req"), 1)),
+              cell(agg, sid, s, w, "mock_cores"),
               cell(agg, sid, s, w, "gen_cores"), cell(agg, sid, s, w, "busy_pct", 0), fmt(agg.value(sid, s, w, "errors"), 0)]
              for s in agg.systems(sid)])
     sid = "S2"

@@ -28,6 +28,16 @@ def cpu_seconds(pid):
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
+def sys_seconds(pid):
+    """stime alone (field 15): the kernel's share of `cpu_seconds`."""
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return int(fields[12]) / TICK
+
+
 def alive(pid):
     """Whether `pid` runs (a zombie that is not reaped yet does not)."""
     try:

@@ -143,6 +143,11 @@ def group_cpu(run):
     return out
 
 
+def group_sys(run):
+    """Kernel CPU seconds of the system's processes (all groups)."""
+    return sum(procs.sys_seconds(p) or 0.0 for pids in run.groups.values() for p in pids)
+
+
 def cpu_delta(before, after):
     d = {k: round(after[k] - before[k], 3) for k in after}
     system = round(sum(v for k, v in d.items() if not k.startswith("_")), 3)
@@ -202,12 +207,13 @@ def warm_up(run, ctx, p, load, gens):
 
 
 def closed_loop(run, ctx, load, gens, name="loadtest"):
-    before = group_cpu(run)
+    before, sys_before = group_cpu(run), group_sys(run)
     gen = Gen(ctx, run.url, load, name, time_limit(load))
     gens.append(gen.command())
     report, gen_cpu = gen.wait()
-    after = group_cpu(run)
-    return {"load": report, "cpu_sec": dict(cpu_delta(before, after), loadtest=gen_cpu)}
+    after, sys_after = group_cpu(run), group_sys(run)
+    cpu = dict(cpu_delta(before, after), loadtest=gen_cpu, system_kernel=round(sys_after - sys_before, 3))
+    return {"load": report, "cpu_sec": cpu}
 
 
 def many_streams(run, ctx, p, gens):
