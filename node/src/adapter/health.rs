@@ -47,7 +47,9 @@ impl Probe<'_> {
         };
         let call = async {
             // Not reachable, or the connection broke: not answering.
-            let Ok(mut resp) = super::send_upstream(self.client, &req, self.provider, "health-probe").await else {
+            // Boxed: a stall's probe is part of every run's future.
+            let sent = Box::pin(super::send_upstream(self.client, &req, self.provider, "health-probe")).await;
+            let Ok(mut resp) = sent else {
                 return ProviderHealth::Unavailable;
             };
             let status = resp.status();

@@ -464,7 +464,8 @@ fn relay(
                         None => std::future::pending().await,
                     }
                 };
-                stall.terminal(&adapter, &target, idle, &cancel, expiry).await
+                // Boxed: rare, and its probe would size every stream's task.
+                Box::pin(stall.terminal(&adapter, &target, idle, &cancel, expiry)).await
             }
             None => None,
         };
@@ -524,7 +525,8 @@ fn execute(
         }
         let mut failure = None;
         if let Some(idle) = stalled {
-            failure = stall.terminal(&adapter, &target, idle, &cancel, &mut expiry).await;
+            // Boxed: rare, and its probe would size every run's task.
+            failure = Box::pin(stall.terminal(&adapter, &target, idle, &cancel, &mut expiry)).await;
             expired = failure.is_none() && !cancel.is_cancelled();
         }
         if !emitter.terminal_sent() {
