@@ -223,17 +223,43 @@ pub fn now_ms() -> u64 {
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
+/// What a lease binds of the run it is for (the edge seals it from the
+/// run, the node checks it against the run that brought it).
+#[derive(Debug, Clone, Copy)]
+pub struct Binding<'a> {
+    /// The client key's name ("" without API keys).
+    pub principal: &'a str,
+    pub provider: &'a str,
+    pub target: &'a str,
+    /// [`run_route`] of a run, a tunnel's provider path.
+    pub route: &'a str,
+    /// "normal" or "long".
+    pub profile: &'a str,
+    /// The run or tunnel id.
+    pub slot: &'a str,
+}
+
+impl Binding<'_> {
+    /// A scope with these fields (the rest for the issuer to fill).
+    pub fn scope(&self) -> pb::LeaseScope {
+        pb::LeaseScope {
+            principal: self.principal.to_owned(),
+            route: self.route.to_owned(),
+            slot: self.slot.to_owned(),
+            profile: self.profile.to_owned(),
+            target: self.target.to_owned(),
+            provider: self.provider.to_owned(),
+            ..Default::default()
+        }
+    }
+}
+
 /// What the run that presents a lease is, and what the node knows: the
 /// lease must say the same.
 #[derive(Debug, Clone)]
 pub struct Expect<'a> {
     pub node: &'a str,
-    pub principal: &'a str,
-    pub provider: &'a str,
-    pub target: &'a str,
-    pub route: &'a str,
-    pub profile: &'a str,
-    pub slot: &'a str,
+    pub run: Binding<'a>,
     /// The node's applied config revision and its link's generation.
     pub revision: u64,
     pub generation: u64,
@@ -328,8 +354,9 @@ impl Opener {
         if scope.node != expect.node {
             return Err(LeaseError::WrongRecipient);
         }
-        let Some(epoch) = expect.credential_epoch.filter(|_| scope.provider == expect.provider) else {
-            return Err(if scope.provider == expect.provider { LeaseError::Disabled } else { LeaseError::Mismatched });
+        let run = &expect.run;
+        let Some(epoch) = expect.credential_epoch.filter(|_| scope.provider == run.provider) else {
+            return Err(if scope.provider == run.provider { LeaseError::Disabled } else { LeaseError::Mismatched });
         };
         if scope.credential_epoch != epoch {
             return Err(LeaseError::Revoked);
@@ -340,11 +367,11 @@ impl Opener {
         if expect.now_ms >= scope.expires_at_ms {
             return Err(LeaseError::Expired);
         }
-        if scope.target != expect.target
-            || scope.principal != expect.principal
-            || scope.route != expect.route
-            || scope.profile != expect.profile
-            || scope.slot != expect.slot
+        if scope.target != run.target
+            || scope.principal != run.principal
+            || scope.route != run.route
+            || scope.profile != run.profile
+            || scope.slot != run.slot
         {
             return Err(LeaseError::Mismatched);
         }

@@ -22,20 +22,19 @@ fn scope() -> pb::LeaseScope {
     }
 }
 
-fn expect() -> Expect<'static> {
-    Expect {
-        node: "n1",
+fn run() -> Binding<'static> {
+    Binding {
         principal: "team-a",
         provider: "up",
         target: "gpt-x",
         route: "/v1/chat/completions",
         profile: "normal",
         slot: "run-1",
-        revision: 3,
-        generation: 7,
-        credential_epoch: Some(2),
-        now_ms: NOW + 10,
     }
+}
+
+fn expect() -> Expect<'static> {
+    Expect { node: "n1", run: run(), revision: 3, generation: 7, credential_epoch: Some(2), now_ms: NOW + 10 }
 }
 
 fn setup() -> (Issuer, Opener) {
@@ -91,12 +90,12 @@ fn each_failure_fails_closed_with_its_reason() {
     // Mismatched: another run, route, target, profile or provider; a
     // signature of another edge; tampered bytes.
     for e in [
-        Expect { slot: "run-2", ..expect() },
-        Expect { principal: "team-b", ..expect() },
-        Expect { route: "/v1/embeddings", ..expect() },
-        Expect { target: "gpt-y", ..expect() },
-        Expect { profile: "long", ..expect() },
-        Expect { provider: "other", ..expect() },
+        Expect { run: Binding { slot: "run-2", ..run() }, ..expect() },
+        Expect { run: Binding { principal: "team-b", ..run() }, ..expect() },
+        Expect { run: Binding { route: "/v1/embeddings", ..run() }, ..expect() },
+        Expect { run: Binding { target: "gpt-y", ..run() }, ..expect() },
+        Expect { run: Binding { profile: "long", ..run() }, ..expect() },
+        Expect { run: Binding { provider: "other", ..run() }, ..expect() },
     ] {
         assert_eq!(fails(&issue(&i, &o, scope()), e), Some(LeaseError::Mismatched));
     }

@@ -6,7 +6,7 @@
 use std::{cell::Cell, rc::Rc, sync::Arc};
 
 use iop_core::{
-    lease::{self, Issuer},
+    lease::{self, Binding, Issuer},
     wire::pb,
 };
 
@@ -22,16 +22,6 @@ pub struct LinkLeases {
     pub recipient: Vec<u8>,
     /// The config revision last sent to the node on this link.
     pub sent_revision: Rc<Cell<u64>>,
-}
-
-/// What a lease binds besides the run's id, target and route.
-struct Binding<'a> {
-    provider: &'a str,
-    target: &'a str,
-    route: &'a str,
-    slot: &'a str,
-    profile: &'a str,
-    principal: &'a str,
 }
 
 impl LinkLeases {
@@ -65,17 +55,11 @@ impl LinkLeases {
         let entry = config.node(&self.node)?.providers.iter().find(|p| p.id == b.provider)?;
         let key = entry.api_key.as_ref()?;
         let scope = pb::LeaseScope {
-            principal: b.principal.to_owned(),
-            route: b.route.to_owned(),
-            slot: b.slot.to_owned(),
-            profile: b.profile.to_owned(),
-            target: b.target.to_owned(),
             node: self.node.clone(),
-            provider: b.provider.to_owned(),
             revision: self.sent_revision.get(),
             generation: self.generation,
             credential_epoch: self.issuer.epoch_of(key.expose()),
-            ..Default::default()
+            ..b.scope()
         };
         let sealed = self.issuer.issue(scope, key.expose(), &self.recipient, lease::now_ms());
         if sealed.is_none() {

@@ -12,7 +12,7 @@
 use std::sync::OnceLock;
 
 use iop_core::{
-    lease::{Expect, Issuer, Opener},
+    lease::{Binding, Expect, Issuer, Opener},
     wire::pb,
 };
 use libfuzzer_sys::fuzz_target;
@@ -33,12 +33,7 @@ fn keys() -> &'static Keys {
 fn expect() -> Expect<'static> {
     Expect {
         node: "n1",
-        principal: "",
-        provider: "up",
-        target: "m",
-        route: "chat",
-        profile: "normal",
-        slot: "r",
+        run: Binding { principal: "", provider: "up", target: "m", route: "chat", profile: "normal", slot: "r" },
         revision: 1,
         generation: 1,
         credential_epoch: Some(0),

@@ -9,7 +9,7 @@ use std::{cell::RefCell, collections::HashMap, sync::Arc};
 use iop_core::{
     config::Secret,
     exec::{FailureSource, RunFailure},
-    lease::{self, Expect, LeaseError, Opener},
+    lease::{self, Binding, Expect, LeaseError, Opener},
     wire::pb,
 };
 
@@ -21,16 +21,6 @@ pub struct NodeLeases {
     generation: u64,
     /// The applied config's revision and its leased providers' credential epochs.
     applied: RefCell<(u64, HashMap<String, u64>)>,
-}
-
-/// What a run's lease must be bound to.
-pub struct RunBinding<'a> {
-    pub provider: &'a str,
-    pub target: &'a str,
-    pub route: &'a str,
-    pub slot: &'a str,
-    pub profile: &'a str,
-    pub principal: &'a str,
 }
 
 impl NodeLeases {
@@ -57,7 +47,7 @@ impl NodeLeases {
     /// The credential of a run: `Ok(None)` for a provider that has none to
     /// lease (and no lease came); the opened secret as a bearer header
     /// value; or the failure that ends the run.
-    pub fn open(&self, run: &RunBinding<'_>, lease: Option<&pb::SealedLease>) -> Result<Option<Secret>, RunFailure> {
+    pub fn open(&self, run: &Binding<'_>, lease: Option<&pb::SealedLease>) -> Result<Option<Secret>, RunFailure> {
         let (revision, epoch) = {
             let applied = self.applied.borrow();
             (applied.0, applied.1.get(run.provider).copied())
@@ -70,12 +60,7 @@ impl NodeLeases {
         };
         let expect = Expect {
             node: &self.node,
-            principal: run.principal,
-            provider: run.provider,
-            target: run.target,
-            route: run.route,
-            profile: run.profile,
-            slot: run.slot,
+            run: *run,
             revision,
             generation: self.generation,
             credential_epoch: epoch,
@@ -88,7 +73,7 @@ impl NodeLeases {
     }
 }
 
-fn refused(run: &RunBinding<'_>, e: LeaseError) -> RunFailure {
+fn refused(run: &Binding<'_>, e: LeaseError) -> RunFailure {
     crate::metrics::lease_refused(e.label());
     tracing::warn!(
         event = "node_credential_lease_refused",

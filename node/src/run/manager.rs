@@ -135,7 +135,7 @@ impl RunManager {
     /// call); without managed mode there is none to open.
     fn credential(
         &self,
-        run: &super::lease::RunBinding<'_>,
+        run: &iop_core::lease::Binding<'_>,
         lease: Option<&pb::SealedLease>,
     ) -> Result<Option<iop_core::config::Secret>, RunFailure> {
         match self.leases.borrow().as_ref() {
@@ -252,7 +252,7 @@ impl RunManager {
             Err(None) => return,
             Err(Some(f)) => return refuse(f),
         };
-        let binding = super::lease::RunBinding {
+        let binding = iop_core::lease::Binding {
             provider: &req.adapter,
             target: &req.target,
             route: iop_core::lease::run_route(req.operation),
@@ -303,7 +303,7 @@ impl RunManager {
             Err(None) => return,
             Err(Some(f)) => return refuse(f),
         };
-        let binding = super::lease::RunBinding {
+        let binding = iop_core::lease::Binding {
             provider: &req.adapter,
             target: &req.target,
             route: &req.path,
