@@ -134,18 +134,20 @@ impl FakeEdge {
     }
 
     fn scope(&self, run_id: &str, provider: &str) -> pb::LeaseScope {
+        let run = lease::Binding {
+            principal: "team-a",
+            provider,
+            target: "mock-upstream",
+            route: "chat",
+            profile: "normal",
+            slot: run_id,
+        };
         pb::LeaseScope {
-            principal: "team-a".into(),
-            route: "chat".into(),
-            slot: run_id.into(),
-            profile: "normal".into(),
-            target: "mock-upstream".into(),
             node: "n1".into(),
-            provider: provider.into(),
             revision: 3,
             generation: self.generation,
             credential_epoch: self.issuer.epoch_of(SECRET),
-            ..Default::default()
+            ..run.scope()
         }
     }
 
