@@ -353,7 +353,6 @@ pub fn submit(
     let mut route = route(worker, &admitted)?;
     let Admitted { lease, target } = admitted;
     req.run_id = route.id.clone();
-    req.profile = profile(&lease).into();
     req.adapter = target.provider;
     req.target = target.upstream_model;
     req.deadline_ms = route.deadline_ms();
@@ -378,7 +377,6 @@ pub fn submit_tunnel(
     let Admitted { lease, target } = admitted;
     req.headers = headers(&route.id);
     req.tunnel_id = route.id.clone();
-    req.profile = profile(&lease).into();
     req.adapter = target.provider;
     req.target = target.upstream_model;
     req.deadline_ms = route.deadline_ms();
@@ -387,14 +385,6 @@ pub fn submit_tunnel(
     let (tx, rx) = channel();
     let session = route.send(SessionCmd::Tunnel { req: Box::new(req), events: tx, lease })?;
     Ok(route.stream(worker, model, rx, session))
-}
-
-/// The capacity profile a credential lease is bound to.
-fn profile(lease: &crate::pool::Lease) -> &'static str {
-    match lease.class() {
-        crate::pool::LeaseClass::Normal => "normal",
-        crate::pool::LeaseClass::Long => "long",
-    }
 }
 
 /// Milliseconds since the Unix epoch (the wire's `deadline_ms`).

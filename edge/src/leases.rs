@@ -25,9 +25,11 @@ pub struct LinkLeases {
 }
 
 impl LinkLeases {
-    /// Seals the provider's credential into `req` (nothing for a provider
-    /// without an `api_key`: it has no secret to lease).
-    pub fn seal_run(&self, req: &mut pb::RunRequest) {
+    /// Seals the provider's credential into `req`, bound to the capacity
+    /// profile of `lease` (nothing for a provider without an `api_key`: it
+    /// has no secret to lease).
+    pub fn seal_run(&self, req: &mut pb::RunRequest, lease: &crate::pool::Lease) {
+        req.profile = profile(lease).into();
         req.credential = self.seal(&Binding {
             provider: &req.adapter,
             target: &req.target,
@@ -39,7 +41,8 @@ impl LinkLeases {
     }
 
     /// As [`LinkLeases::seal_run`], for a tunnel (its route: the provider path).
-    pub fn seal_tunnel(&self, req: &mut pb::ProviderTunnelRequest) {
+    pub fn seal_tunnel(&self, req: &mut pb::ProviderTunnelRequest, lease: &crate::pool::Lease) {
+        req.profile = profile(lease).into();
         req.credential = self.seal(&Binding {
             provider: &req.adapter,
             target: &req.target,
@@ -67,5 +70,13 @@ impl LinkLeases {
             tracing::error!(node = %self.node, provider = b.provider, "could not seal a credential lease");
         }
         sealed
+    }
+}
+
+/// The capacity profile a lease is bound to (only managed mode sends it).
+fn profile(lease: &crate::pool::Lease) -> &'static str {
+    match lease.class() {
+        crate::pool::LeaseClass::Normal => "normal",
+        crate::pool::LeaseClass::Long => "long",
     }
 }

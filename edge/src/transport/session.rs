@@ -707,7 +707,7 @@ async fn pump_commands(rx: mailbox::Receiver<SessionCmd>, p: Pumped) {
         match cmd {
             SessionCmd::Run { mut req, events, lease } => {
                 if let Some(l) = &leases {
-                    l.seal_run(&mut req);
+                    l.seal_run(&mut req, &lease);
                 }
                 runs.borrow_mut().insert(req.run_id.clone(), events, Some(lease));
                 let env = envelope(0, Body::RunRequest(*req));
@@ -721,7 +721,7 @@ async fn pump_commands(rx: mailbox::Receiver<SessionCmd>, p: Pumped) {
             }
             SessionCmd::Tunnel { mut req, events, lease } => {
                 if let Some(l) = &leases {
-                    l.seal_tunnel(&mut req);
+                    l.seal_tunnel(&mut req, &lease);
                 }
                 let tunnel_id = req.tunnel_id.clone();
                 runs.borrow_mut().insert_tunnel(tunnel_id, events, Some(lease));
