@@ -15,7 +15,7 @@ use crate::{
 pub const PATHS: &[&str] = &["/chat/completions", "/completions", "/embeddings", "/responses"];
 
 /// One item of a tunnel's answer, in order: `Start`, `Body`*, then exactly
-/// one of `End` or `Error` (`Error` may also come first).
+/// one of `End` or `Error` (`Error` may also come first); or `Whole` alone.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum TunnelItem {
     /// The provider's status and headers (already filtered).
@@ -36,12 +36,59 @@ pub enum TunnelItem {
     },
     /// The tunnel failed (before or after `Start`).
     Error(RunFailure),
+    /// The whole answer at once (it arrived with its head): one frame and
+    /// one client write instead of three. Boxed: rare enough beside the
+    /// body items a stream queues that it should not size them.
+    Whole(Box<Whole>),
+}
+
+/// A complete answer: what `Start`, the `Body` items and `End` would carry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Whole {
+    /// HTTP status.
+    pub status: u16,
+    /// Header (lower-cased name, value) pairs in order.
+    pub headers: Vec<(HeaderName, Bytes)>,
+    /// The complete body, in pieces.
+    pub body: Vec<Bytes>,
+    /// As `End`'s.
+    pub usage: Option<Usage>,
+}
+
+impl Whole {
+    /// Bytes of the body.
+    pub fn body_len(&self) -> usize {
+        self.body.iter().map(Bytes::len).sum()
+    }
+
+    /// Its frame's parts: the status and headers (no body), the body, the
+    /// usage (so the body can be queued without a copy).
+    pub fn into_wire_parts(self) -> (pb::TunnelWhole, Vec<Bytes>, Option<pb::Usage>) {
+        let head =
+            pb::TunnelWhole { status: u32::from(self.status), headers: wire_headers(self.headers), body: Vec::new() };
+        (head, self.body, self.usage.map(pb::Usage::from))
+    }
+}
+
+/// Headers as they cross the wire.
+fn wire_headers(headers: Vec<(HeaderName, Bytes)>) -> Vec<pb::Header> {
+    headers.into_iter().map(|(name, value)| pb::Header { name: name.into_bytes(), value }).collect()
+}
+
+/// Headers from the wire; `None` when a name is no token.
+fn checked_headers(headers: Vec<pb::Header>) -> Option<Vec<(HeaderName, Bytes)>> {
+    headers.into_iter().map(|h| Some((HeaderName::from_bytes(h.name)?, h.value))).collect()
+}
+
+/// A status from the wire, when it is one (100..=599).
+fn checked_status(status: u32) -> Option<u16> {
+    u16::try_from(status).ok().filter(|s| (100..=599).contains(s))
 }
 
 impl TunnelItem {
     /// Whether this item ends the tunnel.
     pub fn is_terminal(&self) -> bool {
-        matches!(self, TunnelItem::End { .. } | TunnelItem::Error(_))
+        matches!(self, TunnelItem::End { .. } | TunnelItem::Error(_) | TunnelItem::Whole(_))
     }
 
     /// Bytes this item holds while queued.
@@ -52,6 +99,7 @@ impl TunnelItem {
             TunnelItem::Parts(parts) => parts.iter().map(Bytes::len).sum(),
             TunnelItem::End { .. } => 0,
             TunnelItem::Error(f) => f.message.len(),
+            TunnelItem::Whole(w) => w.headers.iter().map(|(n, v)| n.len() + v.len()).sum::<usize>() + w.body_len(),
         }
     }
 
@@ -60,13 +108,9 @@ impl TunnelItem {
         use pb::provider_tunnel_frame::Kind;
         let mut usage = None;
         let kind = match self {
-            TunnelItem::Start { status, headers } => Kind::Status(pb::TunnelResponseStart {
-                status: u32::from(status),
-                headers: headers
-                    .into_iter()
-                    .map(|(name, value)| pb::Header { name: name.into_bytes(), value })
-                    .collect(),
-            }),
+            TunnelItem::Start { status, headers } => {
+                Kind::Status(pb::TunnelResponseStart { status: u32::from(status), headers: wire_headers(headers) })
+            }
             TunnelItem::Body(b) => Kind::Body(b),
             TunnelItem::Parts(parts) => Kind::Parts(pb::BodyParts { parts }),
             TunnelItem::End { usage: u } => {
@@ -74,6 +118,11 @@ impl TunnelItem {
                 Kind::End(pb::TunnelEnd {})
             }
             TunnelItem::Error(f) => Kind::Error(f.into()),
+            TunnelItem::Whole(w) => {
+                let (head, body, u) = w.into_wire_parts();
+                usage = u;
+                Kind::Whole(pb::TunnelWhole { body, ..head })
+            }
         };
         pb::ProviderTunnelFrame {
             tunnel_id: Bytes::copy_from_slice(tunnel_id.as_bytes()),
@@ -90,19 +139,19 @@ impl TunnelItem {
         use pb::provider_tunnel_frame::Kind;
         Some(match frame.kind? {
             Kind::Status(s) => {
-                let status = u16::try_from(s.status).ok().filter(|s| (100..=599).contains(s))?;
-                let headers = s
-                    .headers
-                    .into_iter()
-                    .map(|h| Some((HeaderName::from_bytes(h.name)?, h.value)))
-                    .collect::<Option<_>>()?;
-                TunnelItem::Start { status, headers }
+                TunnelItem::Start { status: checked_status(s.status)?, headers: checked_headers(s.headers)? }
             }
             Kind::Body(b) => TunnelItem::Body(b),
             Kind::Parts(mut p) if p.parts.len() == 1 => TunnelItem::Body(p.parts.pop()?),
             Kind::Parts(p) => TunnelItem::Parts(p.parts),
             Kind::End(_) => TunnelItem::End { usage: frame.usage.map(Usage::from) },
             Kind::Error(e) => TunnelItem::Error(e.into()),
+            Kind::Whole(w) => TunnelItem::Whole(Box::new(Whole {
+                status: checked_status(w.status)?,
+                headers: checked_headers(w.headers)?,
+                body: w.body,
+                usage: frame.usage.map(Usage::from),
+            })),
         })
     }
 }
@@ -161,6 +210,13 @@ mod tests {
             TunnelItem::End { usage: Some(Usage { input_tokens: 3, output_tokens: 4, ..Default::default() }) },
             TunnelItem::End { usage: None },
             TunnelItem::Error(RunFailure::new(codes::UPSTREAM_CONNECT, 502, FailureSource::Provider, "x")),
+            TunnelItem::Whole(Box::new(Whole {
+                status: 200,
+                headers: vec![(HeaderName::from_static("content-type"), Bytes::from_static(b"application/json"))],
+                body: vec![Bytes::from_static(b"{\"a\":"), Bytes::from_static(b"1}")],
+                usage: Some(Usage { input_tokens: 1, output_tokens: 2, ..Default::default() }),
+            })),
+            TunnelItem::Whole(Box::new(Whole { status: 204, headers: vec![], body: vec![], usage: None })),
         ];
         for (i, item) in items.into_iter().enumerate() {
             let frame = item.clone().into_wire("t1", i as u64);
@@ -196,6 +252,19 @@ mod tests {
         for name in [&b"x-a\r\nset-cookie: s"[..], b"", b"a b"] {
             assert_eq!(TunnelItem::from_wire(status(name)), None, "{name:?}");
         }
+        let whole = |status: u32, name: &[u8]| {
+            let header = pb::Header { name: Bytes::copy_from_slice(name), value: Bytes::from_static(b"v") };
+            let whole = pb::TunnelWhole { status, headers: vec![header], body: vec![] };
+            pb::ProviderTunnelFrame {
+                tunnel_id: Bytes::from_static(b"t"),
+                seq: 0,
+                kind: Some(pb::provider_tunnel_frame::Kind::Whole(whole)),
+                usage: None,
+            }
+        };
+        assert_eq!(TunnelItem::from_wire(whole(600, b"x")), None);
+        assert_eq!(TunnelItem::from_wire(whole(200, b"x-a\r\nset-cookie: s")), None);
+        assert!(matches!(TunnelItem::from_wire(whole(200, b"X-Up")), Some(TunnelItem::Whole(_))));
         // Upper case from the wire is lowered, as before.
         let Some(TunnelItem::Start { headers, .. }) = TunnelItem::from_wire(status(b"X-Up")) else { panic!("refused") };
         assert_eq!(headers[0].0, "x-up");

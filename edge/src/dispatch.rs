@@ -58,6 +58,7 @@ impl Outcome for TunnelItem {
     fn outcome(&self) -> (&'static str, Option<&'static str>, Option<Usage>) {
         match self {
             TunnelItem::End { usage } => ("complete", None, *usage),
+            TunnelItem::Whole(w) => ("complete", None, w.usage),
             TunnelItem::Error(f) => ("error", Some(f.code), None),
             _ => ("cancelled", None, None),
         }

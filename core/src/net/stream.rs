@@ -52,6 +52,29 @@ impl Stream {
         }
     }
 
+    /// Whether an idle connection (no read in flight) can carry a request:
+    /// nothing has arrived on it and the peer has not closed it. Asked of
+    /// the kernel without waiting (one non-blocking peek: no submission, no
+    /// cancellation, no round trip through the ring). EOF, an error or
+    /// unsolicited bytes (a late answer, a TLS alert) mean it cannot.
+    pub fn idle_and_open(&self) -> bool {
+        let tcp = match self {
+            Stream::Plain(s) => s,
+            Stream::Tls(t) if t.inbound.has_pending() => return false,
+            Stream::Tls(t) => &t.tcp,
+        };
+        use std::os::fd::{AsRawFd, BorrowedFd};
+        // SAFETY: the descriptor belongs to `tcp`, which outlives this borrow.
+        #[allow(unsafe_code)]
+        let fd = unsafe { BorrowedFd::borrow_raw(tcp.as_raw_fd()) };
+        let mut byte = [std::mem::MaybeUninit::uninit(); 1];
+        match socket2::SockRef::from(&fd).recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
+            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+            // 0: EOF; more: bytes nobody asked for.
+            Ok(_) => false,
+        }
+    }
+
     /// Whether this is a TLS connection.
     pub fn is_tls(&self) -> bool {
         matches!(self, Stream::Tls(_))

@@ -281,3 +281,62 @@ fn a_tls_stream_moves_between_runtimes_with_what_it_had_read() {
     })
     .unwrap();
 }
+
+/// Asks `idle_and_open` until it says no (what the peer did takes a moment
+/// to arrive), for at most 5 s.
+fn until_unusable(s: &super::Stream) -> bool {
+    for _ in 0..5000 {
+        if !s.idle_and_open() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    false
+}
+
+#[test]
+fn an_idle_connection_is_usable_until_its_peer_closes_or_speaks() {
+    crate::rt::block_on_current(async {
+        for peer_does in ["close", "speak"] {
+            let (l, addr) = listen();
+            let s = super::Stream::Plain(TcpStream::connect(addr).await.unwrap());
+            let (mut peer, _) = l.accept().await.unwrap();
+            assert!(s.idle_and_open(), "{peer_does}: open and quiet");
+            assert!(s.idle_and_open(), "{peer_does}: asking consumes nothing");
+            if peer_does == "close" {
+                peer.shutdown().await.unwrap();
+            } else {
+                let (r, _) = peer.write_all(b"late").await;
+                r.unwrap();
+            }
+            assert!(until_unusable(&s), "{peer_does}");
+        }
+    })
+    .unwrap();
+}
+
+#[test]
+fn an_idle_tls_connection_is_unusable_once_its_peer_closes() {
+    let pki = Pki::new("idle");
+    let tls = server(&pki, None);
+    let client = ClientTls::new(&pki.roots(), None, ALPN_HTTP1).unwrap();
+    crate::rt::block_on_current(async move {
+        let (l, addr) = listen();
+        let server = monoio::spawn(async move {
+            let (tcp, _) = l.accept().await.unwrap();
+            let mut s = tls.accept(tcp).await.unwrap();
+            // The client's word that it looked while the connection was quiet.
+            let (r, _) = s.read_exact(vec![0u8; 1]).await;
+            r.unwrap();
+            s.shutdown().await.unwrap();
+        });
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let mut s = client.connect(tcp, "localhost").await.unwrap();
+        assert!(s.idle_and_open());
+        let (r, _) = s.write_all(b"x".to_vec()).await;
+        r.unwrap();
+        server.await;
+        assert!(until_unusable(&s));
+    })
+    .unwrap();
+}

@@ -32,6 +32,13 @@ pub(crate) struct Inbound {
     eof: bool,
 }
 
+impl Inbound {
+    /// Whether bytes or the peer's EOF were read and not yet consumed.
+    pub(crate) fn has_pending(&self) -> bool {
+        self.eof || !self.cipher.is_empty()
+    }
+}
+
 /// Hands buffered ciphertext to rustls while it takes more.
 fn feed(conn: &mut rustls::Connection, inbound: &mut Inbound) -> io::Result<()> {
     while !inbound.cipher.is_empty() && conn.wants_read() {

@@ -206,6 +206,20 @@ impl FrameWriter {
         self.queue(|buf, max| wire::encode_tunnel_body(tunnel_id, seq, parts, buf, max))
     }
 
+    /// Queues the frame of a whole tunnel answer (`head`'s status and
+    /// headers, `body`, `usage`), number `seq` of `tunnel_id`; the body is
+    /// written from its own memory.
+    pub fn send_tunnel_whole(
+        &self,
+        tunnel_id: &str,
+        seq: u64,
+        head: &wire::pb::TunnelWhole,
+        body: &[Bytes],
+        usage: Option<&wire::pb::Usage>,
+    ) -> Result<(), SendError> {
+        self.queue(|buf, max| wire::encode_tunnel_whole(tunnel_id, seq, head, body, usage, buf, max))
+    }
+
     fn queue(&self, put: impl FnOnce(&mut Gather, usize) -> Result<(), WireError>) -> Result<(), SendError> {
         let inner = &self.inner;
         if inner.closed.is_cancelled() {

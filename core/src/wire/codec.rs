@@ -120,6 +120,71 @@ pub fn encode_tunnel_body(
     Ok(())
 }
 
+/// Queues on `out` the frame of a whole tunnel answer (`ProviderTunnelFrame`
+/// with `whole`: `head`'s status and headers, then `body`; `usage` on the
+/// frame; correlation id 0): the same bytes as [`encode`] of that envelope
+/// (`head.body` empty), with each body piece queued as a segment of its own.
+pub fn encode_tunnel_whole(
+    tunnel_id: &str,
+    seq: u64,
+    head: &super::pb::TunnelWhole,
+    body: &[Bytes],
+    usage: Option<&super::pb::Usage>,
+    out: &mut crate::rt::gather::Gather,
+    max_frame_bytes: usize,
+) -> Result<(), WireError> {
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
+    // Field numbers of runtime.proto: Envelope.provider_tunnel_frame = 41;
+    // ProviderTunnelFrame.tunnel_id = 1, .seq = 2, .whole = 15, .usage = 20;
+    // TunnelWhole.body = 3 (after status = 1 and headers = 2).
+    const FRAME: u32 = 41;
+    const ID: u32 = 1;
+    const SEQ: u32 = 2;
+    const WHOLE: u32 = 15;
+    const USAGE: u32 = 20;
+    const PIECE: u32 = 3;
+    let field = |tag: u32, len: usize| key_len(tag) + encoded_len_varint(len as u64) + len;
+    let id_len = if tunnel_id.is_empty() { 0 } else { field(ID, tunnel_id.len()) };
+    let seq_len = if seq == 0 { 0 } else { key_len(SEQ) + encoded_len_varint(seq) };
+    let whole_len = head.encoded_len() + body.iter().map(|p| field(PIECE, p.len())).sum::<usize>();
+    let usage_len = usage.map_or(0, |u| field(USAGE, u.encoded_len()));
+    let inner = id_len + seq_len + field(WHOLE, whole_len) + usage_len;
+    let len = field(FRAME, inner);
+    let prefix = match u32::try_from(len) {
+        Ok(prefix) if len <= max_frame_bytes => prefix,
+        _ => return Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
+    };
+    out.put_with(|b| {
+        b.put_u32(prefix);
+        encode_key(FRAME, WireType::LengthDelimited, b);
+        encode_varint(inner as u64, b);
+        if !tunnel_id.is_empty() {
+            encode_key(ID, WireType::LengthDelimited, b);
+            encode_varint(tunnel_id.len() as u64, b);
+            b.put_slice(tunnel_id.as_bytes());
+        }
+        if seq != 0 {
+            encode_key(SEQ, WireType::Varint, b);
+            encode_varint(seq, b);
+        }
+        encode_key(WHOLE, WireType::LengthDelimited, b);
+        encode_varint(whole_len as u64, b);
+        // Cannot fail: a `BytesMut` grows.
+        head.encode(b)
+    })?;
+    for p in body {
+        out.put_with(|b| {
+            encode_key(PIECE, WireType::LengthDelimited, b);
+            encode_varint(p.len() as u64, b);
+        });
+        out.push(p.clone());
+    }
+    if let Some(u) = usage {
+        out.put_with(|b| prost::encoding::message::encode(USAGE, u, b));
+    }
+    Ok(())
+}
+
 /// Decodes one frame from the front of `buf`: `Ok(None)` (buf untouched) when
 /// more bytes are needed; on success the frame's bytes are removed from `buf`.
 ///
@@ -365,6 +430,59 @@ mod tests {
         }
         assert!(buf.is_empty(), "leftover bytes: {}", buf.len());
         out
+    }
+
+    #[test]
+    fn gathered_whole_answers_are_the_prost_encoding() {
+        let part = |len: usize, b: u8| Bytes::from(vec![b; len]);
+        let header = |n: &'static [u8], v: &'static [u8]| pb::Header {
+            name: Bytes::from_static(n),
+            value: Bytes::from_static(v),
+        };
+        let usage = pb::Usage { input_tokens: 3, output_tokens: 300, ..Default::default() };
+        type Case = (&'static str, u64, u32, Vec<pb::Header>, Vec<Bytes>, Option<pb::Usage>);
+        let cases: Vec<Case> = vec![
+            ("t-1", 0, 200, vec![], vec![], None),
+            ("", 0, 204, vec![header(b"x-a", b"")], vec![part(0, b'a')], Some(usage)),
+            (
+                "tunnel-abc",
+                300,
+                200,
+                vec![header(b"content-type", b"application/json")],
+                vec![part(127, b'c')],
+                Some(usage),
+            ),
+            (
+                "y",
+                u64::MAX,
+                429,
+                vec![header(b"retry-after", b"7"), header(b"x-b", b"\xff")],
+                vec![part(5, b'f'), part(70_000, b'g')],
+                None,
+            ),
+        ];
+        for (id, seq, status, headers, body, usage) in cases {
+            let whole = pb::TunnelWhole { status, headers: headers.clone(), body: body.clone() };
+            let frame = pb::ProviderTunnelFrame {
+                tunnel_id: Bytes::copy_from_slice(id.as_bytes()),
+                seq,
+                kind: Some(pb::provider_tunnel_frame::Kind::Whole(whole)),
+                usage,
+            };
+            let env = Envelope { correlation_id: 0, body: Some(Body::ProviderTunnelFrame(frame)) };
+            let mut expected = BytesMut::new();
+            encode(&env, &mut expected, MAX).unwrap();
+            let head = pb::TunnelWhole { status, headers, body: vec![] };
+            let mut got = crate::rt::gather::Gather::new();
+            encode_tunnel_whole(id, seq, &head, &body, usage.as_ref(), &mut got, MAX).unwrap();
+            assert_eq!(got.to_vec(), &expected[..], "id {id:?} seq {seq} status {status}");
+            assert_eq!(got.pushed() as usize, body.iter().filter(|p| !p.is_empty()).count(), "payloads not copied");
+        }
+        let head = pb::TunnelWhole { status: 200, headers: vec![], body: vec![] };
+        let mut out = crate::rt::gather::Gather::new();
+        let err = encode_tunnel_whole("t", 1, &head, &[part(100, b'x')], None, &mut out, 64).unwrap_err();
+        assert!(matches!(err, WireError::FrameTooLarge { max: 64, .. }), "{err:?}");
+        assert!(out.is_empty());
     }
 
     #[test]

@@ -63,6 +63,13 @@ pub trait Queued {
     fn compact(&mut self);
 }
 
+/// `parts` as one piece in memory of its own (one allocation for all).
+fn joined(parts: &[Bytes]) -> Bytes {
+    let mut whole = Vec::with_capacity(parts.iter().map(Bytes::len).sum());
+    parts.iter().for_each(|p| whole.extend_from_slice(p));
+    Bytes::from(whole)
+}
+
 /// `b`, in memory of its own.
 fn compacted(b: &mut Bytes) {
     if !b.is_empty() {
@@ -99,12 +106,14 @@ impl Queued for TunnelItem {
     fn compact(&mut self) {
         match self {
             TunnelItem::Body(b) => compacted(b),
-            TunnelItem::Parts(parts) => {
-                // One allocation for all of them.
-                let whole: Vec<u8> = parts.iter().flat_map(|p| p.iter().copied()).collect();
-                *self = TunnelItem::Body(Bytes::from(whole));
-            }
+            TunnelItem::Parts(parts) => *self = TunnelItem::Body(joined(parts)),
             TunnelItem::Start { headers, .. } => headers.iter_mut().for_each(|(_, v)| compacted(v)),
+            TunnelItem::Whole(w) => {
+                w.headers.iter_mut().for_each(|(_, v)| compacted(v));
+                if !w.body.is_empty() {
+                    w.body = vec![joined(&w.body)];
+                }
+            }
             TunnelItem::End { .. } | TunnelItem::Error(_) => {}
         }
     }

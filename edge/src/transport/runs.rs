@@ -391,6 +391,13 @@ mod tests {
         assert_eq!(t.route_tunnel("t", 2, TunnelItem::End { usage: None }), Routed::Done);
         assert_eq!(t.len(), 0);
         assert_eq!(rx.try_recv(), Some(start));
+        // A whole answer is its tunnel's only item, and its terminal.
+        let (tx, rx) = channel::<TunnelItem>();
+        t.insert_tunnel("w".into(), tx, None);
+        let whole = iop_core::tunnel::Whole { status: 200, headers: vec![], body: vec![], usage: None };
+        assert_eq!(t.route_tunnel("w", 0, TunnelItem::Whole(Box::new(whole))), Routed::Done);
+        assert_eq!(t.len(), 0);
+        assert!(matches!(rx.try_recv(), Some(TunnelItem::Whole(_))));
         let (tx, rx) = channel::<TunnelItem>();
         t.insert_tunnel("u".into(), tx, None);
         assert_eq!(t.route("u", 0, ExecEvent::content("x")), Routed::CancelOnNode("protocol_violation"));

@@ -5,7 +5,7 @@
 use bytes::Bytes;
 use iop_core::{
     exec::{codes, FailureSource, RunFailure},
-    tunnel::{self, TunnelItem},
+    tunnel::{self, TunnelItem, Whole},
 };
 
 // A tunnel stops like a run: its sink gone (no terminal) or with a failure.
@@ -76,9 +76,31 @@ impl OpenAiCompatAdapter {
             })
             .cloned()
             .collect();
-        sink.send(TunnelItem::Start { status: resp.status(), headers }).await?;
+        let status = resp.status();
         let mut out: Vec<Bytes> = Vec::new();
         let broke = |e: crate::upstream::UpstreamError| Halt::Fail(protocol(format!("upstream stream broke: {e}")));
+        // What arrived with the head; when that is the whole body (a small
+        // answer, the usual case without streaming), the answer goes as one
+        // item: one frame instead of three, and a single client write.
+        let mut arrived = 0;
+        while out.len() < MAX_PARTS && arrived < MAX_WHOLE_BYTES {
+            match resp.chunk_ready() {
+                Ok(Some(chunk)) => {
+                    arrived += chunk.len();
+                    watch.push(chunk, &mut out);
+                }
+                Ok(None) => break,
+                Err(e) => return Err(broke(e)),
+            }
+        }
+        if resp.is_done() && arrived <= MAX_WHOLE_BYTES {
+            let usage = watch.finish(&mut out);
+            out.retain(|p| !p.is_empty());
+            sink.send(TunnelItem::Whole(Box::new(Whole { status, headers, body: out, usage }))).await?;
+            return Ok(());
+        }
+        sink.send(TunnelItem::Start { status, headers }).await?;
+        send_parts(sink, &mut out).await?;
         loop {
             match resp.chunk().await {
                 Ok(Some(chunk)) => watch.push(chunk, &mut out),
@@ -106,6 +128,10 @@ impl OpenAiCompatAdapter {
 /// Most body pieces, and bytes, relayed as one item.
 const MAX_PARTS: usize = 64;
 const MAX_PARTS_BYTES: usize = 256 * 1024;
+/// Largest body sent as one whole item: a terminal item skips the credit
+/// window, so it must stay well within it.
+const MAX_WHOLE_BYTES: usize = 64 * 1024;
+const _: () = assert!(MAX_WHOLE_BYTES as u64 <= iop_core::flow::WINDOW_BYTES / 4);
 
 /// Sends the pieces in `out` as one item (none when there are none).
 async fn send_parts<S: TunnelSink>(sink: &mut S, out: &mut Vec<Bytes>) -> Result<(), Halt> {
@@ -180,6 +206,7 @@ mod tests {
             match i {
                 TunnelItem::Body(b) => out.extend_from_slice(b),
                 TunnelItem::Parts(parts) => parts.iter().for_each(|p| out.extend_from_slice(p)),
+                TunnelItem::Whole(w) => w.body.iter().for_each(|p| out.extend_from_slice(p)),
                 _ => {}
             }
         }
@@ -194,14 +221,12 @@ mod tests {
         let a = adapter(&server, Duration::from_secs(5));
         let sent: &[u8] = br#"{"model":"m","messages":[],"n":99999999999999999999999}"#;
         let items = run(&a, spec(sent, false));
-        let TunnelItem::Start { status, headers } = &items[0] else { panic!("{items:?}") };
-        assert_eq!(*status, 200);
-        assert!(headers.iter().any(|(n, v)| n == "content-length" && &v[..] == answer.len().to_string().as_bytes()));
+        // It arrived with its head: one whole item.
+        let [TunnelItem::Whole(w)] = &items[..] else { panic!("{items:?}") };
+        assert_eq!(w.status, 200);
+        assert!(w.headers.iter().any(|(n, v)| n == "content-length" && &v[..] == answer.len().to_string().as_bytes()));
         assert_eq!(body_of(&items), answer);
-        assert_eq!(
-            items.last(),
-            Some(&TunnelItem::End { usage: Some(Usage { input_tokens: 2, output_tokens: 3, ..Default::default() }) })
-        );
+        assert_eq!(w.usage, Some(Usage { input_tokens: 2, output_tokens: 3, ..Default::default() }));
         assert_eq!(server.next_event(), Event::Accepted(0));
         let Event::Request { head, body, .. } = server.next_event() else { panic!() };
         assert_eq!(body, sent, "the body went out unchanged");
@@ -215,12 +240,64 @@ mod tests {
         let reply = b"HTTP/1.1 429 Too Many Requests\r\ncontent-type: application/json\r\nretry-after: 7\r\nx-ratelimit-remaining-requests: 0\r\ncontent-length: 26\r\n\r\n{\"error\":{\"code\":\"slow\"}}\n".to_vec();
         let server = TestServer::start(vec![Reply::keep(reply)]);
         let items = run(&adapter(&server, Duration::from_secs(5)), spec(b"{}", false));
-        let TunnelItem::Start { status, headers } = &items[0] else { panic!("{items:?}") };
-        assert_eq!(*status, 429);
-        assert!(headers.iter().any(|(n, v)| n == "retry-after" && &v[..] == b"7"));
-        assert!(headers.iter().any(|(n, _)| n == "x-ratelimit-remaining-requests"));
+        let [TunnelItem::Whole(w)] = &items[..] else { panic!("{items:?}") };
+        assert_eq!(w.status, 429);
+        assert!(w.headers.iter().any(|(n, v)| n == "retry-after" && &v[..] == b"7"));
+        assert!(w.headers.iter().any(|(n, _)| n == "x-ratelimit-remaining-requests"));
         assert_eq!(body_of(&items), b"{\"error\":{\"code\":\"slow\"}}\n");
-        assert_eq!(items.last(), Some(&TunnelItem::End { usage: None }));
+        assert_eq!(w.usage, None);
+    }
+
+    /// Sends on `started` when the start item arrives.
+    struct Signalling(Vec<TunnelItem>, std::sync::mpsc::Sender<()>);
+
+    impl TunnelSink for Signalling {
+        async fn send(&mut self, item: TunnelItem) -> Result<(), SinkClosed> {
+            if matches!(item, TunnelItem::Start { .. }) {
+                let _ = self.1.send(());
+            }
+            self.0.push(item);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_body_that_comes_after_its_head_goes_as_start_body_end() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let (started_tx, started_rx) = std::sync::mpsc::channel();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") || !req.ends_with(b"{}") {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "request cut");
+                req.extend_from_slice(&buf[..n]);
+            }
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 51\r\n\r\n{\"usage\":")
+                .unwrap();
+            // The rest only once the node relayed the status.
+            started_rx.recv().unwrap();
+            s.write_all(br#"{"prompt_tokens":4,"completion_tokens":5}}"#).unwrap();
+        });
+        let url = UpstreamUrl { tls: false, host: "127.0.0.1".into(), port, path_prefix: String::new() };
+        let a = OpenAiCompatAdapter::new("up".into(), url, None, 1, Duration::from_secs(5), UpstreamClient::default());
+        let items = iop_core::rt::block_on_current(async {
+            let mut sink = Signalling(Vec::new(), started_tx);
+            a.tunnel(spec(b"{}", false), &mut sink).await;
+            sink.0
+        })
+        .unwrap();
+        server.join().unwrap();
+        assert!(matches!(&items[0], TunnelItem::Start { status: 200, .. }), "{items:?}");
+        assert_eq!(body_of(&items), br#"{"usage":{"prompt_tokens":4,"completion_tokens":5}}"#);
+        assert_eq!(
+            items.last(),
+            Some(&TunnelItem::End { usage: Some(Usage { input_tokens: 4, output_tokens: 5, ..Default::default() }) })
+        );
+        assert!(items.len() >= 3, "{items:?}");
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! (`ProviderTunnelFrame`s), with the usage the provider reported read on
 //! the way ([`watch`]).
 
+mod json_top;
 pub mod watch;
 
 use std::time::Duration;

@@ -6,6 +6,8 @@
 
 use bytes::{Bytes, BytesMut};
 use iop_core::exec::Usage;
+
+use super::json_top;
 use serde::Deserialize;
 
 /// Largest SSE event looked at for usage (usage events are small); a larger
@@ -88,8 +90,11 @@ impl BodyWatch {
             Mode::Other => {}
             Mode::Json => {
                 if self.json_len <= MAX_WATCHED_JSON {
-                    let body: Vec<u8> = self.json.iter().flat_map(|b| b.iter().copied()).collect();
-                    self.usage = usage_of_json(&body).map(|(u, _)| u);
+                    self.usage = match &self.json[..] {
+                        [one] => usage_of_json(one),
+                        pieces => usage_of_json(&pieces.concat()),
+                    }
+                    .map(|(u, _)| u);
                 }
                 self.json.clear();
             }
@@ -263,28 +268,24 @@ struct Details {
     reasoning_tokens: Option<u64>,
 }
 
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct ResponseJson {
-    usage: Option<UsageJson>,
-}
-
-/// The top level of a chat/completions/embeddings body or chunk, or of a
-/// Responses API event (whose usage sits in `response`).
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct TopJson {
-    usage: Option<UsageJson>,
-    choices: Option<Vec<serde::de::IgnoredAny>>,
-    response: Option<ResponseJson>,
-}
-
 /// The usage in a JSON document, and whether the document is a usage-only
-/// chunk (`"choices": []`).
+/// chunk (`"choices": []`): the top level of a chat/completions/embeddings
+/// body or chunk, or of a Responses API event (whose usage sits in
+/// `response`). Only the usage object is parsed; the rest is scanned.
 fn usage_of_json(json: &[u8]) -> Option<(Usage, bool)> {
-    let top: TopJson = serde_json::from_slice(json).ok()?;
-    let usage_only = top.choices.as_ref().is_some_and(Vec::is_empty) && top.usage.is_some();
-    let u = top.usage.or_else(|| top.response.and_then(|r| r.usage))?;
+    fn present(v: Option<&[u8]>) -> Option<&[u8]> {
+        v.filter(|v| !json_top::is_null(v))
+    }
+    let [usage, choices, response] = json_top::members(json, [b"usage", b"choices", b"response"])?;
+    let usage_only = present(usage).is_some() && choices.is_some_and(json_top::is_empty_array);
+    let usage = match present(usage) {
+        Some(u) => u,
+        None => {
+            let [u] = json_top::members(present(response)?, [b"usage"])?;
+            present(u)?
+        }
+    };
+    let u: UsageJson = serde_json::from_slice(usage).ok()?;
     let input = u.prompt_tokens.or(u.input_tokens)?;
     let cached = u.prompt_tokens_details.or(u.input_tokens_details).and_then(|d| d.cached_tokens);
     let reasoning = u.completion_tokens_details.or(u.output_tokens_details).and_then(|d| d.reasoning_tokens);

@@ -3,18 +3,12 @@
 use std::{fmt, rc::Rc};
 
 use bytes::{Bytes, BytesMut};
+use iop_core::net::{tls::ClientTls, Stream};
 use iop_core::{
     http::{parse_response_head, write_request_head, BodyDecoder, BodyKind, ResponseHead},
     rt::io::read_append,
 };
-use std::{
-    future::{poll_fn, Future},
-    pin::pin,
-    task::Poll,
-};
-
-use iop_core::net::{tls::ClientTls, Stream};
-use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, CancelableAsyncReadRent, Canceller};
+use monoio::io::{AsyncWriteRent, AsyncWriteRentExt};
 
 use super::{
     authority,
@@ -136,10 +130,10 @@ impl UpstreamClient {
         let key = PoolKey { host: req.host.to_owned(), port: req.port, tls: req.tls.is_some() };
         let wire = encode_request(req);
         let head_request = req.method.eq_ignore_ascii_case("HEAD");
-        while let Some(mut stream) = self.inner.pool.take(&key) {
+        while let Some(stream) = self.inner.pool.take(&key) {
             // A connection the provider closed while parked is found here,
             // before the request is written to it.
-            if !still_open(&mut stream).await {
+            if !stream.idle_and_open() {
                 tracing::debug!(host = %req.host, port = req.port, "pooled connection closed by the upstream; dropped");
                 continue;
             }
@@ -215,25 +209,6 @@ impl UpstreamClient {
         }
         Ok(resp)
     }
-}
-
-/// Whether a parked connection can carry a request: a read that would
-/// block means open; EOF, an error or unsolicited bytes mean it cannot. The
-/// probing read is polled once, then cancelled and awaited (never dropped
-/// in flight, which could lose a completion under io_uring).
-async fn still_open(stream: &mut Stream) -> bool {
-    let canceller = Canceller::new();
-    let mut read = pin!(stream.cancelable_read(Vec::with_capacity(1), canceller.handle()));
-    let first = poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await;
-    let (res, _) = match first {
-        Poll::Ready(done) => done,
-        Poll::Pending => {
-            let _ = canceller.cancel();
-            read.await
-        }
-    };
-    // ECANCELED: the read was still waiting for data, so the peer is there.
-    matches!(res, Err(e) if e.raw_os_error() == Some(125))
 }
 
 /// Head and body in one buffer, so the request goes out in one write.

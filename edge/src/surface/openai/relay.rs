@@ -189,7 +189,7 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
                     end = Some(BodyEnd::Broken);
                     break;
                 }
-                TunnelItem::Start { .. } => {
+                TunnelItem::Start { .. } | TunnelItem::Whole(_) => {
                     end = Some(BodyEnd::Broken);
                     break;
                 }

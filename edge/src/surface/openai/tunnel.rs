@@ -123,6 +123,10 @@ async fn answer(
             chance.commit();
             (status, headers)
         }
+        Some(TunnelItem::Whole(whole)) => {
+            chance.commit();
+            return answer_whole(w, stream.run_id(), *whole, keep, write_timeout).await;
+        }
         // Before any byte: maybe held back for a replay elsewhere.
         Some(TunnelItem::Error(f)) => match chance.hold(f) {
             Some(f) => return reply::failure(w, &f, keep).await,
@@ -137,25 +141,14 @@ async fn answer(
         .iter()
         .find(|(n, _)| n == "content-length")
         .and_then(|(_, v)| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
-    let sse = headers.iter().any(|(n, v)| n == "content-type" && v.starts_with(b"text/event-stream"));
-    let mut out_headers: Vec<(&str, &[u8])> = headers
-        .iter()
-        .filter(|(n, _)| tunnel::forwards_response_header(n.as_bytes()))
-        .map(|(n, v)| (n.as_str(), &v[..]))
-        .collect();
-    let request_id = stream.run_id().to_owned();
-    if !out_headers.iter().any(|(n, _)| *n == "x-request-id") {
-        out_headers.push(("x-request-id", request_id.as_bytes()));
-    }
+    let sse = is_sse(&headers);
     let (framing, mut frame) = match length {
         Some(n) => (Framing::Length(usize::try_from(n).unwrap_or(usize::MAX)), Frame::Length(n)),
         None => (Framing::Chunked, Frame::Chunked),
     };
     let mut out = Gather::new();
-    out.put_with(|b| http::write_response_head(b, status, &out_headers, framing, keep));
+    put_head(&mut out, status, &headers, stream.run_id(), framing, keep);
     w.ex.status(status);
-    drop(out_headers);
-    drop(request_id);
     // The header values are slices of the link's read buffer: not kept for
     // the whole answer.
     drop(headers);
@@ -164,4 +157,56 @@ async fn answer(
         Ok(BodyEnd::Complete) => keep,
         _ => false,
     }
+}
+
+/// A whole answer (it arrived at once): head and body in one write, framed
+/// by the body's length.
+async fn answer_whole(
+    w: &mut Responder<'_>,
+    request_id: &str,
+    whole: tunnel::Whole,
+    keep: bool,
+    write_timeout: Duration,
+) -> bool {
+    let mut out = Gather::new();
+    let sse = is_sse(&whole.headers);
+    put_head(&mut out, whole.status, &whole.headers, request_id, Framing::Length(whole.body_len()), keep);
+    w.ex.status(whole.status);
+    if !w.head_only {
+        whole.body.into_iter().for_each(|p| out.push(p));
+    }
+    let mut clock = WriteClock::new(&mut w.ex.first_byte, sse.then_some(crate::metrics::Path::Tunnel));
+    // A timed-out write closes the connection, so dropping it loses nothing.
+    match iop_core::rt::time::timeout(write_timeout, out.write_to(w.wr)).await {
+        Ok(Ok(_)) => {
+            clock.wrote();
+            keep
+        }
+        _ => false,
+    }
+}
+
+fn is_sse(headers: &[(http::HeaderName, Bytes)]) -> bool {
+    headers.iter().any(|(n, v)| n == "content-type" && v.starts_with(b"text/event-stream"))
+}
+
+/// The client's response head: the provider's status and the headers that
+/// cross a hop, plus `x-request-id` (the run id) when the provider sent none.
+fn put_head(
+    out: &mut Gather,
+    status: u16,
+    headers: &[(http::HeaderName, Bytes)],
+    request_id: &str,
+    framing: Framing,
+    keep: bool,
+) {
+    let mut out_headers: Vec<(&str, &[u8])> = headers
+        .iter()
+        .filter(|(n, _)| tunnel::forwards_response_header(n.as_bytes()))
+        .map(|(n, v)| (n.as_str(), &v[..]))
+        .collect();
+    if !out_headers.iter().any(|(n, _)| *n == "x-request-id") {
+        out_headers.push(("x-request-id", request_id.as_bytes()));
+    }
+    out.put_with(|b| http::write_response_head(b, status, &out_headers, framing, keep));
 }
