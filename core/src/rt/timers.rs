@@ -111,12 +111,14 @@ pub struct Sleep {
     at: Instant,
     /// 0: not armed.
     id: u64,
+    /// Armed, it is an entry of this thread's table: it stays on the thread.
+    _thread: std::marker::PhantomData<*const ()>,
 }
 
 impl Sleep {
     /// A sleep until `at`.
     pub fn until(at: Instant) -> Self {
-        Self { at, id: 0 }
+        Self { at, id: 0, _thread: std::marker::PhantomData }
     }
 
     /// The deadline.
@@ -139,6 +141,23 @@ impl Future for Sleep {
     type Output = ();
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        if self.id != 0 {
+            // Armed: due once the driver took its waker (no clock read: an
+            // armed sleep is polled again whenever its task is, e.g. every
+            // item of a stream under a deadline).
+            let id = self.id;
+            let (fired, replaced) = TIMERS.with(|t| match t.borrow_mut().armed.get_mut(&id) {
+                None => (true, None),
+                Some(w) if !w.will_wake(cx.waker()) => (false, Some(std::mem::replace(w, cx.waker().clone()))),
+                Some(_) => (false, None),
+            });
+            drop(replaced);
+            if fired {
+                self.id = 0;
+                return Poll::Ready(());
+            }
+            return Poll::Pending;
+        }
         if super::clock::now() >= self.at {
             self.disarm();
             return Poll::Ready(());

@@ -8,7 +8,6 @@ use bytes::{Bytes, BytesMut};
 use iop_core::exec::Usage;
 
 use super::json_top;
-use serde::Deserialize;
 
 /// Largest SSE event looked at for usage (usage events are small); a larger
 /// one is relayed but not inspected.
@@ -248,26 +247,6 @@ fn event_data(event: &[u8]) -> Vec<u8> {
     data
 }
 
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct UsageJson {
-    prompt_tokens: Option<u64>,
-    completion_tokens: Option<u64>,
-    input_tokens: Option<u64>,
-    output_tokens: Option<u64>,
-    prompt_tokens_details: Option<Details>,
-    input_tokens_details: Option<Details>,
-    completion_tokens_details: Option<Details>,
-    output_tokens_details: Option<Details>,
-}
-
-#[derive(Deserialize, Default)]
-#[serde(default)]
-struct Details {
-    cached_tokens: Option<u64>,
-    reasoning_tokens: Option<u64>,
-}
-
 /// The usage in a JSON document, and whether the document is a usage-only
 /// chunk (`"choices": []`): the top level of a chat/completions/embeddings
 /// body or chunk, or of a Responses API event (whose usage sits in
@@ -285,17 +264,44 @@ fn usage_of_json(json: &[u8]) -> Option<(Usage, bool)> {
             present(u)?
         }
     };
-    let u: UsageJson = serde_json::from_slice(usage).ok()?;
-    let input = u.prompt_tokens.or(u.input_tokens)?;
-    let cached = u.prompt_tokens_details.or(u.input_tokens_details).and_then(|d| d.cached_tokens);
-    let reasoning = u.completion_tokens_details.or(u.output_tokens_details).and_then(|d| d.reasoning_tokens);
-    let usage = Usage {
-        input_tokens: input,
-        output_tokens: u.completion_tokens.or(u.output_tokens).unwrap_or(0),
-        reasoning_tokens: reasoning,
-        cached_input_tokens: cached,
+    Some((usage_object(usage)?, usage_only))
+}
+
+/// An OpenAI usage object (chat and completions name the counts
+/// `prompt_`/`completion_tokens`, the Responses API `input_`/`output_`);
+/// `None` without an input count.
+fn usage_object(json: &[u8]) -> Option<Usage> {
+    let [prompt, completion, input, output, prompt_details, input_details, completion_details, output_details] =
+        json_top::members(
+            json,
+            [
+                b"prompt_tokens",
+                b"completion_tokens",
+                b"input_tokens",
+                b"output_tokens",
+                b"prompt_tokens_details",
+                b"input_tokens_details",
+                b"completion_tokens_details",
+                b"output_tokens_details",
+            ],
+        )?;
+    let detail = |details: Option<&[u8]>, key: &[u8]| {
+        let [v] = json_top::members(details?, [key])?;
+        count(v)
     };
-    Some((usage, usage_only))
+    Some(Usage {
+        input_tokens: count(prompt).or(count(input))?,
+        output_tokens: count(completion).or(count(output)).unwrap_or(0),
+        reasoning_tokens: detail(completion_details, b"reasoning_tokens")
+            .or_else(|| detail(output_details, b"reasoning_tokens")),
+        cached_input_tokens: detail(prompt_details, b"cached_tokens")
+            .or_else(|| detail(input_details, b"cached_tokens")),
+    })
+}
+
+/// A token count: a non-negative integer (`null` or anything else: none).
+fn count(value: Option<&[u8]>) -> Option<u64> {
+    std::str::from_utf8(value?).ok()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -315,6 +321,34 @@ mod tests {
         // An escaped mention alone is no key.
         assert!(!mentions_usage(br#"data: {"note":"the word \"usage\" alone","usage":null}"#));
         assert!(mentions_usage(br#"data: {"usage" "#));
+    }
+
+    #[test]
+    fn usage_objects_of_each_api() {
+        let u = |json: &str| usage_object(json.as_bytes());
+        let chat = r#"{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7,
+            "prompt_tokens_details":{"cached_tokens":1,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":3}}"#;
+        assert_eq!(
+            u(chat),
+            Some(Usage { input_tokens: 5, output_tokens: 2, reasoning_tokens: Some(3), cached_input_tokens: Some(1) })
+        );
+        let responses = r#"{"input_tokens":4,"output_tokens":6,"input_tokens_details":{"cached_tokens":2},
+            "output_tokens_details":{"reasoning_tokens":null}}"#;
+        assert_eq!(
+            u(responses),
+            Some(Usage { input_tokens: 4, output_tokens: 6, reasoning_tokens: None, cached_input_tokens: Some(2) })
+        );
+        assert_eq!(u(r#"{"prompt_tokens":9}"#), Some(Usage { input_tokens: 9, ..Default::default() }));
+        for none in [
+            r#"{"completion_tokens":2}"#,
+            r#"{"prompt_tokens":null}"#,
+            r#"{"prompt_tokens":"5"}"#,
+            r#"{"prompt_tokens":-1}"#,
+            "[]",
+            "{",
+        ] {
+            assert_eq!(u(none), None, "{none}");
+        }
     }
 
     const STREAM: &str = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n\
