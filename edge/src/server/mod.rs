@@ -14,7 +14,7 @@ pub use conn::{Conn, Responder};
 pub use exchange::{Exchange, Finish};
 use iop_core::limits::LogThrottle;
 pub use reader::ReadSide;
-pub use watch::with_disconnect_watch;
+pub use watch::{with_disconnect_watch, STREAM_WATCH, WHOLE_WATCH};
 
 use crate::{accept::Gate, worker::Worker};
 

@@ -11,19 +11,24 @@ use bytes::BytesMut;
 
 use super::reader::ReadSide;
 
-/// Spare room of a watching read. Small, as each open stream holds it for
-/// as long as it streams (under io_uring the kernel owns it meanwhile); it
-/// is also where the next keep-alive request's head starts, and the rest of
-/// it is read on into a head-sized buffer (one more read per stream, not
-/// per event).
-const WATCH_RESERVE: usize = 128;
+/// Spare room of a read watching a stream being answered. Small, as each
+/// open stream holds it for as long as it streams (under io_uring the kernel
+/// owns it meanwhile); it is also where the next keep-alive request's head
+/// starts, and the rest of it is read on into a head-sized buffer (one more
+/// read per stream, not per event).
+pub const STREAM_WATCH: usize = 128;
+/// Spare room of a read watching a whole answer being produced: the next
+/// keep-alive request arrives in it, so it is sized for a head and that
+/// request takes one read, not two. Held until the answer is written.
+pub const WHOLE_WATCH: usize = 4 * 1024;
 
 enum First<A> {
     Body(A),
     Read(std::io::Result<usize>),
 }
 
-/// Runs `body` while a read on `rd` watches for the client closing.
+/// Runs `body` while a read on `rd` (into at least `reserve` spare bytes of
+/// `buf`: [`STREAM_WATCH`] or [`WHOLE_WATCH`]) watches for the client closing.
 /// Returns `None` when the client disconnected first (`body` is dropped by
 /// its owner). `body` is pinned by the caller, in the caller's own state: an
 /// owned future would be stored twice (the parameter and its pinned move),
@@ -31,7 +36,12 @@ enum First<A> {
 /// Bytes the client sent meanwhile (a pipelined request) are appended to
 /// `buf`. When `body` ends first the read stays posted (see [`ReadSide`]):
 /// it is the next request's read, never cancelled.
-pub async fn with_disconnect_watch<F, T>(rd: &mut ReadSide, buf: &mut BytesMut, mut body: Pin<&mut F>) -> Option<T>
+pub async fn with_disconnect_watch<F, T>(
+    rd: &mut ReadSide,
+    buf: &mut BytesMut,
+    reserve: usize,
+    mut body: Pin<&mut F>,
+) -> Option<T>
 where
     F: Future<Output = T>,
 {
@@ -45,7 +55,7 @@ where
         if let Poll::Ready(v) = poll_fn(|cx| Poll::Ready(body.as_mut().poll(cx))).await {
             return Some(v);
         }
-        rd.post(buf, WATCH_RESERVE);
+        rd.post(buf, reserve);
     }
     let first = poll_fn(|cx| {
         if let Poll::Ready(v) = body.as_mut().poll(cx) {

@@ -28,7 +28,7 @@ pub use replay::ReplayChance;
 
 use crate::{
     pool::{self, AdmitError, Admitted, LeaseClass},
-    server::{with_disconnect_watch, Body, Conn},
+    server::{with_disconnect_watch, Body, Conn, STREAM_WATCH},
     worker::Worker,
 };
 
@@ -186,7 +186,7 @@ async fn take_capacity(
     loop {
         let admitted = {
             let Conn { rd, buf, .. } = &mut *conn;
-            with_disconnect_watch(rd, buf, std::pin::pin!(pool::admit(worker, group, class))).await?
+            with_disconnect_watch(rd, buf, STREAM_WATCH, std::pin::pin!(pool::admit(worker, group, class))).await?
         };
         let admitted = match admitted {
             Ok(a) => a,

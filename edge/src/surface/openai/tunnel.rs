@@ -21,7 +21,7 @@ use super::{
 use crate::{
     dispatch::{self, TunnelStream},
     pool::Admitted,
-    server::{with_disconnect_watch, BodyPermit, Conn, Responder},
+    server::{with_disconnect_watch, BodyPermit, Conn, Responder, STREAM_WATCH, WHOLE_WATCH},
     worker::Worker,
 };
 
@@ -59,6 +59,7 @@ pub fn run<'a>(
     chance: &'a mut ReplayChance,
 ) -> impl Future<Output = bool> + 'a {
     let keep = parts.head.keep_alive;
+    let watch = if parts.top.stream { STREAM_WATCH } else { WHOLE_WATCH };
     let target = &admitted.target.upstream_model;
     // Chat and legacy completions stream usage only when asked; the
     // Responses API always reports it (and has no stream_options).
@@ -86,7 +87,7 @@ pub fn run<'a>(
     async move {
         // By reference: a moved binding would be stored twice in this state.
         match &mut submitted {
-            Ok(stream) => relay(conn, stream, keep, write_timeout, chance).await,
+            Ok(stream) => relay(conn, stream, keep, watch, write_timeout, chance).await,
             Err(e) => reply::dispatch_error(&mut conn.responder(), e, keep).await,
         }
     }
@@ -96,6 +97,7 @@ async fn relay(
     conn: &mut Conn,
     stream: &mut TunnelStream,
     keep: bool,
+    watch: usize,
     write_timeout: Duration,
     chance: &mut ReplayChance,
 ) -> bool {
@@ -106,7 +108,7 @@ async fn relay(
     let mut w = Responder { wr, out, head_only, ex: exchange };
     let answer = std::pin::pin!(answer(&mut w, stream, keep, write_timeout, chance));
     // None: the client left; dropping the stream cancels the tunnel.
-    with_disconnect_watch(rd, buf, answer).await.unwrap_or(false)
+    with_disconnect_watch(rd, buf, watch, answer).await.unwrap_or(false)
 }
 
 /// The provider's status, headers and body to the client.
