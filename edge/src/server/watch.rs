@@ -27,8 +27,9 @@ enum First<A> {
     Read(std::io::Result<usize>),
 }
 
-/// Runs `body` while a read on `rd` (into at least `reserve` spare bytes of
-/// `buf`: [`STREAM_WATCH`] or [`WHOLE_WATCH`]) watches for the client closing.
+/// Runs `body` while a read on `rd` (into at least `RESERVE` spare bytes of
+/// `buf`: [`STREAM_WATCH`] or [`WHOLE_WATCH`]; a constant, so that no
+/// answer's state carries it) watches for the client closing.
 /// Returns `None` when the client disconnected first (`body` is dropped by
 /// its owner). `body` is pinned by the caller, in the caller's own state: an
 /// owned future would be stored twice (the parameter and its pinned move),
@@ -36,10 +37,9 @@ enum First<A> {
 /// Bytes the client sent meanwhile (a pipelined request) are appended to
 /// `buf`. When `body` ends first the read stays posted (see [`ReadSide`]):
 /// it is the next request's read, never cancelled.
-pub async fn with_disconnect_watch<F, T>(
+pub async fn with_disconnect_watch<const RESERVE: usize, F, T>(
     rd: &mut ReadSide,
     buf: &mut BytesMut,
-    reserve: usize,
     mut body: Pin<&mut F>,
 ) -> Option<T>
 where
@@ -55,7 +55,7 @@ where
         if let Poll::Ready(v) = poll_fn(|cx| Poll::Ready(body.as_mut().poll(cx))).await {
             return Some(v);
         }
-        rd.post(buf, reserve);
+        rd.post(buf, RESERVE);
     }
     let first = poll_fn(|cx| {
         if let Poll::Ready(v) = body.as_mut().poll(cx) {

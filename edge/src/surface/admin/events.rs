@@ -96,7 +96,7 @@ pub async fn stream(worker: &Rc<Worker>, conn: &mut Conn) -> bool {
             // Nothing after this request is served (the connection closes
             // with the stream), so stray bytes must not disable the watch.
             buf.clear();
-            with_disconnect_watch(rd, buf, STREAM_WATCH, std::pin::pin!(next_wake(&sub.rx, &worker.stop))).await
+            with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, std::pin::pin!(next_wake(&sub.rx, &worker.stop))).await
         };
         let Some(wake) = wake else { return false }; // the client left
         if let Some(n) = lag.take(sub.dropped.load(Ordering::Relaxed)) {

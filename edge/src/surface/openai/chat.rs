@@ -125,7 +125,7 @@ async fn stream(
     chance: &mut ReplayChance,
 ) -> bool {
     let Conn { rd, wr, buf, out, exchange, .. } = conn;
-    let first = match with_disconnect_watch(rd, buf, STREAM_WATCH, std::pin::pin!(run.next())).await {
+    let first = match with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, std::pin::pin!(run.next())).await {
         // The client is gone (dropping `run` cancels it on the node), or the run ended.
         None | Some(None) => return false,
         // Before any byte: maybe held back for a replay elsewhere.
@@ -153,7 +153,7 @@ async fn stream(
     let ended = render.event(out, first);
     let mut clock = WriteClock::new(&mut exchange.first_byte, Some(crate::metrics::Path::Normalized));
     let body = std::pin::pin!(stream_body(wr, out, run, &mut render, chunk, ended, write_timeout, &mut clock));
-    match with_disconnect_watch(rd, buf, STREAM_WATCH, body).await {
+    match with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, body).await {
         Some(Ok(())) => keep,
         _ => false,
     }
@@ -446,7 +446,7 @@ async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
 async fn aggregate(conn: &mut Conn, run: &mut RunStream, meta: &Meta, keep: bool, chance: &mut ReplayChance) -> bool {
     let result = {
         let Conn { rd, buf, .. } = &mut *conn;
-        with_disconnect_watch(rd, buf, WHOLE_WATCH, std::pin::pin!(collect(run))).await
+        with_disconnect_watch::<WHOLE_WATCH, _, _>(rd, buf, std::pin::pin!(collect(run))).await
     };
     let agg = match result {
         None => return false,
@@ -485,10 +485,9 @@ fn usage_value(u: &Usage) -> Value {
 async fn embeddings(conn: &mut Conn, run: &mut RunStream, meta: &Meta, base64: bool, keep: bool) -> bool {
     let result = {
         let Conn { rd, buf, .. } = &mut *conn;
-        with_disconnect_watch(
+        with_disconnect_watch::<WHOLE_WATCH, _, _>(
             rd,
             buf,
-            WHOLE_WATCH,
             std::pin::pin!(async {
                 let (mut vectors, mut model) = (None, String::new());
                 while let Some(ev) = run.next().await {

@@ -186,7 +186,8 @@ async fn take_capacity(
     loop {
         let admitted = {
             let Conn { rd, buf, .. } = &mut *conn;
-            with_disconnect_watch(rd, buf, STREAM_WATCH, std::pin::pin!(pool::admit(worker, group, class))).await?
+            with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, std::pin::pin!(pool::admit(worker, group, class)))
+                .await?
         };
         let admitted = match admitted {
             Ok(a) => a,

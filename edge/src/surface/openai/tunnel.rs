@@ -59,7 +59,7 @@ pub fn run<'a>(
     chance: &'a mut ReplayChance,
 ) -> impl Future<Output = bool> + 'a {
     let keep = parts.head.keep_alive;
-    let watch = if parts.top.stream { STREAM_WATCH } else { WHOLE_WATCH };
+    let streamed = parts.top.stream;
     let target = &admitted.target.upstream_model;
     // Chat and legacy completions stream usage only when asked; the
     // Responses API always reports it (and has no stream_options).
@@ -87,7 +87,7 @@ pub fn run<'a>(
     async move {
         // By reference: a moved binding would be stored twice in this state.
         match &mut submitted {
-            Ok(stream) => relay(conn, stream, keep, watch, write_timeout, chance).await,
+            Ok(stream) => relay(conn, stream, keep, streamed, write_timeout, chance).await,
             Err(e) => reply::dispatch_error(&mut conn.responder(), e, keep).await,
         }
     }
@@ -97,7 +97,7 @@ async fn relay(
     conn: &mut Conn,
     stream: &mut TunnelStream,
     keep: bool,
-    watch: usize,
+    streamed: bool,
     write_timeout: Duration,
     chance: &mut ReplayChance,
 ) -> bool {
@@ -108,7 +108,11 @@ async fn relay(
     let mut w = Responder { wr, out, head_only, ex: exchange };
     let answer = std::pin::pin!(answer(&mut w, stream, keep, write_timeout, chance));
     // None: the client left; dropping the stream cancels the tunnel.
-    with_disconnect_watch(rd, buf, watch, answer).await.unwrap_or(false)
+    let watched = match streamed {
+        true => with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, answer).await,
+        false => with_disconnect_watch::<WHOLE_WATCH, _, _>(rd, buf, answer).await,
+    };
+    watched.unwrap_or(false)
 }
 
 /// The provider's status, headers and body to the client.
