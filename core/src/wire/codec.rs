@@ -56,6 +56,80 @@ pub fn encode(msg: &Envelope, out: &mut BytesMut, max_frame_bytes: usize) -> Res
     Ok(())
 }
 
+// Field numbers of runtime.proto: Envelope.provider_tunnel_frame = 41;
+// ProviderTunnelFrame.tunnel_id = 1, .seq = 2, .body = 11, .parts = 14,
+// .whole = 15, .usage = 20; BodyParts.parts = 1; TunnelWhole.body = 3 (after
+// status = 1 and headers = 2).
+const TUNNEL_FRAME: u32 = 41;
+const TUNNEL_ID: u32 = 1;
+const TUNNEL_SEQ: u32 = 2;
+const TUNNEL_BODY: u32 = 11;
+const TUNNEL_PARTS: u32 = 14;
+const TUNNEL_WHOLE: u32 = 15;
+const TUNNEL_USAGE: u32 = 20;
+const PARTS_PART: u32 = 1;
+const WHOLE_BODY: u32 = 3;
+
+/// Bytes of a length-delimited field of `len` bytes.
+fn field_len(tag: u32, len: usize) -> usize {
+    use prost::encoding::{encoded_len_varint, key_len};
+    key_len(tag) + encoded_len_varint(len as u64) + len
+}
+
+/// Queues the start of a tunnel frame: the prefix, the envelope's field, the
+/// id, the sequence number and the key and length of its `kind` field
+/// (`kind_tag`, `kind_len` bytes, which the caller queues next), with
+/// `after` bytes of further frame fields to follow. Refuses a frame over
+/// `max_frame_bytes` before queuing anything.
+fn put_tunnel_frame_start(
+    out: &mut crate::rt::gather::Gather,
+    tunnel_id: &str,
+    seq: u64,
+    (kind_tag, kind_len): (u32, usize),
+    after: usize,
+    max_frame_bytes: usize,
+) -> Result<(), WireError> {
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
+    let id_len = if tunnel_id.is_empty() { 0 } else { field_len(TUNNEL_ID, tunnel_id.len()) };
+    let seq_len = if seq == 0 { 0 } else { key_len(TUNNEL_SEQ) + encoded_len_varint(seq) };
+    let inner = id_len + seq_len + field_len(kind_tag, kind_len) + after;
+    let len = field_len(TUNNEL_FRAME, inner);
+    let prefix = match u32::try_from(len) {
+        Ok(prefix) if len <= max_frame_bytes => prefix,
+        _ => return Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
+    };
+    out.put_with(|b| {
+        b.put_u32(prefix);
+        encode_key(TUNNEL_FRAME, WireType::LengthDelimited, b);
+        encode_varint(inner as u64, b);
+        if !tunnel_id.is_empty() {
+            encode_key(TUNNEL_ID, WireType::LengthDelimited, b);
+            encode_varint(tunnel_id.len() as u64, b);
+            b.put_slice(tunnel_id.as_bytes());
+        }
+        if seq != 0 {
+            encode_key(TUNNEL_SEQ, WireType::Varint, b);
+            encode_varint(seq, b);
+        }
+        encode_key(kind_tag, WireType::LengthDelimited, b);
+        encode_varint(kind_len as u64, b);
+    });
+    Ok(())
+}
+
+/// Queues `pieces` as the repeated bytes field `tag`, each piece a segment
+/// of its own.
+fn push_pieces(out: &mut crate::rt::gather::Gather, tag: u32, pieces: &[Bytes]) {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    for p in pieces {
+        out.put_with(|b| {
+            encode_key(tag, WireType::LengthDelimited, b);
+            encode_varint(p.len() as u64, b);
+        });
+        out.push(p.clone());
+    }
+}
+
 /// Queues on `out` the frame of tunnel body `parts` (`ProviderTunnelFrame`
 /// with `body` for one part, `parts` for several; no usage; correlation id
 /// 0): the same bytes as [`encode`] of that envelope, with each part queued
@@ -67,55 +141,14 @@ pub fn encode_tunnel_body(
     out: &mut crate::rt::gather::Gather,
     max_frame_bytes: usize,
 ) -> Result<(), WireError> {
-    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
-    // Field numbers of runtime.proto: Envelope.provider_tunnel_frame = 41;
-    // ProviderTunnelFrame.tunnel_id = 1, .seq = 2, .body = 11, .parts = 14;
-    // BodyParts.parts = 1.
-    const FRAME: u32 = 41;
-    const ID: u32 = 1;
-    const SEQ: u32 = 2;
-    const BODY: u32 = 11;
-    const PARTS: u32 = 14;
-    const PART: u32 = 1;
-    let field = |tag: u32, len: usize| key_len(tag) + encoded_len_varint(len as u64) + len;
-    let id_len = if tunnel_id.is_empty() { 0 } else { field(ID, tunnel_id.len()) };
-    let seq_len = if seq == 0 { 0 } else { key_len(SEQ) + encoded_len_varint(seq) };
-    let (body_tag, body_len) = match parts {
-        [one] => (BODY, one.len()),
-        many => (PARTS, many.iter().map(|p| field(PART, p.len())).sum()),
+    let kind = match parts {
+        [one] => (TUNNEL_BODY, one.len()),
+        many => (TUNNEL_PARTS, many.iter().map(|p| field_len(PARTS_PART, p.len())).sum()),
     };
-    let inner = id_len + seq_len + field(body_tag, body_len);
-    let len = field(FRAME, inner);
-    let prefix = match u32::try_from(len) {
-        Ok(prefix) if len <= max_frame_bytes => prefix,
-        _ => return Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
-    };
-    out.put_with(|b| {
-        b.put_u32(prefix);
-        encode_key(FRAME, WireType::LengthDelimited, b);
-        encode_varint(inner as u64, b);
-        if !tunnel_id.is_empty() {
-            encode_key(ID, WireType::LengthDelimited, b);
-            encode_varint(tunnel_id.len() as u64, b);
-            b.put_slice(tunnel_id.as_bytes());
-        }
-        if seq != 0 {
-            encode_key(SEQ, WireType::Varint, b);
-            encode_varint(seq, b);
-        }
-        encode_key(body_tag, WireType::LengthDelimited, b);
-        encode_varint(body_len as u64, b);
-    });
-    if let [one] = parts {
-        out.push(one.clone());
-        return Ok(());
-    }
-    for p in parts {
-        out.put_with(|b| {
-            encode_key(PART, WireType::LengthDelimited, b);
-            encode_varint(p.len() as u64, b);
-        });
-        out.push(p.clone());
+    put_tunnel_frame_start(out, tunnel_id, seq, kind, 0, max_frame_bytes)?;
+    match parts {
+        [one] => out.push(one.clone()),
+        many => push_pieces(out, PARTS_PART, many),
     }
     Ok(())
 }
@@ -133,54 +166,14 @@ pub fn encode_tunnel_whole(
     out: &mut crate::rt::gather::Gather,
     max_frame_bytes: usize,
 ) -> Result<(), WireError> {
-    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
-    // Field numbers of runtime.proto: Envelope.provider_tunnel_frame = 41;
-    // ProviderTunnelFrame.tunnel_id = 1, .seq = 2, .whole = 15, .usage = 20;
-    // TunnelWhole.body = 3 (after status = 1 and headers = 2).
-    const FRAME: u32 = 41;
-    const ID: u32 = 1;
-    const SEQ: u32 = 2;
-    const WHOLE: u32 = 15;
-    const USAGE: u32 = 20;
-    const PIECE: u32 = 3;
-    let field = |tag: u32, len: usize| key_len(tag) + encoded_len_varint(len as u64) + len;
-    let id_len = if tunnel_id.is_empty() { 0 } else { field(ID, tunnel_id.len()) };
-    let seq_len = if seq == 0 { 0 } else { key_len(SEQ) + encoded_len_varint(seq) };
-    let whole_len = head.encoded_len() + body.iter().map(|p| field(PIECE, p.len())).sum::<usize>();
-    let usage_len = usage.map_or(0, |u| field(USAGE, u.encoded_len()));
-    let inner = id_len + seq_len + field(WHOLE, whole_len) + usage_len;
-    let len = field(FRAME, inner);
-    let prefix = match u32::try_from(len) {
-        Ok(prefix) if len <= max_frame_bytes => prefix,
-        _ => return Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
-    };
-    out.put_with(|b| {
-        b.put_u32(prefix);
-        encode_key(FRAME, WireType::LengthDelimited, b);
-        encode_varint(inner as u64, b);
-        if !tunnel_id.is_empty() {
-            encode_key(ID, WireType::LengthDelimited, b);
-            encode_varint(tunnel_id.len() as u64, b);
-            b.put_slice(tunnel_id.as_bytes());
-        }
-        if seq != 0 {
-            encode_key(SEQ, WireType::Varint, b);
-            encode_varint(seq, b);
-        }
-        encode_key(WHOLE, WireType::LengthDelimited, b);
-        encode_varint(whole_len as u64, b);
-        // Cannot fail: a `BytesMut` grows.
-        head.encode(b)
-    })?;
-    for p in body {
-        out.put_with(|b| {
-            encode_key(PIECE, WireType::LengthDelimited, b);
-            encode_varint(p.len() as u64, b);
-        });
-        out.push(p.clone());
-    }
+    let whole_len = head.encoded_len() + body.iter().map(|p| field_len(WHOLE_BODY, p.len())).sum::<usize>();
+    let usage_len = usage.map_or(0, |u| field_len(TUNNEL_USAGE, u.encoded_len()));
+    put_tunnel_frame_start(out, tunnel_id, seq, (TUNNEL_WHOLE, whole_len), usage_len, max_frame_bytes)?;
+    // Cannot fail: a `BytesMut` grows.
+    out.put_with(|b| head.encode(b))?;
+    push_pieces(out, WHOLE_BODY, body);
     if let Some(u) = usage {
-        out.put_with(|b| prost::encoding::message::encode(USAGE, u, b));
+        out.put_with(|b| prost::encoding::message::encode(TUNNEL_USAGE, u, b));
     }
     Ok(())
 }

@@ -35,6 +35,10 @@ pub struct BodyWatch {
     carry: BytesMut,
     /// The current event outgrew `MAX_WATCHED_EVENT`: not inspected.
     carry_overflow: bool,
+    /// The last chunk ended with the CR of an event's blank line, and
+    /// whether that event was kept: a LF first in the next chunk completes
+    /// its CRLF and goes with it.
+    cr_ended: Option<bool>,
     /// JSON body chunks (shared, not copied) until the end.
     json: Vec<Bytes>,
     json_len: usize,
@@ -59,6 +63,7 @@ impl BodyWatch {
             after_cr: false,
             carry: BytesMut::new(),
             carry_overflow: false,
+            cr_ended: None,
             json: Vec::new(),
             json_len: 0,
             usage: None,
@@ -116,10 +121,18 @@ impl BodyWatch {
         // `start`: where the current event begins in `chunk`; `run_start`:
         // the first kept byte not yet relayed (hiding only).
         let (mut start, mut run_start) = (0, 0);
+        if let (Some(kept), Some(b'\n')) = (self.cr_ended.take(), chunk.first()) {
+            // The LF of the last event's CRLF: kept or hidden with that event.
+            start = 1;
+            if !kept {
+                run_start = 1;
+            }
+        }
+        let mut kept = true;
         for end in ends {
             if std::mem::take(&mut self.carry_overflow) {
                 // The end of an event too big to be the usage chunk: kept.
-                start = end;
+                (start, kept) = (end, true);
                 continue;
             }
             if !self.carry.is_empty() {
@@ -127,15 +140,15 @@ impl BodyWatch {
                 // only copy), relayed whole when kept.
                 let mut event = std::mem::take(&mut self.carry);
                 event.extend_from_slice(&chunk[start..end]);
-                let keep = self.inspect(&event);
-                if self.hide_usage_chunk && keep {
+                kept = self.inspect(&event);
+                if self.hide_usage_chunk && kept {
                     out.push(event.freeze());
                 }
                 (start, run_start) = (end, end);
                 continue;
             }
-            let keep = self.inspect(&chunk[start..end]);
-            if self.hide_usage_chunk && !keep {
+            kept = self.inspect(&chunk[start..end]);
+            if self.hide_usage_chunk && !kept {
                 if run_start < start {
                     out.push(chunk.slice(run_start..start));
                 }
@@ -149,6 +162,9 @@ impl BodyWatch {
         // The unfinished event waits for its end, unless it is too big to be
         // the usage chunk: then it is relayed as it comes.
         if start == chunk.len() {
+            if start > 0 && chunk[start - 1] == b'\r' {
+                self.cr_ended = Some(kept);
+            }
             return;
         }
         if self.carry_overflow || self.carry.len() + (chunk.len() - start) > MAX_WATCHED_EVENT {
@@ -407,13 +423,25 @@ mod tests {
     fn crlf_and_cr_line_ends() {
         for sep in ["\r\n", "\r"] {
             let s = STREAM.replace('\n', sep);
+            let (whole, _) = run(&s, "text/event-stream", true, &[]);
             for a in 0..s.len() {
                 let (body, usage) = run(&s, "text/event-stream", true, &[a]);
+                // Split between the CR and LF of a blank line, the LF still
+                // goes with its event (kept or hidden).
+                assert_eq!(body, whole, "{sep:?} split {a}");
                 let body = String::from_utf8(body).unwrap();
                 assert!(!body.contains("\"usage\""), "{sep:?} split {a}: {body:?}");
                 assert!(body.contains("[DONE]") && body.contains("\"hi\""), "{sep:?} split {a}");
                 assert_eq!(usage, Some(expected_usage()));
             }
+        }
+        // An event ending in CR CR LF before the usage-only one (found by
+        // the `tunnel_watch` fuzz target).
+        let s = "x\r\r\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":2}}\n\nz";
+        let (whole, _) = run(s, "text/event-stream", true, &[]);
+        assert_eq!(whole, b"x\r\r\nz");
+        for a in 0..s.len() {
+            assert_eq!(run(s, "text/event-stream", true, &[a]).0, whole, "split {a}");
         }
     }
 
