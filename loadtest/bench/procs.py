@@ -18,24 +18,25 @@ TICK = os.sysconf("SC_CLK_TCK")
 BUILD_COMMS = {"cargo", "rustc", "rustdoc", "clippy-driver", "cc1", "cc1plus", "ld", "ld.lld", "lld", "collect2"}
 
 
-def cpu_seconds(pid):
-    """utime + stime (fields 14 and 15 of /proc/PID/stat) in seconds; None once gone."""
+def _stat_fields(pid):
+    """The fields of /proc/PID/stat after the command name; None once gone."""
     try:
         with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
+            return f.read().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return (int(fields[11]) + int(fields[12])) / TICK
+
+
+def cpu_seconds(pid):
+    """utime + stime (fields 14 and 15 of /proc/PID/stat) in seconds; None once gone."""
+    fields = _stat_fields(pid)
+    return None if fields is None else (int(fields[11]) + int(fields[12])) / TICK
 
 
 def sys_seconds(pid):
     """stime alone (field 15): the kernel's share of `cpu_seconds`."""
-    try:
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-    return int(fields[12]) / TICK
+    fields = _stat_fields(pid)
+    return None if fields is None else int(fields[12]) / TICK
 
 
 def alive(pid):

@@ -65,9 +65,7 @@ pub trait Queued {
 
 /// `parts` as one piece in memory of its own (one allocation for all).
 fn joined(parts: &[Bytes]) -> Bytes {
-    let mut whole = Vec::with_capacity(parts.iter().map(Bytes::len).sum());
-    parts.iter().for_each(|p| whole.extend_from_slice(p));
-    Bytes::from(whole)
+    Bytes::from(parts.concat())
 }
 
 /// `b`, in memory of its own.
