@@ -140,6 +140,7 @@ fn ollama_non_streamed_chat_with_reasoning_and_length() {
     let (_, sent) = last(&mock);
     assert_eq!((&sent["think"], &sent["options"]["num_predict"]), (&json!("high"), &json!(4)));
     assert_eq!(sent["mock"], json!({"reasoning": 2}), "unknown fields reach the provider");
+    assert_eq!(sent["stream"], false, "a whole answer is asked whole");
 
     // Streamed, the reasoning arrives as reasoning_content deltas first.
     let r = chat(

@@ -1,5 +1,5 @@
-//! Ollama's native API: chat runs as `POST {base_url}/api/chat` (always an
-//! NDJSON stream; the edge aggregates for clients that asked for none),
+//! Ollama's native API: chat runs as `POST {base_url}/api/chat` (an NDJSON
+//! stream when the client streams, else one JSON object),
 //! embeddings runs as `POST {base_url}/api/embed`, and a few read-only
 //! model-management calls for operators ([`OllamaAdapter::native_api`]).
 //!
@@ -17,7 +17,7 @@ use iop_core::{
 };
 
 use super::{
-    ollama_request::{chat_body, embed_body},
+    ollama_request::{chat_body, embed_body, ChatBody},
     ollama_stream::{embed_events, ChatStream, LineSplitter, MAX_LINE_BYTES},
     openai_compat::{drain, emit_all, is_json, Halt},
     openai_stream::{protocol, retry_after_ms, status_failure, Flow},
@@ -133,11 +133,12 @@ impl OllamaAdapter {
         let _ = sink.emit(ExecEvent::Error(failure)).await;
     }
 
-    /// Streams `/api/chat` and emits everything, the terminal included,
+    /// Posts to `/api/chat` and emits everything, the terminal included,
     /// except for the failures it returns.
     async fn chat<S: EventSink>(&self, spec: &RunSpec, sink: &mut S) -> Result<(), Halt> {
-        let body = chat_body(&spec.body, &spec.target).map_err(Halt::Fail)?;
-        let mut resp = self.post(&self.chat_path, &body, b"application/x-ndjson", spec).await?;
+        let ChatBody { body, stream } = chat_body(&spec.body, &spec.target).map_err(Halt::Fail)?;
+        let accept: &[u8] = if stream { b"application/x-ndjson" } else { b"application/json" };
+        let mut resp = self.post(&self.chat_path, &body, accept, spec).await?;
         // Sent: not kept while the answer streams.
         drop(body);
         let mut state = ChatStream::new(&spec.run_id, &spec.target);
@@ -384,7 +385,7 @@ mod tests {
     fn chat_streams_translates_and_reuses_the_connection() {
         let server = TestServer::start(vec![Reply::keep(ndjson(LINES, false)), Reply::keep(ndjson(LINES, false))]);
         let a = adapter(&server, Duration::from_secs(10));
-        let body = json!({"model": "public", "stream": false, "max_completion_tokens": 8, "temperature": 0,
+        let body = json!({"model": "public", "stream": true, "max_completion_tokens": 8, "temperature": 0,
                           "reasoning_effort": "high", "messages": [{"role": "user", "content": "hi"}]});
         let (first, second, idle) = iop_core::rt::block_on_current(async {
             let mut sink = VecSink::default();
@@ -545,7 +546,7 @@ mod tests {
     }
 
     #[test]
-    fn a_json_answer_is_read_whole() {
+    fn a_client_without_a_stream_gets_ollamas_whole_answer() {
         let body = r#"{"model":"llama3.2","message":{"role":"assistant","content":"tok0 ","thinking":"hm"},"done":true,"done_reason":"stop","prompt_eval_count":5,"eval_count":2}"#;
         let server = TestServer::start(vec![Reply::keep(with_body(200, "application/json; charset=utf-8", body))]);
         let evs = run(
@@ -553,6 +554,16 @@ mod tests {
             chat_spec(json!({"messages": [{"role": "user", "content": "x"}]})),
         );
         assert_eq!(evs, expected());
+        let (head, sent) = request_of(&server);
+        assert!(head.to_ascii_lowercase().contains("\r\naccept: application/json\r\n"), "{head}");
+        assert_eq!(sent["stream"], false);
+    }
+
+    #[test]
+    fn a_stream_answered_without_being_asked_is_still_read() {
+        let server = TestServer::start(vec![Reply::keep(ndjson(LINES, false))]);
+        let spec = chat_spec(json!({"stream": false, "messages": [{"role": "user", "content": "x"}]}));
+        assert_eq!(run(&adapter(&server, Duration::from_secs(10)), spec), expected());
     }
 
     #[test]

@@ -15,7 +15,7 @@
 //! |---|---|
 //! | `model` | `model` (the target) |
 //! | `messages` | `messages` (below) |
-//! | `stream` | `stream: true` always (the edge aggregates) |
+//! | `stream` | `stream`: `true` only when the client streams (a whole answer is one object, not one line per token) |
 //! | `tools` (function tools) | `tools`, as sent |
 //! | `tool_choice` | `"auto"`: nothing; `"none"`: `tools` not sent; others refused |
 //! | `response_format` | `json_object`: `format: "json"`; `json_schema`: `format: <schema>`; `text`: nothing |
@@ -44,7 +44,6 @@ use serde_json::{Map, Value};
 
 /// Fields that do not change the answer: read and dropped.
 const DROPPED: &[&str] = &[
-    "stream",
     "stream_options",
     "user",
     "metadata",
@@ -103,16 +102,29 @@ fn count(m: &mut Map<String, Value>, key: &str) -> Result<Option<u64>, RunFailur
     }
 }
 
+/// A `POST /api/chat` body and whether it asks for a stream.
+pub(crate) struct ChatBody {
+    pub body: Bytes,
+    pub stream: bool,
+}
+
 /// `POST /api/chat` body for an OpenAI chat completion request, with
-/// `model` = `target` and `"stream": true`.
-pub(crate) fn chat_body(body: &[u8], target: &str) -> Result<Bytes, RunFailure> {
+/// `model` = `target` and `stream` as the client asked (OpenAI's default:
+/// no stream). A client that waits for the whole answer gets it from one
+/// object Ollama writes once, not from a line per token.
+pub(crate) fn chat_body(body: &[u8], target: &str) -> Result<ChatBody, RunFailure> {
     let mut req = object(body)?;
     refuse_unsupported(&mut req)?;
     let mut out = Map::new();
     out.insert("model".into(), Value::String(target.to_owned()));
     let messages = take(&mut req, "messages").ok_or_else(|| invalid("`messages` is required"))?;
     out.insert("messages".into(), Value::Array(messages_of(messages)?));
-    out.insert("stream".into(), Value::Bool(true));
+    let stream = match take(&mut req, "stream") {
+        None => false,
+        Some(Value::Bool(b)) => b,
+        Some(_) => return Err(invalid("`stream` must be a boolean")),
+    };
+    out.insert("stream".into(), Value::Bool(stream));
 
     let tool_choice = take(&mut req, "tool_choice");
     let send_tools = match tool_choice.as_ref() {
@@ -196,7 +208,7 @@ pub(crate) fn chat_body(body: &[u8], target: &str) -> Result<Bytes, RunFailure> 
             out.entry(key).or_insert(value);
         }
     }
-    Ok(Bytes::from(serde_json::to_vec(&Value::Object(out)).unwrap_or_default()))
+    Ok(ChatBody { body: Bytes::from(serde_json::to_vec(&Value::Object(out)).unwrap_or_default()), stream })
 }
 
 /// Refuses the parameters Ollama cannot honour (removing the harmless
@@ -498,11 +510,13 @@ mod tests {
 
     fn chat(body: Value) -> Value {
         let out = chat_body(body.to_string().as_bytes(), "llama3.2").unwrap();
-        serde_json::from_slice(&out).unwrap()
+        let value: Value = serde_json::from_slice(&out.body).unwrap();
+        assert_eq!(value["stream"], out.stream);
+        value
     }
 
     fn chat_err(body: Value) -> RunFailure {
-        chat_body(body.to_string().as_bytes(), "llama3.2").unwrap_err()
+        chat_body(body.to_string().as_bytes(), "llama3.2").err().unwrap()
     }
 
     fn user(content: &str) -> Value {
@@ -512,13 +526,17 @@ mod tests {
     #[test]
     fn minimal_request() {
         let out = chat(json!({"model": "public", "messages": user("hi")}));
-        assert_eq!(out, json!({"model": "llama3.2", "stream": true, "messages": [{"role": "user", "content": "hi"}]}));
-        // stream: false from the client changes nothing: the adapter reads NDJSON.
-        let out = chat(
-            json!({"model": "m", "stream": false, "stream_options": {"include_usage": true}, "messages": user("hi")}),
-        );
-        assert_eq!(out["stream"], true);
-        assert!(out.get("stream_options").is_none());
+        assert_eq!(out, json!({"model": "llama3.2", "stream": false, "messages": [{"role": "user", "content": "hi"}]}));
+        // The client's stream is Ollama's; its stream_options are the edge's.
+        for stream in [true, false] {
+            let out = chat(
+                json!({"model": "m", "stream": stream, "stream_options": {"include_usage": true}, "messages": user("hi")}),
+            );
+            assert_eq!(out["stream"], stream);
+            assert!(out.get("stream_options").is_none());
+        }
+        assert_eq!(chat(json!({"model": "m", "stream": null, "messages": user("hi")}))["stream"], false);
+        assert!(chat_err(json!({"model": "m", "stream": "yes", "messages": user("hi")})).message.contains("`stream`"));
     }
 
     #[test]
@@ -568,7 +586,7 @@ mod tests {
         for body in [json!([1]), json!({"model": "m"}), json!({"model": "m", "messages": []})] {
             assert_eq!(chat_err(body).status, 400);
         }
-        assert_eq!(chat_body(b"{nope", "m").unwrap_err().status, 400);
+        assert_eq!(chat_body(b"{nope", "m").err().unwrap().status, 400);
     }
 
     #[test]
@@ -651,7 +669,7 @@ mod tests {
         assert_eq!(out["keep_alive"], "10m");
         assert_eq!(out["mock"], json!({"tool_calls": 2}));
         for key in DROPPED {
-            assert!(out.get(*key).is_none() || *key == "stream", "{key}");
+            assert!(out.get(*key).is_none(), "{key}");
         }
     }
 
