@@ -93,8 +93,10 @@ fn real_llama_cpp_upstream_streams_and_completes() {
     assert!(usage["prompt_tokens"].as_u64().unwrap() > 0);
 
     // Greedy decoding: the aggregated answer is the same text.
-    let v = ask(false).json();
-    assert_eq!(v["choices"][0]["message"]["content"].as_str().unwrap(), streamed);
+    let r = ask(false);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    let v = r.json();
+    assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(streamed.as_str()), "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 8);
 
     // Through the tunnel the answer is llama.cpp's own: the same fields

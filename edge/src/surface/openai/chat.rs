@@ -7,14 +7,13 @@
 //! reason), or an embeddings list.
 
 use std::{
-    collections::BTreeMap,
     rc::Rc,
     time::{SystemTime, UNIX_EPOCH},
 };
 
 use bytes::BytesMut;
 use iop_core::{
-    exec::{codes, ExecEvent, FailureSource, Part, RunFailure, Usage},
+    exec::{codes, ExecEvent, FailureSource, RunFailure},
     http::{self, Framing},
     wire::pb,
 };
@@ -23,6 +22,7 @@ use serde_json::{json, Value};
 
 use super::{
     chunk::ChunkEncoder,
+    completion::Aggregate,
     relay::WriteClock,
     replay::{Replay, ReplayChance},
     reply, Route,
@@ -297,146 +297,19 @@ async fn stream_body<W: AsyncWriteRentExt>(
 
 /// The node cancelled a run the client still wanted (e.g. its drain
 /// deadline passed): a server-side failure.
-fn node_cancelled(reason: &str) -> RunFailure {
+pub(super) fn node_cancelled(reason: &str) -> RunFailure {
     RunFailure::new("cancelled", 503, FailureSource::Node, format!("run cancelled by the node: {reason}"))
 }
 
-fn protocol(message: &str) -> RunFailure {
+pub(super) fn protocol(message: &str) -> RunFailure {
     RunFailure::new(codes::UPSTREAM_PROTOCOL, 502, FailureSource::Node, message)
 }
 
-/// Largest non-streamed completion the edge buffers (all choices' text).
-const MAX_AGGREGATE_BYTES: usize = 64 * 1024 * 1024;
-
-/// One tool call put together from its fragments.
-#[derive(Default)]
-struct ToolCall {
-    id: String,
-    kind: String,
-    name: String,
-    arguments: String,
-}
-
-/// One choice put together from its deltas.
-#[derive(Default)]
-struct Choice {
-    content: String,
-    reasoning: String,
-    refusal: String,
-    tool_calls: BTreeMap<u32, ToolCall>,
-    /// Log-probability lists by kind (`content`, `refusal`), concatenated.
-    logprobs: BTreeMap<String, Vec<Value>>,
-    finish_reason: Option<String>,
-}
-
-impl Choice {
-    fn add_logprobs(&mut self, raw: &[u8]) {
-        let Ok(Value::Object(map)) = serde_json::from_slice::<Value>(raw) else { return };
-        for (kind, list) in map {
-            if let Value::Array(items) = list {
-                self.logprobs.entry(kind).or_default().extend(items);
-            }
-        }
-    }
-
-    fn to_json(&self, index: u32) -> Value {
-        let mut message = json!({
-            "role": "assistant",
-            // OpenAI's content is null beside tool calls or a refusal.
-            "content": if self.content.is_empty() && (!self.tool_calls.is_empty() || !self.refusal.is_empty()) {
-                Value::Null
-            } else {
-                json!(self.content)
-            },
-            "refusal": if self.refusal.is_empty() { Value::Null } else { json!(self.refusal) },
-        });
-        if !self.reasoning.is_empty() {
-            message["reasoning_content"] = json!(self.reasoning);
-        }
-        if !self.tool_calls.is_empty() {
-            let calls: Vec<Value> = self
-                .tool_calls
-                .values()
-                .map(|c| {
-                    let kind = if c.kind.is_empty() { "function" } else { c.kind.as_str() };
-                    json!({"id": c.id, "type": kind, "function": {"name": c.name, "arguments": c.arguments}})
-                })
-                .collect();
-            message["tool_calls"] = json!(calls);
-        }
-        let logprobs = if self.logprobs.is_empty() { Value::Null } else { json!(self.logprobs) };
-        json!({
-            "index": index,
-            "message": message,
-            "logprobs": logprobs,
-            "finish_reason": self.finish_reason.clone().unwrap_or_else(|| "stop".into()),
-        })
-    }
-}
-
-struct Aggregate {
-    /// The model the provider said it runs (empty: it did not say).
-    model: String,
-    choices: BTreeMap<u32, Choice>,
-    usage: Option<Usage>,
-    bytes: usize,
-}
-
 async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
-    let mut agg = Aggregate { model: String::new(), choices: BTreeMap::new(), usage: None, bytes: 0 };
-    agg.choices.insert(0, Choice::default());
+    let mut agg = Aggregate::new();
     while let Some(ev) = run.next().await {
-        if agg.bytes > MAX_AGGREGATE_BYTES {
-            // The caller then drops the stream, which cancels the run on the node.
-            let msg = format!("the completion exceeds {MAX_AGGREGATE_BYTES} bytes; use stream=true");
-            return Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Edge, msg));
-        }
-        match ev {
-            ExecEvent::Start { model } => agg.model = model,
-            ExecEvent::Delta(d) => {
-                let choice = agg.choices.entry(d.choice).or_default();
-                if let Some(lp) = &d.logprobs {
-                    agg.bytes += lp.len();
-                    choice.add_logprobs(lp);
-                }
-                match d.part {
-                    Part::Content(t) => {
-                        agg.bytes += t.len();
-                        choice.content.push_str(&t);
-                    }
-                    Part::Reasoning(t) => {
-                        agg.bytes += t.len();
-                        choice.reasoning.push_str(&t);
-                    }
-                    Part::Refusal(t) => {
-                        agg.bytes += t.len();
-                        choice.refusal.push_str(&t);
-                    }
-                    Part::ToolCall(c) => {
-                        agg.bytes += c.arguments.len() + c.name.len() + c.id.len();
-                        let call = choice.tool_calls.entry(c.index).or_default();
-                        for (field, piece) in [(&mut call.id, c.id), (&mut call.kind, c.kind), (&mut call.name, c.name)]
-                        {
-                            if !piece.is_empty() {
-                                *field = piece;
-                            }
-                        }
-                        call.arguments.push_str(&c.arguments);
-                    }
-                }
-            }
-            ExecEvent::ChoiceFinish { choice, finish_reason } => {
-                agg.choices.entry(choice).or_default().finish_reason = Some(finish_reason);
-            }
-            ExecEvent::Embeddings(_) => return Err(protocol("the provider answered a chat request with embeddings")),
-            ExecEvent::Complete { finish_reason, usage } => {
-                let first = agg.choices.entry(0).or_default();
-                first.finish_reason.get_or_insert(finish_reason);
-                agg.usage = usage;
-                return Ok(agg);
-            }
-            ExecEvent::Error(f) => return Err(f),
-            ExecEvent::Cancelled { reason } => return Err(node_cancelled(&reason)),
+        if agg.on_event(ev)? {
+            return Ok(agg);
         }
     }
     Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Edge, "run ended without a result"))
@@ -458,26 +331,10 @@ async fn aggregate(conn: &mut Conn, run: &mut RunStream, meta: &Meta, keep: bool
         Some(Ok(agg)) => agg,
     };
     chance.commit();
-    let choices: Vec<Value> = agg.choices.iter().map(|(i, c)| c.to_json(*i)).collect();
-    let mut v = json!({
-        "id": meta.id,
-        "object": "chat.completion",
-        "created": meta.created,
-        "model": meta.model(&agg.model),
-        "choices": choices,
-    });
-    if let Some(u) = &agg.usage {
-        v["usage"] = usage_value(u);
-    }
-    let body = serde_json::to_vec(&v).unwrap_or_default();
+    let mut body = BytesMut::new();
+    agg.write(&mut body, &meta.id, meta.created, meta.model(&agg.model));
     let request_id = run.run_id().to_owned();
     conn.respond(200, "application/json", &[("x-request-id", &request_id)], &body, keep).await.is_ok() && keep
-}
-
-fn usage_value(u: &Usage) -> Value {
-    let mut ub = BytesMut::new();
-    super::chunk::usage_json(&mut ub, u);
-    serde_json::from_slice(&ub).unwrap_or(Value::Null)
 }
 
 /// Waits for an embeddings run and answers with OpenAI's list shape
@@ -541,7 +398,7 @@ fn encode_f32s(v: &[f32]) -> String {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
-    use iop_core::exec::{Delta, ToolCallDelta};
+    use iop_core::exec::{Delta, Part};
 
     use super::*;
 
@@ -600,23 +457,6 @@ mod tests {
         );
         // No usage chunk without usage; [DONE] last.
         assert_eq!(chunks.last(), Some(&json!("[DONE]")));
-    }
-
-    #[test]
-    fn aggregated_tool_calls_refusals_and_logprobs() {
-        let mut agg = Choice::default();
-        agg.add_logprobs(br#"{"content":[{"token":"a"}]}"#);
-        agg.add_logprobs(br#"{"content":[{"token":"b"}],"refusal":[]}"#);
-        agg.tool_calls
-            .insert(0, ToolCall { id: "c1".into(), kind: "function".into(), name: "f".into(), arguments: "{}".into() });
-        agg.finish_reason = Some("tool_calls".into());
-        let v = agg.to_json(0);
-        assert_eq!(v["message"]["content"], Value::Null);
-        assert_eq!(v["message"]["refusal"], Value::Null);
-        assert_eq!(v["message"]["tool_calls"][0]["function"]["name"], "f");
-        assert_eq!(v["logprobs"]["content"].as_array().unwrap().len(), 2);
-        assert_eq!(v["finish_reason"], "tool_calls");
-        let _ = ToolCallDelta::default();
     }
 
     #[test]

@@ -36,7 +36,7 @@ pub fn usage_json(out: &mut BytesMut, u: &Usage) {
     out.put_slice(b"}");
 }
 
-fn put_u64(out: &mut BytesMut, n: u64) {
+pub fn put_u64(out: &mut BytesMut, n: u64) {
     out.put_slice(n.to_string().as_bytes());
 }
 

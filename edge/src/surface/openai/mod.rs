@@ -12,6 +12,7 @@
 
 pub mod chat;
 pub mod chunk;
+mod completion;
 pub mod error;
 pub mod models;
 pub mod relay;
