@@ -247,7 +247,15 @@ impl Worker {
     pub fn next_run_id(&self) -> String {
         let n = self.run_seq.get() + 1;
         self.run_seq.set(n);
-        format!("{}-{}-{}", self.shared.instance, self.index, n)
+        // Without format!: one allocation per request, no formatter.
+        let instance = &self.shared.instance;
+        let mut id = String::with_capacity(instance.len() + 24);
+        id.push_str(instance);
+        id.push('-');
+        iop_core::http::push_decimal(&mut id, self.index as u64);
+        id.push('-');
+        iop_core::http::push_decimal(&mut id, n);
+        id
     }
 
     fn apply(self: &Rc<Self>, msg: CoreMsg) {

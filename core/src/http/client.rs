@@ -30,23 +30,36 @@ impl ResponseHead {
 }
 
 /// Appends a request line, `Host`, `headers` and `Content-Length` (when
-/// `content_length` is Some) plus a blank line to `out`. CR and LF are
-/// stripped from every field so that none can inject a header.
+/// `content_length` is Some) plus a blank line to `out`. The `Host` value
+/// is `host`, followed by `:port` when `port` is Some (an IPv6 literal then
+/// in brackets). CR and LF are stripped from every field so that none can
+/// inject a header.
 pub fn write_request_head<V: AsRef<[u8]>>(
     out: &mut BytesMut,
     method: &str,
     target: &str,
-    host: &str,
+    (host, port): (&str, Option<u16>),
     headers: &[(&str, V)],
     content_length: Option<usize>,
 ) {
     let header_bytes: usize = headers.iter().map(|(n, v)| n.len() + v.as_ref().len() + 4).sum();
-    out.reserve(64 + target.len() + host.len() + header_bytes);
+    out.reserve(72 + target.len() + host.len() + header_bytes);
     put_sanitized(out, method);
     out.extend_from_slice(b" ");
     put_sanitized(out, target);
     out.extend_from_slice(b" HTTP/1.1\r\nhost: ");
-    put_sanitized(out, host);
+    match port {
+        Some(port) => {
+            let v6 = host.contains(':');
+            if v6 {
+                out.extend_from_slice(b"[");
+            }
+            put_sanitized(out, host);
+            out.extend_from_slice(if v6 { b"]:" } else { b":" });
+            put_decimal(out, u64::from(port));
+        }
+        None => put_sanitized(out, host),
+    }
     out.extend_from_slice(b"\r\n");
     put_headers(out, headers);
     if let Some(n) = content_length {
@@ -224,7 +237,7 @@ mod tests {
             &mut out,
             "POST",
             "/v1/chat/completions",
-            "127.0.0.1:8000",
+            ("127.0.0.1:8000", None),
             &[("content-type", "application/json")],
             Some(17),
         );
@@ -234,6 +247,12 @@ mod tests {
         );
         let head = parse_request_head(&mut out, &Limits::default()).unwrap().unwrap();
         assert_eq!((head.header("host"), head.body), (Some(&b"127.0.0.1:8000"[..]), BodyKind::Length(17)));
+        // With a port: IPv6 literals in brackets.
+        for (host, want) in [("example.com", "example.com:8443"), ("::1", "[::1]:8443")] {
+            let mut out = BytesMut::new();
+            write_request_head(&mut out, "GET", "/", (host, Some(8443)), &[] as &[(&str, &str)], None);
+            assert_eq!(out, format!("GET / HTTP/1.1\r\nhost: {want}\r\n\r\n").as_bytes());
+        }
     }
 
     proptest! {

@@ -252,10 +252,23 @@ pub(crate) fn put_headers<V: AsRef<[u8]>>(out: &mut BytesMut, headers: &[(&str, 
 }
 
 /// Appends the decimal form of `n`.
-pub(crate) fn put_decimal(out: &mut BytesMut, n: u64) {
+pub fn put_decimal(out: &mut BytesMut, n: u64) {
     let mut digits = [0u8; 20];
+    out.extend_from_slice(decimal(n, &mut digits));
+}
+
+/// Appends the decimal form of `n` to a string (no formatting machinery:
+/// ids and numbers on the hot path).
+pub fn push_decimal(out: &mut String, n: u64) {
+    let mut digits = [0u8; 20];
+    for d in decimal(n, &mut digits) {
+        out.push(char::from(*d));
+    }
+}
+
+/// The decimal digits of `n`, written at the end of `digits`.
+fn decimal(mut n: u64, digits: &mut [u8; 20]) -> &[u8] {
     let mut i = digits.len();
-    let mut n = n;
     loop {
         i -= 1;
         digits[i] = b'0' + (n % 10) as u8;
@@ -264,7 +277,7 @@ pub(crate) fn put_decimal(out: &mut BytesMut, n: u64) {
             break;
         }
     }
-    out.extend_from_slice(&digits[i..]);
+    &digits[i..]
 }
 
 #[cfg(test)]
@@ -322,5 +335,11 @@ mod tests {
         out.extend_from_slice(b" ");
         put_sanitized(&mut out, "a\r\nb");
         assert_eq!(&out[..], b"0 18446744073709551615 ab");
+        let mut s = String::from("x-");
+        for n in [0, 7, 10, 1234567890, u64::MAX] {
+            push_decimal(&mut s, n);
+            s.push(' ');
+        }
+        assert_eq!(s, "x-0 7 10 1234567890 18446744073709551615 ");
     }
 }

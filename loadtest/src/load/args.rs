@@ -322,7 +322,14 @@ impl Settings {
             headers.push(("authorization", auth));
         }
         let mut out = BytesMut::with_capacity(256 + body.len());
-        write_request_head(&mut out, "POST", &self.target.path, &self.target.authority, &headers, Some(body.len()));
+        write_request_head(
+            &mut out,
+            "POST",
+            &self.target.path,
+            (&self.target.authority, None),
+            &headers,
+            Some(body.len()),
+        );
         let body_at = out.len();
         out.extend_from_slice(body.as_bytes());
         // The tag is the only place the placeholder occurs (the prompt is words).

@@ -11,7 +11,6 @@ use iop_core::{
 use monoio::io::{AsyncWriteRent, AsyncWriteRentExt};
 
 use super::{
-    authority,
     connect::connect,
     pool::{Pool, PoolKey},
     ClientConfig, UpstreamError,
@@ -218,7 +217,7 @@ fn encode_request(req: &Request<'_>) -> Bytes {
     );
     let bodyless = matches!(req.method, "GET" | "HEAD" | "DELETE" | "OPTIONS") && req.body.is_empty();
     let content_length = if bodyless { None } else { Some(req.body.len()) };
-    write_request_head(&mut out, req.method, req.target, &authority(req.host, req.port), req.headers, content_length);
+    write_request_head(&mut out, req.method, req.target, (req.host, Some(req.port)), req.headers, content_length);
     out.extend_from_slice(req.body);
     out.freeze()
 }

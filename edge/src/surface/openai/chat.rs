@@ -78,7 +78,7 @@ pub fn normalized<'a>(
         };
         // The answer names the model that answered (as the tunnel's does): the
         // provider's own name when it reported one, else the one asked for.
-        let meta = Meta { model: asked_model, id: format!("chatcmpl-{}", run.run_id()), created: unix_now() };
+        let meta = Meta { model: asked_model, id: ["chatcmpl-", run.run_id()].concat(), created: unix_now() };
         if route == Route::Embeddings {
             embeddings(conn, run, &meta, base64, keep).await
         } else if streams {

@@ -37,7 +37,7 @@ pub fn usage_json(out: &mut BytesMut, u: &Usage) {
 }
 
 pub fn put_u64(out: &mut BytesMut, n: u64) {
-    out.put_slice(n.to_string().as_bytes());
+    iop_core::http::put_decimal(out, n);
 }
 
 /// Appends one delta object (`{"content":..}`, `{"tool_calls":[..]}`, ...).
