@@ -75,7 +75,7 @@ pub struct Stream<T: Outcome> {
     rx: StreamRx<T>,
     session: mailbox::Sender<SessionCmd>,
     id: String,
-    node_id: String,
+    node_id: std::sync::Arc<str>,
     done: bool,
     /// Cost taken from the channel and not yet granted back to the node.
     taken: u64,
@@ -196,9 +196,9 @@ impl<T: Outcome> Stream<T> {
             let mut f = f.borrow_mut();
             (f.outcome, f.code, f.usage) = (outcome, code, usage);
         }
-        self.shared.events.publish(crate::events::EdgeEvent::RunTerminal {
+        self.shared.events.publish_with(|| crate::events::EdgeEvent::RunTerminal {
             run_id: self.id.clone(),
-            node: self.node_id.clone(),
+            node: self.node_id.to_string(),
             model: self.model.clone(),
             outcome,
             code,
@@ -253,7 +253,7 @@ impl<T: Outcome> Drop for Stream<T> {
 struct Route {
     sessions: Vec<mailbox::Sender<SessionCmd>>,
     id: String,
-    node_id: String,
+    node_id: std::sync::Arc<str>,
     timeout: Duration,
     /// The selected provider's `response_stall_timeout_ms` (0: the wire's default).
     stall_timeout_ms: u64,
@@ -266,7 +266,7 @@ pub fn reachable(worker: &Worker, admitted: &Admitted) -> bool {
     let open = |r: &crate::worker::NodeRoute| r.links.iter().any(|l| !l.session.is_closed());
     match admitted.lease.route() {
         Some(route) => open(route),
-        None => worker.routes.borrow().get(&admitted.target.node).is_some_and(open),
+        None => worker.routes.borrow().get(&*admitted.target.node).is_some_and(open),
     }
 }
 
@@ -278,13 +278,13 @@ fn route(worker: &Worker, admitted: &Admitted) -> Result<Route, DispatchError> {
     };
     let sessions = match admitted.lease.route() {
         Some(route) => order(route),
-        None => match worker.routes.borrow().get(&node_id) {
+        None => match worker.routes.borrow().get(&*node_id) {
             Some(route) => order(route),
-            None => return Err(DispatchError::NoReadyNode(node_id)),
+            None => return Err(DispatchError::NoReadyNode(node_id.to_string())),
         },
     };
     if sessions.is_empty() {
-        return Err(DispatchError::NoReadyNode(node_id));
+        return Err(DispatchError::NoReadyNode(node_id.to_string()));
     }
     let (timeout, stall_timeout_ms) =
         worker.config.borrow().provider(&node_id, &admitted.target.provider).map_or((DEFAULT_RUN_TIMEOUT, 0), |p| {
@@ -312,6 +312,7 @@ impl Route {
         // Dropping `cmd` drops its lease and its events' sender.
         drop(cmd);
         let node = self.node_id.clone();
+        let node = node.to_string();
         Err(if full { DispatchError::NodeBusy(node) } else { DispatchError::NoReadyNode(node) })
     }
 
@@ -354,8 +355,8 @@ pub fn submit(
     let mut route = route(worker, &admitted)?;
     let Admitted { lease, target } = admitted;
     req.run_id = route.id.clone();
-    req.adapter = target.provider;
-    req.target = target.upstream_model;
+    req.adapter = target.provider.to_string();
+    req.target = target.upstream_model.to_string();
     req.deadline_ms = route.deadline_ms();
     req.window_bytes = flow::WINDOW_BYTES;
     req.response_stall_timeout_ms = route.stall_timeout_ms;
@@ -378,8 +379,8 @@ pub fn submit_tunnel(
     let Admitted { lease, target } = admitted;
     req.headers = headers(&route.id);
     req.tunnel_id = route.id.clone();
-    req.adapter = target.provider;
-    req.target = target.upstream_model;
+    req.adapter = target.provider.to_string();
+    req.target = target.upstream_model.to_string();
     req.deadline_ms = route.deadline_ms();
     req.window_bytes = flow::WINDOW_BYTES;
     req.response_stall_timeout_ms = route.stall_timeout_ms;

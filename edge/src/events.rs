@@ -206,9 +206,16 @@ impl EventBus {
 
     /// Publishes to every subscriber, never waiting.
     pub fn publish(&self, event: EdgeEvent) {
+        self.publish_with(|| event);
+    }
+
+    /// Publishes the event `make` builds, only when someone subscribes (a
+    /// run's terminal event copies its ids: not for nobody, per request).
+    pub fn publish_with(&self, make: impl FnOnce() -> EdgeEvent) {
         if self.count.load(Ordering::Acquire) == 0 {
             return;
         }
+        let event = make();
         let ts_ms = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
         let ev = Arc::new(Stamped { ts_ms, event });
         let mut subs = self.subs.lock();

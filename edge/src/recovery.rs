@@ -75,7 +75,7 @@ fn first_target(worker: &Worker, key: &ResourceKey) -> Option<String> {
         .iter()
         .flat_map(|m| m.targets.iter())
         .find(|t| *t.node == *key.node && *t.provider == *key.provider)?;
-    Some(t.upstream_model.clone())
+    Some(t.upstream_model.to_string())
 }
 
 /// Cold start is not failure: when a node connection comes up, each of its

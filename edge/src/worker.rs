@@ -66,9 +66,9 @@ impl NodeRoute {
     pub fn order(&self, me: usize, turn: usize) -> Vec<&LinkRoute> {
         let n = self.links.len();
         let mut out: Vec<&LinkRoute> = Vec::with_capacity(n);
-        let local: Vec<&LinkRoute> = self.links.iter().filter(|l| l.worker == me).collect();
-        if !local.is_empty() {
-            out.push(local[turn % local.len()]);
+        let locals = self.links.iter().filter(|l| l.worker == me).count();
+        if locals > 0 {
+            out.extend(self.links.iter().filter(|l| l.worker == me).nth(turn % locals));
         }
         for i in 0..n {
             let l = &self.links[(turn + i) % n];

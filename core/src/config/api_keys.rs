@@ -30,7 +30,10 @@ impl ApiKeyEntry {
 }
 
 /// Validates `raw` against the configured `models`.
-pub(crate) fn api_keys(raw: Vec<RawApiKey>, models: &[ModelGroup]) -> Result<Vec<ApiKeyEntry>, ConfigError> {
+pub(crate) fn api_keys(
+    raw: Vec<RawApiKey>,
+    models: &[std::sync::Arc<ModelGroup>],
+) -> Result<Vec<ApiKeyEntry>, ConfigError> {
     let mut out: Vec<ApiKeyEntry> = Vec::with_capacity(raw.len());
     for (i, k) in raw.into_iter().enumerate() {
         let key = format!("api_keys[{i}]");

@@ -3,6 +3,7 @@
 use std::{
     collections::HashMap,
     net::{Ipv6Addr, SocketAddr},
+    sync::Arc,
     time::Duration,
 };
 
@@ -50,8 +51,9 @@ pub struct EdgeConfig {
     pub embedded_node: Option<EmbeddedNode>,
     /// Configured nodes, in file order.
     pub nodes: Vec<NodeEntry>,
-    /// Public model groups, in file order; names unique.
-    pub models: Vec<ModelGroup>,
+    /// Public model groups, in file order; names unique. Shared: a request
+    /// holds its group without copying it.
+    pub models: Vec<Arc<ModelGroup>>,
     /// Bearer token protecting `/admin`.
     pub admin_token: Option<Secret>,
     /// Client keys (`[[api_keys]]`); with any, every `/v1` request needs one.
@@ -158,15 +160,16 @@ pub struct ModelGroup {
     pub queue_timeout: Duration,
 }
 
-/// One candidate of a [`ModelGroup`].
+/// One candidate of a [`ModelGroup`]. Shared strings: a request's
+/// admission copies its target without allocating.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelTarget {
     /// Node id (names one of `EdgeConfig::nodes`).
-    pub node: String,
+    pub node: Arc<str>,
     /// Provider id on that node.
-    pub provider: String,
+    pub provider: Arc<str>,
     /// Model name sent upstream.
-    pub upstream_model: String,
+    pub upstream_model: Arc<str>,
 }
 
 impl EdgeConfig {
@@ -188,7 +191,7 @@ impl EdgeConfig {
     }
 
     /// The group for a public model name.
-    pub fn model(&self, name: &str) -> Option<&ModelGroup> {
+    pub fn model(&self, name: &str) -> Option<&Arc<ModelGroup>> {
         self.models.iter().find(|m| m.name == name)
     }
 
@@ -335,7 +338,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
         if raw.models.is_empty() {
             return Err(ConfigError::key("models", "at least one [[models]] entry is required"));
         }
-        let mut models: Vec<ModelGroup> = Vec::with_capacity(raw.models.len());
+        let mut models: Vec<Arc<ModelGroup>> = Vec::with_capacity(raw.models.len());
         for (i, m) in raw.models.into_iter().enumerate() {
             let group = model_group(i, m, &nodes)?;
             if let Some(first) = models.iter().position(|other| other.name == group.name) {
@@ -345,7 +348,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
                     format!("duplicates models[{first}].name"),
                 ));
             }
-            models.push(group);
+            models.push(Arc::new(group));
         }
         let api_keys = super::api_keys::api_keys(raw.api_keys, &models)?;
         let testing = TestingSettings::try_from(raw.testing)?;
@@ -425,7 +428,7 @@ fn model_group(i: usize, raw: RawModel, nodes: &[NodeEntry]) -> Result<ModelGrou
 
     if let Some(threshold) = long_context_threshold {
         let has_long_pool = targets.iter().any(|t| {
-            let provider = nodes.iter().find(|n| n.id == t.node).and_then(|n| n.provider(&t.provider));
+            let provider = nodes.iter().find(|n| *n.id == *t.node).and_then(|n| n.provider(&t.provider));
             provider.is_some_and(|p| p.long_capacity > 0)
         });
         if !has_long_pool {
@@ -471,14 +474,18 @@ fn explicit_targets(
             ));
         }
         let upstream_model = upstream_model(&format!("{key}.model"), t.model, name)?;
-        if let Some(first) = targets.iter().position(|o| o.node == node_id && o.provider == provider) {
+        if let Some(first) = targets.iter().position(|o| *o.node == *node_id && *o.provider == *provider) {
             return Err(ConfigError::invalid(
                 format!("{key}.provider"),
                 &provider,
                 format!("node `{node_id}` with this provider duplicates {model_key}.targets[{first}]"),
             ));
         }
-        targets.push(ModelTarget { node: node_id, provider, upstream_model });
+        targets.push(ModelTarget {
+            node: node_id.into(),
+            provider: provider.into(),
+            upstream_model: upstream_model.into(),
+        });
     }
     Ok(targets)
 }
@@ -500,10 +507,11 @@ fn shorthand_targets(
         return Err(ConfigError::invalid(provider_key, "", "must not be empty"));
     }
     let upstream_model = upstream_model(&format!("{key}.upstream_model"), upstream, name)?;
+    let (shared_provider, shared_model): (Arc<str>, Arc<str>) = (provider.as_str().into(), upstream_model.into());
     let target = |node: &NodeEntry| ModelTarget {
-        node: node.id.clone(),
-        provider: provider.clone(),
-        upstream_model: upstream_model.clone(),
+        node: node.id.as_str().into(),
+        provider: shared_provider.clone(),
+        upstream_model: shared_model.clone(),
     };
     match node {
         Some(node_id) => {
@@ -665,13 +673,13 @@ provider = "local"
         );
         assert_eq!(
             c.models,
-            vec![ModelGroup {
+            vec![Arc::new(ModelGroup {
                 name: "m".into(),
                 targets: vec![target("node-1", "local", "m")],
                 long_context_threshold: None,
                 max_waiters: 256,
                 queue_timeout: Duration::from_secs(30),
-            }]
+            })]
         );
         assert_eq!(c.testing, TestingSettings::default());
         assert!(c.model("m").is_some() && c.model("x").is_none());
@@ -775,7 +783,7 @@ heartbeat_wait_ms = 25
             })
         );
         assert_eq!(
-            c.models[0],
+            *c.models[0],
             ModelGroup {
                 name: "x".into(),
                 targets: vec![target("b", "mock", "y")],
@@ -785,7 +793,7 @@ heartbeat_wait_ms = 25
             }
         );
         assert_eq!(
-            c.models[1],
+            *c.models[1],
             ModelGroup {
                 name: "z".into(),
                 targets: vec![target("a", "up", "z"), target("b", "mock", "zz")],

@@ -78,21 +78,8 @@ pub(crate) fn parse_head<T>(
         &mut heap
     };
     let base = window.as_ptr() as usize;
-    let (len, out, offsets) = match parse(storage, window) {
-        Ok(httparse::Status::Complete((len, count, out))) => {
-            // Names and values are sub-slices of `window`; remember their
-            // offsets so the head can be copied once and sliced.
-            let offsets: Vec<(usize, usize, usize, usize)> = storage
-                .iter()
-                .take(count)
-                .map(|h| {
-                    let name = (h.name.as_ptr() as usize).saturating_sub(base);
-                    let value = (h.value.as_ptr() as usize).saturating_sub(base);
-                    (name, name + h.name.len(), value, value + h.value.len())
-                })
-                .collect();
-            (len, out, offsets)
-        }
+    let (len, out, count) = match parse(storage, window) {
+        Ok(httparse::Status::Complete((len, count, out))) => (len, out, count),
         Ok(httparse::Status::Partial) => {
             if buf.len() > limits.max_head_bytes {
                 return Err(HttpError::HeadTooLarge);
@@ -102,24 +89,32 @@ pub(crate) fn parse_head<T>(
         Err(httparse::Error::TooManyHeaders) => return Err(HttpError::HeadTooLarge),
         Err(e) => return Err(HttpError::Malformed(httparse_error(e))),
     };
-    // Copied out (a few hundred bytes): the values live as long as the
-    // request or response, and slices of `buf` would keep the whole read
-    // buffer (and the body bytes read with the head) alive that long. Names
-    // are lower-cased in the copy, so neither needs an allocation of its own.
-    let mut copy = BytesMut::from(&buf[..len]);
-    buf.advance(len);
-    for &(start, end, _, _) in &offsets {
+    // Names and values are sub-slices of `window`: by their offsets they
+    // are sliced from one copy of the head (a few hundred bytes). Slices of
+    // `buf` would keep the whole read buffer (and the body bytes read with
+    // the head) alive as long as the request or response. Names are
+    // lower-cased in the copy, so neither needs an allocation of its own.
+    let parsed = storage.get(..count).unwrap_or_default();
+    let span = |s: &[u8]| {
+        let start = (s.as_ptr() as usize).saturating_sub(base);
+        (start, start + s.len())
+    };
+    let mut copy = BytesMut::from(window.get(..len).ok_or(HttpError::Malformed("head out of range"))?);
+    for h in parsed {
+        let (start, end) = span(h.name.as_bytes());
         copy.get_mut(start..end).ok_or(HttpError::Malformed("header name out of range"))?.make_ascii_lowercase();
     }
     let head = copy.freeze();
-    let mut headers = Vec::with_capacity(offsets.len());
-    for (ns, ne, vs, ve) in offsets {
-        if ne > head.len() || ve > head.len() || ns > ne || vs > ve {
+    let mut headers = Vec::with_capacity(count);
+    for h in parsed {
+        let ((ns, ne), (vs, ve)) = (span(h.name.as_bytes()), span(h.value));
+        if ne > head.len() || ve > head.len() {
             return Err(HttpError::Malformed("header out of range"));
         }
         // httparse accepted the name as a token.
         headers.push((HeaderName::from_checked(head.slice(ns..ne)), head.slice(vs..ve)));
     }
+    buf.advance(len);
     Ok(Some((out, headers)))
 }
 

@@ -47,7 +47,7 @@ pub async fn admit(worker: &Rc<Worker>, group: &ModelGroup, class: LeaseClass) -
         .iter()
         .enumerate()
         .filter_map(|(index, t)| {
-            let key = ResourceKey::new(&t.node, &t.provider);
+            let key = ResourceKey::of(t);
             let load = view.resources.get(&key)?.clone();
             Some(Candidate { index, key, load })
         })

@@ -45,6 +45,11 @@ impl ResourceKey {
     pub fn new(node: &str, provider: &str) -> Self {
         Self { node: node.into(), provider: provider.into() }
     }
+
+    /// The key of a model's target (its ids shared, not copied).
+    pub fn of(target: &iop_core::config::ModelTarget) -> Self {
+        Self { node: target.node.clone(), provider: target.provider.clone() }
+    }
 }
 
 impl std::fmt::Display for ResourceKey {

@@ -26,7 +26,7 @@ pub fn snapshot(config: &EdgeConfig, statuses: &[NodeStatus], pool: &PoolView) -
             let targets: Vec<Value> = m
                 .targets
                 .iter()
-                .map(|t| json!({"node": t.node, "provider": t.provider, "model": t.upstream_model}))
+                .map(|t| json!({"node": &*t.node, "provider": &*t.provider, "model": &*t.upstream_model}))
                 .collect();
             let usage = pool.usage.get(&m.name).map(|u| {
                 let g = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
@@ -224,7 +224,7 @@ mod tests {
                 ], "usage": {"reported": 1, "unreported": 1, "input_tokens": 10, "output_tokens": 4,
                              "reasoning_tokens": 1, "cached_input_tokens": 0}},
                 {"name": "long", "waiters": 0, "max_waiters": cfg.models[1].max_waiters, "targets": [
-                    {"node": "n1", "provider": "big", "model": cfg.models[1].targets[0].upstream_model},
+                    {"node": "n1", "provider": "big", "model": &*cfg.models[1].targets[0].upstream_model},
                 ], "usage": {"reported": 0, "unreported": 0, "input_tokens": 0, "output_tokens": 0,
                              "reasoning_tokens": 0, "cached_input_tokens": 0}},
             ],

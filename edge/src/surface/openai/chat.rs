@@ -90,7 +90,7 @@ pub fn normalized<'a>(
 }
 
 struct Meta {
-    model: String,
+    model: std::sync::Arc<str>,
     id: String,
     created: u64,
 }

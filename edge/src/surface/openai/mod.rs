@@ -20,9 +20,12 @@ pub mod replay;
 mod reply;
 mod tunnel;
 
-use std::{future::Future, pin::Pin, rc::Rc};
+use std::{future::Future, pin::Pin, rc::Rc, sync::Arc};
 
-use iop_core::{config::ModelGroup, http::RequestHead};
+use iop_core::{
+    config::{ModelGroup, ModelTarget},
+    http::RequestHead,
+};
 
 use replay::Replay;
 pub use replay::ReplayChance;
@@ -85,7 +88,7 @@ pub struct Admission {
     top: iop_core::request::Top,
     bytes: bytes::Bytes,
     permit: Option<crate::server::BodyPermit>,
-    group: ModelGroup,
+    group: Arc<ModelGroup>,
     admitted: pool::Admitted,
     tunnels: bool,
 }
@@ -221,15 +224,14 @@ fn tunnels_to(worker: &Worker, admitted: &Admitted) -> bool {
 /// Grants taken again, at most, when one came through links already closed.
 const MAX_REGRANTS: u32 = 8;
 
-/// The group with only the targets that can serve `route`; `None` when
-/// none can.
-fn serving(worker: &Worker, group: &ModelGroup, route: Route) -> Option<ModelGroup> {
+/// The group with only the targets that can serve `route` (the group
+/// itself, not a copy, when all can); `None` when none can.
+fn serving(worker: &Worker, group: &Arc<ModelGroup>, route: Route) -> Option<Arc<ModelGroup>> {
     let config = worker.config.borrow();
-    let targets: Vec<_> = group
-        .targets
-        .iter()
-        .filter(|t| config.provider(&t.node, &t.provider).is_some_and(|p| route.served_by(&p.kind)))
-        .cloned()
-        .collect();
-    (!targets.is_empty()).then(|| ModelGroup { targets, ..group.clone() })
+    let serves = |t: &ModelTarget| config.provider(&t.node, &t.provider).is_some_and(|p| route.served_by(&p.kind));
+    if group.targets.iter().all(serves) {
+        return Some(group.clone());
+    }
+    let targets: Vec<_> = group.targets.iter().filter(|t| serves(t)).cloned().collect();
+    (!targets.is_empty()).then(|| Arc::new(ModelGroup { targets, ..(**group).clone() }))
 }

@@ -31,7 +31,7 @@ pub struct Replay {
     pub(super) head: RequestHead,
     pub(super) top: Top,
     pub(super) bytes: Bytes,
-    pub(super) group: ModelGroup,
+    pub(super) group: std::sync::Arc<ModelGroup>,
     pub(super) class: LeaseClass,
     /// The provider of the failed attempt.
     pub(super) avoid: ResourceKey,
@@ -188,7 +188,7 @@ pub fn targets_avoiding(
     avoid: &ResourceKey,
     allow_avoided: bool,
 ) -> Option<ModelGroup> {
-    let key = |t: &iop_core::config::ModelTarget| ResourceKey::new(&t.node, &t.provider);
+    let key = |t: &iop_core::config::ModelTarget| ResourceKey::of(t);
     let live = |t: &iop_core::config::ModelTarget| view.resources.get(&key(t)).is_some_and(|l| l.live());
     let (avoided, alternates): (Vec<_>, Vec<_>) = group.targets.iter().cloned().partition(|t| key(t) == *avoid);
     let chosen = if alternates.iter().any(live) {
