@@ -115,8 +115,7 @@ impl UpstreamClient {
 
     /// Idle connections parked for `host:port`.
     pub fn idle_connections(&self, host: &str, port: u16) -> usize {
-        self.inner.pool.idle_count(&PoolKey { host: host.to_owned(), port, tls: false })
-            + self.inner.pool.idle_count(&PoolKey { host: host.to_owned(), port, tls: true })
+        self.inner.pool.idle_count(host, port, false) + self.inner.pool.idle_count(host, port, true)
     }
 
     /// Sends `req` and waits for the response head. Reuses an idle
@@ -126,17 +125,17 @@ impl UpstreamClient {
     /// failure is returned, never a second copy (the provider may be
     /// running the first).
     pub async fn send(&self, req: &Request<'_>) -> Result<Response, UpstreamError> {
-        let key = PoolKey { host: req.host.to_owned(), port: req.port, tls: req.tls.is_some() };
+        let tls = req.tls.is_some();
         let wire = encode_request(req);
         let head_request = req.method.eq_ignore_ascii_case("HEAD");
-        while let Some(stream) = self.inner.pool.take(&key) {
+        while let Some((stream, key)) = self.inner.pool.take(req.host, req.port, tls) {
             // A connection the provider closed while parked is found here,
             // before the request is written to it.
             if !stream.idle_and_open() {
                 tracing::debug!(host = %req.host, port = req.port, "pooled connection closed by the upstream; dropped");
                 continue;
             }
-            match self.exchange(stream, wire.clone(), head_request, key.clone(), true).await {
+            match self.exchange(stream, wire.clone(), head_request, key, true).await {
                 Ok(resp) => return Ok(resp),
                 Err(Attempt::NothingSent(e)) => {
                     tracing::debug!(host = %req.host, port = req.port, error = %e, "pooled connection refused the request before any byte; using a fresh one");
@@ -146,6 +145,7 @@ impl UpstreamClient {
             }
         }
         let stream = connect(req.host, req.port, req.tls, self.inner.cfg.connect_timeout).await?;
+        let key = PoolKey::new(req.host, req.port, tls);
         self.exchange(stream, wire, head_request, key, false).await.map_err(Attempt::into_error)
     }
 

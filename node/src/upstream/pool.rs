@@ -3,19 +3,31 @@
 
 use std::{
     cell::RefCell,
-    collections::{HashMap, VecDeque},
+    collections::VecDeque,
+    rc::Rc,
     time::{Duration, Instant},
 };
 
 use iop_core::net::Stream;
 
-/// Which upstream a connection belongs to.
+/// Which upstream a connection belongs to. The host is shared: a pooled
+/// connection's key is a reference count, not a copy per request.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub(crate) struct PoolKey {
-    pub(crate) host: String,
+    pub(crate) host: Rc<str>,
     pub(crate) port: u16,
     /// https: never shared with plain connections to the same port.
     pub(crate) tls: bool,
+}
+
+impl PoolKey {
+    pub(crate) fn new(host: &str, port: u16, tls: bool) -> Self {
+        Self { host: host.into(), port, tls }
+    }
+
+    fn is(&self, host: &str, port: u16, tls: bool) -> bool {
+        self.port == port && self.tls == tls && *self.host == *host
+    }
 }
 
 struct Idle {
@@ -23,35 +35,38 @@ struct Idle {
     since: Instant,
 }
 
-/// Idle keep-alive connections.
+/// Idle keep-alive connections, by upstream: a short list scanned by
+/// borrowed host (a node talks to a few providers), so finding one
+/// allocates nothing.
 pub(crate) struct Pool {
-    idle: RefCell<HashMap<PoolKey, VecDeque<Idle>>>,
+    idle: RefCell<Vec<(PoolKey, VecDeque<Idle>)>>,
     max_per_host: usize,
     idle_timeout: Duration,
 }
 
 impl Pool {
     pub(crate) fn new(max_per_host: usize, idle_timeout: Duration) -> Self {
-        Self { idle: RefCell::new(HashMap::new()), max_per_host, idle_timeout }
+        Self { idle: RefCell::new(Vec::new()), max_per_host, idle_timeout }
     }
 
-    /// The most recently parked live connection (the one least likely to
-    /// have been closed by the peer), if any.
-    pub(crate) fn take(&self, key: &PoolKey) -> Option<Stream> {
+    /// The most recently parked live connection to `host:port` (the one
+    /// least likely to have been closed by the peer) and its key, if any.
+    pub(crate) fn take(&self, host: &str, port: u16, tls: bool) -> Option<(Stream, PoolKey)> {
         let mut idle = self.idle.borrow_mut();
-        let queue = idle.get_mut(key)?;
+        let at = idle.iter().position(|(k, _)| k.is(host, port, tls))?;
         let now = Instant::now();
+        let (key, queue) = &mut idle[at];
         let mut found = None;
         while let Some(conn) = queue.pop_back() {
             if now.saturating_duration_since(conn.since) < self.idle_timeout {
-                found = Some(conn.stream);
+                found = Some((conn.stream, key.clone()));
                 break;
             }
             // Expired: dropping closes it. Older ones behind it are expired too.
             queue.clear();
         }
         if queue.is_empty() {
-            idle.remove(key);
+            idle.swap_remove(at);
         }
         found
     }
@@ -65,19 +80,26 @@ impl Pool {
         let now = Instant::now();
         // Sweep every host now and then so unused upstreams do not keep
         // expired sockets open forever; there are only a few hosts.
-        idle.retain(|_, q| {
+        idle.retain_mut(|(_, q)| {
             q.retain(|c| now.saturating_duration_since(c.since) < self.idle_timeout);
             !q.is_empty()
         });
-        let queue = idle.entry(key).or_default();
+        let at = match idle.iter().position(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                idle.push((key, VecDeque::new()));
+                idle.len() - 1
+            }
+        };
+        let queue = &mut idle[at].1;
         while queue.len() >= self.max_per_host {
             queue.pop_front();
         }
         queue.push_back(Idle { stream, since: now });
     }
 
-    /// Idle connections parked for `key`.
-    pub(crate) fn idle_count(&self, key: &PoolKey) -> usize {
-        self.idle.borrow().get(key).map_or(0, VecDeque::len)
+    /// Idle connections parked for `host:port`.
+    pub(crate) fn idle_count(&self, host: &str, port: u16, tls: bool) -> usize {
+        self.idle.borrow().iter().find(|(k, _)| k.is(host, port, tls)).map_or(0, |(_, q)| q.len())
     }
 }
