@@ -6,6 +6,27 @@ use iop_core::exec::{ExecEvent, Usage};
 
 use super::{ollama_stream, openai_stream::Flow};
 
+/// Translates a client's chat body for Ollama both ways (raw top level and
+/// plain messages copied, or the whole body as a tree); panics when they
+/// disagree: a different error, a different request, or output that is
+/// not JSON.
+pub fn ollama_chat_body(body: &[u8]) {
+    use super::ollama_request::{chat_body, chat_body_with};
+    let raw = chat_body(body, "target");
+    let tree = chat_body_with(body, "target", false);
+    match (raw, tree) {
+        (Ok(a), Ok(b)) => {
+            let parse = |b: &[u8]| serde_json::from_slice::<serde_json::Value>(b).ok();
+            let (pa, pb) = (parse(&a.body), parse(&b.body));
+            assert!(pa.is_some(), "the request is not JSON");
+            assert_eq!(pa, pb, "the two translations differ");
+            assert_eq!(a.stream, b.stream);
+        }
+        // Different errors, or only one way failed.
+        (a, b) => assert_eq!(a.err().map(|e| e.message), b.err().map(|e| e.message), "raw and tree disagree"),
+    }
+}
+
 /// What an Ollama NDJSON answer fed in `pieces` produced.
 #[derive(Debug, PartialEq)]
 pub struct NdjsonOutcome {

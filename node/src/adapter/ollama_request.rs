@@ -35,12 +35,18 @@
 //! `reasoning_content` its `thinking`; a `tool` message keeps its content
 //! and `tool_call_id`, and gets `tool_name` from the earlier call with that
 //! id (else from its `name`). `name` on other messages is dropped.
+//!
+//! Speed: a message that needs no translation (a `role` and a string
+//! `content`, nothing else) is copied as the client wrote it; only the rest
+//! is read as a JSON tree. A body the raw reading refuses is read again as a
+//! tree, so errors are the tree's (the `ollama_request` fuzz target holds
+//! both readings to the same answer).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
 use iop_core::exec::{codes, FailureSource, ProviderError, RunFailure};
-use serde_json::{Map, Value};
+use serde_json::{value::RawValue, Map, Value};
 
 /// Fields that do not change the answer: read and dropped.
 const DROPPED: &[&str] = &[
@@ -113,12 +119,52 @@ pub(crate) struct ChatBody {
 /// no stream). A client that waits for the whole answer gets it from one
 /// object Ollama writes once, not from a line per token.
 pub(crate) fn chat_body(body: &[u8], target: &str) -> Result<ChatBody, RunFailure> {
-    let mut req = object(body)?;
+    // A refused body is read again as a tree: its error is then the one a
+    // tree finds first, wherever the raw reading stopped.
+    chat_body_with(body, target, true).or_else(|_| chat_body_with(body, target, false))
+}
+
+/// [`chat_body`]; `raw: false` reads the whole body as a tree (the fuzz
+/// target checks both ways give the same answer).
+pub(crate) fn chat_body_with(body: &[u8], target: &str, raw: bool) -> Result<ChatBody, RunFailure> {
+    // The top level's values stay raw: the messages (most of a body) are
+    // then mostly copied as they are, not parsed into a tree and written
+    // again. A body this cannot read (an escaped key, bad JSON) takes the
+    // tree, which also names what is wrong with it.
+    let top = if raw { serde_json::from_slice::<BTreeMap<&str, &RawValue>>(body).ok() } else { None };
+    let (mut req, raw_messages) = match top {
+        Some(top) => {
+            let mut req = Map::new();
+            let mut messages = None;
+            for (key, raw) in top {
+                if key == "messages" {
+                    messages = Some(raw);
+                    continue;
+                }
+                // A value the tree cannot hold (a number out of range):
+                // the tree's error, never a silent null.
+                let Ok(value) = serde_json::from_str(raw.get()) else { return chat_body_with(body, target, false) };
+                req.insert(key.to_owned(), value);
+            }
+            (req, messages.filter(|m| m.get() != "null"))
+        }
+        None => (object(body)?, None),
+    };
     refuse_unsupported(&mut req)?;
     let mut out = Map::new();
     out.insert("model".into(), Value::String(target.to_owned()));
-    let messages = take(&mut req, "messages").ok_or_else(|| invalid("`messages` is required"))?;
-    out.insert("messages".into(), Value::Array(messages_of(messages)?));
+    let mut messages = Vec::with_capacity(body.len() + 16);
+    match raw_messages {
+        Some(raw) => {
+            if !write_messages(raw, &mut messages)? {
+                return chat_body_with(body, target, false);
+            }
+        }
+        None => {
+            let m = take(&mut req, "messages").ok_or_else(|| invalid("`messages` is required"))?;
+            let _ = serde_json::to_writer(&mut messages, &messages_of(m)?);
+        }
+    }
     let stream = match take(&mut req, "stream") {
         None => false,
         Some(Value::Bool(b)) => b,
@@ -208,7 +254,68 @@ pub(crate) fn chat_body(body: &[u8], target: &str) -> Result<ChatBody, RunFailur
             out.entry(key).or_insert(value);
         }
     }
-    Ok(ChatBody { body: Bytes::from(serde_json::to_vec(&Value::Object(out)).unwrap_or_default()), stream })
+    // `{"messages":[..],` then the other fields (`model` is always one).
+    let rest = serde_json::to_vec(&Value::Object(out)).unwrap_or_default();
+    let mut json = Vec::with_capacity(messages.len() + rest.len() + 16);
+    json.extend_from_slice(b"{\"messages\":");
+    json.extend_from_slice(&messages);
+    json.push(b',');
+    json.extend_from_slice(rest.get(1..).unwrap_or_default());
+    Ok(ChatBody { body: Bytes::from(json), stream })
+}
+
+/// Writes the messages in Ollama's shape: a message of only a `role`
+/// (`user`, `system`, `developer`, `assistant`) and a string `content` is
+/// copied as the client wrote it (its role renamed for `developer`); any
+/// other is translated by [`message_of`]. `Ok(false)`: the body needs
+/// reading as a tree (for its error).
+fn write_messages(raw: &RawValue, out: &mut Vec<u8>) -> Result<bool, RunFailure> {
+    let Ok(list) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else { return Ok(false) };
+    if list.is_empty() {
+        return Err(invalid("`messages` must not be empty"));
+    }
+    let mut call_names: HashMap<String, String> = HashMap::new();
+    out.push(b'[');
+    for (i, m) in list.into_iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        if !copy_plain_message(m, out) {
+            let Ok(m) = serde_json::from_str(m.get()) else { return Ok(false) };
+            let _ = serde_json::to_writer(&mut *out, &message_of(m, i, &mut call_names)?);
+        }
+    }
+    out.push(b']');
+    Ok(true)
+}
+
+/// Copies a message that needs no translation; false when it needs one.
+fn copy_plain_message(m: &RawValue, out: &mut Vec<u8>) -> bool {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Plain<'a> {
+        #[serde(borrow)]
+        role: &'a RawValue,
+        #[serde(borrow)]
+        content: &'a RawValue,
+    }
+    let Ok(plain) = serde_json::from_str::<Plain<'_>>(m.get()) else { return false };
+    let role = match plain.role.get() {
+        r#""user""# | r#""system""# | r#""assistant""# => plain.role.get(),
+        r#""developer""# => r#""system""#,
+        _ => return false,
+    };
+    // A JSON tree refuses a lone surrogate escape: so does the copy (the
+    // tree then names it).
+    if !plain.content.get().starts_with('"') || !surrogates_paired(plain.content.get().as_bytes()) {
+        return false;
+    }
+    out.extend_from_slice(b"{\"role\":");
+    out.extend_from_slice(role.as_bytes());
+    out.extend_from_slice(b",\"content\":");
+    out.extend_from_slice(plain.content.get().as_bytes());
+    out.push(b'}');
+    true
 }
 
 /// Refuses the parameters Ollama cannot honour (removing the harmless
@@ -254,6 +361,40 @@ fn refuse_unsupported(req: &mut Map<String, Value>) -> Result<(), RunFailure> {
         Some(_) => return Err(unsupported("modalities", "output other than text")),
     }
     Ok(())
+}
+
+/// Whether every `\\u` escape of the JSON string `raw` that is a UTF-16
+/// surrogate is a high one followed by a low one.
+fn surrogates_paired(raw: &[u8]) -> bool {
+    let hex4 = |at: usize| {
+        let digits = std::str::from_utf8(raw.get(at..at + 4)?).ok()?;
+        u16::from_str_radix(digits, 16).ok()
+    };
+    let low = |cp: u16| (0xDC00..0xE000).contains(&cp);
+    let mut i = 0;
+    while let Some(off) = memchr::memchr(b'\\', raw.get(i..).unwrap_or_default()) {
+        let at = i + off;
+        match raw.get(at + 1) {
+            Some(b'u') => {
+                let Some(cp) = hex4(at + 2) else { return false };
+                if low(cp) {
+                    return false;
+                }
+                if (0xD800..0xDC00).contains(&cp) {
+                    let follows = raw.get(at + 6..at + 8) == Some(&b"\\u"[..]);
+                    if !follows || !hex4(at + 8).is_some_and(low) {
+                        return false;
+                    }
+                    i = at + 12;
+                } else {
+                    i = at + 6;
+                }
+            }
+            Some(_) => i = at + 2,
+            None => return false,
+        }
+    }
+    true
 }
 
 /// `reasoning_effort` as Ollama's `think`.
@@ -310,59 +451,65 @@ fn messages_of(messages: Value) -> Result<Vec<Value>, RunFailure> {
     let mut call_names: HashMap<String, String> = HashMap::new();
     let mut out = Vec::with_capacity(messages.len());
     for (i, m) in messages.into_iter().enumerate() {
-        let Value::Object(mut m) = m else { return Err(invalid(format!("`messages[{i}]` must be an object"))) };
-        let role = match m.get("role").and_then(Value::as_str) {
-            Some("developer") => "system".to_owned(),
-            Some("function") => {
-                return Err(unsupported(&format!("messages[{i}].role"), "role \"function\" (use \"tool\")"))
-            }
-            Some(r) if !r.is_empty() => r.to_owned(),
-            _ => return Err(invalid(format!("`messages[{i}].role` must be a non-empty string"))),
-        };
-        let (mut text, images) = content_of(take(&mut m, "content"), i)?;
-        let mut msg = Map::new();
-        if role == "assistant" {
-            if text.is_empty() {
-                if let Some(Value::String(r)) = take(&mut m, "refusal") {
-                    text = r;
-                }
-            }
-            let thinking = take(&mut m, "reasoning_content").or_else(|| take(&mut m, "reasoning"));
-            if let Some(Value::String(t)) = thinking.filter(|t| t.as_str().is_some_and(|s| !s.is_empty())) {
-                msg.insert("thinking".into(), Value::String(t));
-            }
-            if let Some(calls) = take(&mut m, "tool_calls") {
-                let calls = assistant_calls(calls, i, &mut call_names)?;
-                if !calls.is_empty() {
-                    msg.insert("tool_calls".into(), Value::Array(calls));
-                }
-            }
-        }
-        if role == "tool" {
-            let id = match take(&mut m, "tool_call_id") {
-                None => None,
-                Some(Value::String(id)) => Some(id),
-                Some(_) => return Err(invalid(format!("`messages[{i}].tool_call_id` must be a string"))),
-            };
-            let name = id
-                .as_ref()
-                .and_then(|id| call_names.get(id).cloned())
-                .or_else(|| take(&mut m, "name").and_then(|n| n.as_str().map(str::to_owned)).filter(|n| !n.is_empty()));
-            if let Some(name) = name {
-                msg.insert("tool_name".into(), Value::String(name));
-            }
-            if let Some(id) = id {
-                msg.insert("tool_call_id".into(), Value::String(id));
-            }
-        }
-        msg.insert("role".into(), Value::String(role));
-        msg.insert("content".into(), Value::String(text));
-        if !images.is_empty() {
-            msg.insert("images".into(), Value::Array(images.into_iter().map(Value::String).collect()));
-        }
-        out.push(Value::Object(msg));
+        out.push(message_of(m, i, &mut call_names)?);
     }
     Ok(out)
+}
+
+/// Message `i` in Ollama's shape; `call_names` has the function name of
+/// each tool call id of the messages before it.
+fn message_of(m: Value, i: usize, call_names: &mut HashMap<String, String>) -> Result<Value, RunFailure> {
+    let Value::Object(mut m) = m else { return Err(invalid(format!("`messages[{i}]` must be an object"))) };
+    let role = match m.get("role").and_then(Value::as_str) {
+        Some("developer") => "system".to_owned(),
+        Some("function") => {
+            return Err(unsupported(&format!("messages[{i}].role"), "role \"function\" (use \"tool\")"))
+        }
+        Some(r) if !r.is_empty() => r.to_owned(),
+        _ => return Err(invalid(format!("`messages[{i}].role` must be a non-empty string"))),
+    };
+    let (mut text, images) = content_of(take(&mut m, "content"), i)?;
+    let mut msg = Map::new();
+    if role == "assistant" {
+        if text.is_empty() {
+            if let Some(Value::String(r)) = take(&mut m, "refusal") {
+                text = r;
+            }
+        }
+        let thinking = take(&mut m, "reasoning_content").or_else(|| take(&mut m, "reasoning"));
+        if let Some(Value::String(t)) = thinking.filter(|t| t.as_str().is_some_and(|s| !s.is_empty())) {
+            msg.insert("thinking".into(), Value::String(t));
+        }
+        if let Some(calls) = take(&mut m, "tool_calls") {
+            let calls = assistant_calls(calls, i, call_names)?;
+            if !calls.is_empty() {
+                msg.insert("tool_calls".into(), Value::Array(calls));
+            }
+        }
+    }
+    if role == "tool" {
+        let id = match take(&mut m, "tool_call_id") {
+            None => None,
+            Some(Value::String(id)) => Some(id),
+            Some(_) => return Err(invalid(format!("`messages[{i}].tool_call_id` must be a string"))),
+        };
+        let name = id
+            .as_ref()
+            .and_then(|id| call_names.get(id).cloned())
+            .or_else(|| take(&mut m, "name").and_then(|n| n.as_str().map(str::to_owned)).filter(|n| !n.is_empty()));
+        if let Some(name) = name {
+            msg.insert("tool_name".into(), Value::String(name));
+        }
+        if let Some(id) = id {
+            msg.insert("tool_call_id".into(), Value::String(id));
+        }
+    }
+    msg.insert("role".into(), Value::String(role));
+    msg.insert("content".into(), Value::String(text));
+    if !images.is_empty() {
+        msg.insert("images".into(), Value::Array(images.into_iter().map(Value::String).collect()));
+    }
+    Ok(Value::Object(msg))
 }
 
 /// A message's content: its text and its images (base64).
@@ -521,6 +668,71 @@ mod tests {
 
     fn user(content: &str) -> Value {
         json!([{"role": "user", "content": content}])
+    }
+
+    #[test]
+    fn plain_messages_are_copied_and_the_others_translated() {
+        let body = r#"{"model":"m","messages":[
+            {"role":"developer","content":"be \"brief\" \u00e9"},
+            {"role":"user","content":"hi","name":"ann"},
+            {"content":"x","role":"assistant"},
+            {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]},
+            {"role":"tool","content":"42","tool_call_id":"c1"},
+            {"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":"b"}]}
+        ],"messages":[{"role":"user","content":"last wins"}],"keep_alive":"5m"}"#;
+        let out = chat_body(body.as_bytes(), "t").unwrap();
+        let v: Value = serde_json::from_slice(&out.body).unwrap();
+        // Duplicate keys: the last one counts, as in a JSON tree.
+        assert_eq!(
+            v,
+            json!({"model": "t", "stream": false, "keep_alive": "5m", "messages": [{"role": "user", "content": "last wins"}]})
+        );
+
+        let body = body.replace(r#","messages":[{"role":"user","content":"last wins"}]"#, "");
+        let out = chat_body(body.as_bytes(), "t").unwrap();
+        // Copied as written: the escapes are the client's.
+        let text = std::str::from_utf8(&out.body).unwrap();
+        assert!(text.starts_with(r#"{"messages":[{"role":"system","content":"be \"brief\" \u00e9"},"#), "{text}");
+        let v: Value = serde_json::from_slice(&out.body).unwrap();
+        assert_eq!(
+            v["messages"],
+            json!([
+                {"role": "system", "content": "be \"brief\" é"},
+                {"role": "user", "content": "hi"},
+                {"role": "assistant", "content": "x"},
+                {"role": "assistant", "content": "", "tool_calls": [{"id": "c1", "function": {"name": "f", "arguments": {}}}]},
+                {"role": "tool", "content": "42", "tool_name": "f", "tool_call_id": "c1"},
+                {"role": "user", "content": "a\nb"},
+            ])
+        );
+        // An escaped key is read through the tree, with the same answer.
+        let escaped = body.replace(r#""messages""#, r#""m\u0065ssages""#);
+        let again: Value = serde_json::from_slice(&chat_body(escaped.as_bytes(), "t").unwrap().body).unwrap();
+        assert_eq!(again, v);
+        // Surrogate escapes: pairs are copied, a lone one is refused as a tree refuses it.
+        let pair = r#"{"messages":[{"role":"user","content":"\ud83d\ude00 \\ud800"}]}"#;
+        let v: Value = serde_json::from_slice(&chat_body(pair.as_bytes(), "t").unwrap().body).unwrap();
+        assert_eq!(v["messages"][0]["content"], "\u{1f600} \\ud800");
+        for lone in [r#""\ud800""#, r#""\udc00""#, r#""\ud800\u0041""#, r#""a\ud83d""#] {
+            let bad = format!(r#"{{"messages":[{{"role":"user","content":{lone}}}]}}"#);
+            assert_eq!(chat_body(bad.as_bytes(), "t").err().unwrap().status, 400, "{lone}");
+        }
+        // What is wrong is still named (the first: found by the fuzz target).
+        for (bad, msg) in [
+            (r#"{"messages":[{"role":"user","content":"a"}],"x":[2e+22222212]}"#, "number out of range"),
+            (
+                r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a","n":1e999}]}]}"#,
+                "number out of range",
+            ),
+            (r#"{"messages":[]}"#, "must not be empty"),
+            (r#"{"messages":{}}"#, "must be an array"),
+            (r#"{"messages":null}"#, "is required"),
+            (r#"{"messages":[1]}"#, "`messages[0]` must be an object"),
+            (r#"{"messages":[{"role":"user","content":"a"},{"role":"","content":"b"}]}"#, "`messages[1].role`"),
+        ] {
+            let e = chat_body(bad.as_bytes(), "t").err().unwrap();
+            assert!(e.message.contains(msg), "{bad}: {}", e.message);
+        }
     }
 
     #[test]
