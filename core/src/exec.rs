@@ -238,8 +238,9 @@ pub enum Part {
     Reasoning(String),
     /// Refusal text.
     Refusal(String),
-    /// A fragment of a tool call.
-    ToolCall(ToolCallDelta),
+    /// A fragment of a tool call (boxed: it is rare and four strings
+    /// wide, and every event moves through a few queues by value).
+    ToolCall(Box<ToolCallDelta>),
 }
 
 /// A fragment of one tool call, as OpenAI streams them: the first fragment
@@ -390,13 +391,13 @@ impl ExecEvent {
             Kind::Delta(d) => delta(Part::Content(d.text)),
             Kind::ReasoningDelta(d) => delta(Part::Reasoning(d.text)),
             Kind::RefusalDelta(d) => delta(Part::Refusal(d.text)),
-            Kind::ToolCall(c) => delta(Part::ToolCall(ToolCallDelta {
+            Kind::ToolCall(c) => delta(Part::ToolCall(Box::new(ToolCallDelta {
                 index: c.index,
                 id: c.id,
                 kind: c.r#type,
                 name: c.name,
                 arguments: c.arguments,
-            })),
+            }))),
             Kind::ChoiceFinish(f) => Some(ExecEvent::ChoiceFinish { choice, finish_reason: f.finish_reason }),
             Kind::Embeddings(e) => Some(ExecEvent::Embeddings(e.data.into_iter().map(|v| v.values).collect())),
             Kind::Complete(c) => {
@@ -436,13 +437,13 @@ mod tests {
             }),
             ExecEvent::Delta(Delta {
                 choice: 2,
-                part: Part::ToolCall(ToolCallDelta {
+                part: Part::ToolCall(Box::new(ToolCallDelta {
                     index: 1,
                     id: "call_1".into(),
                     kind: "function".into(),
                     name: "f".into(),
                     arguments: "{\"a\"".into(),
-                }),
+                })),
                 logprobs: None,
             }),
             ExecEvent::ChoiceFinish { choice: 1, finish_reason: "tool_calls".into() },

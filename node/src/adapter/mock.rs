@@ -225,10 +225,10 @@ impl MockAdapter {
                         };
                         self.pace(step).await;
                         step = step.saturating_add(1);
-                        sink.emit(delta(c, Part::ToolCall(first), None)).await?;
+                        sink.emit(delta(c, Part::ToolCall(Box::new(first)), None)).await?;
                         for piece in [a, b] {
                             let frag = ToolCallDelta { index: i, arguments: piece.to_owned(), ..Default::default() };
-                            sink.emit(delta(c, Part::ToolCall(frag), None)).await?;
+                            sink.emit(delta(c, Part::ToolCall(Box::new(frag)), None)).await?;
                         }
                     }
                     output += 8 * u64::from(n);

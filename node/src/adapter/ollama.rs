@@ -428,13 +428,13 @@ mod tests {
         let call = |index: u32, name: &str, arguments: &str| {
             ExecEvent::Delta(Delta {
                 choice: 0,
-                part: Part::ToolCall(ToolCallDelta {
+                part: Part::ToolCall(Box::new(ToolCallDelta {
                     index,
                     id: format!("call_run-1_{index}"),
                     kind: "function".into(),
                     name: name.into(),
                     arguments: arguments.into(),
-                }),
+                })),
                 logprobs: None,
             })
         };

@@ -245,13 +245,13 @@ impl ChatStream {
             };
             let index = self.calls;
             self.calls = self.calls.saturating_add(1);
-            out.push(delta(Part::ToolCall(ToolCallDelta {
+            out.push(delta(Part::ToolCall(Box::new(ToolCallDelta {
                 index,
                 id: format!("call_{}_{index}", self.run_id),
                 kind: "function".into(),
                 name: function.name.unwrap_or_default(),
                 arguments,
-            })));
+            }))));
         }
     }
 }
@@ -369,13 +369,13 @@ mod tests {
     fn tool(index: u32, name: &str, arguments: &str) -> ExecEvent {
         ExecEvent::Delta(Delta {
             choice: 0,
-            part: Part::ToolCall(ToolCallDelta {
+            part: Part::ToolCall(Box::new(ToolCallDelta {
                 index,
                 id: format!("call_r1_{index}"),
                 kind: "function".into(),
                 name: name.into(),
                 arguments: arguments.into(),
-            }),
+            })),
             logprobs: None,
         })
     }

@@ -243,13 +243,13 @@ fn push_message(m: MessageJson, choice: u32, logprobs: &mut Option<Bytes>, out: 
             Some(other) => other.to_string(),
         };
         out.push(delta(
-            Part::ToolCall(ToolCallDelta {
+            Part::ToolCall(Box::new(ToolCallDelta {
                 index: call.index.unwrap_or(u32::try_from(i).unwrap_or(u32::MAX)),
                 id: call.id.unwrap_or_default(),
                 kind: call.kind.unwrap_or_default(),
                 name: function.name.unwrap_or_default(),
                 arguments,
-            }),
+            })),
             None,
         ));
     }
@@ -516,13 +516,13 @@ mod tests {
     fn tool(choice: u32, index: u32, id: &str, name: &str, arguments: &str) -> ExecEvent {
         ExecEvent::Delta(Delta {
             choice,
-            part: Part::ToolCall(ToolCallDelta {
+            part: Part::ToolCall(Box::new(ToolCallDelta {
                 index,
                 id: id.into(),
                 kind: if id.is_empty() { String::new() } else { "function".into() },
                 name: name.into(),
                 arguments: arguments.into(),
-            }),
+            })),
             logprobs: None,
         })
     }

@@ -220,7 +220,7 @@ mod tests {
             name: "f".into(),
             arguments: String::new(),
         };
-        enc.delta(&mut out, &Delta { choice: 0, part: Part::ToolCall(first), logprobs: None });
+        enc.delta(&mut out, &Delta { choice: 0, part: Part::ToolCall(Box::new(first)), logprobs: None });
         let v = event_json(&out);
         assert_eq!(
             v["choices"][0]["delta"],
@@ -228,7 +228,7 @@ mod tests {
         );
         out.clear();
         let next = ToolCallDelta { index: 1, arguments: "{\"a\":1}".into(), ..Default::default() };
-        enc.delta(&mut out, &Delta { choice: 3, part: Part::ToolCall(next), logprobs: None });
+        enc.delta(&mut out, &Delta { choice: 3, part: Part::ToolCall(Box::new(next)), logprobs: None });
         let v = event_json(&out);
         assert_eq!(v["choices"][0]["index"], 3);
         assert_eq!(

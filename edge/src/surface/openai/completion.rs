@@ -258,8 +258,8 @@ mod tests {
         for ev in [
             lp(br#"{"content":[{"token":"a"}]}"#),
             lp(br#"{"content":[{"token":"b"}],"refusal":[]}"#),
-            d(0, Part::ToolCall(first)),
-            d(0, Part::ToolCall(rest)),
+            d(0, Part::ToolCall(Box::new(first))),
+            d(0, Part::ToolCall(Box::new(rest))),
             d(2, Part::Refusal("no".into())),
             ExecEvent::ChoiceFinish { choice: 2, finish_reason: "stop".into() },
         ] {
