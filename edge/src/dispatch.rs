@@ -311,8 +311,7 @@ impl Route {
         }
         // Dropping `cmd` drops its lease and its events' sender.
         drop(cmd);
-        let node = self.node_id.clone();
-        let node = node.to_string();
+        let node = self.node_id.to_string();
         Err(if full { DispatchError::NodeBusy(node) } else { DispatchError::NoReadyNode(node) })
     }
 
