@@ -131,9 +131,9 @@ pub(crate) fn chat_body_with(body: &[u8], target: &str, raw: bool) -> Result<Cha
     // then mostly copied as they are, not parsed into a tree and written
     // again. A body this cannot read (an escaped key, bad JSON) takes the
     // tree, which also names what is wrong with it.
-    let top = if raw { serde_json::from_slice::<BTreeMap<&str, &RawValue>>(body).ok() } else { None };
+    let top = if raw { serde_json::from_slice::<RawTop<'_>>(body).ok() } else { None };
     let (mut req, raw_messages) = match top {
-        Some(top) => {
+        Some(RawTop(top)) => {
             let mut req = Map::new();
             let mut messages = None;
             for (key, raw) in top {
@@ -142,8 +142,8 @@ pub(crate) fn chat_body_with(body: &[u8], target: &str, raw: bool) -> Result<Cha
                     continue;
                 }
                 // A value the tree cannot hold (a number out of range):
-                // the tree's error, never a silent null.
-                let Ok(value) = serde_json::from_str(raw.get()) else { return chat_body_with(body, target, false) };
+                // the tree's error (see `chat_body`), never a silent null.
+                let value = serde_json::from_str(raw.get()).map_err(|_| needs_tree())?;
                 req.insert(key.to_owned(), value);
             }
             (req, messages.filter(|m| m.get() != "null"))
@@ -156,9 +156,7 @@ pub(crate) fn chat_body_with(body: &[u8], target: &str, raw: bool) -> Result<Cha
     let mut messages = Vec::with_capacity(body.len() + 16);
     match raw_messages {
         Some(raw) => {
-            if !write_messages(raw, &mut messages)? {
-                return chat_body_with(body, target, false);
-            }
+            write_messages(raw, &mut messages)?;
         }
         None => {
             let m = take(&mut req, "messages").ok_or_else(|| invalid("`messages` is required"))?;
@@ -264,13 +262,39 @@ pub(crate) fn chat_body_with(body: &[u8], target: &str, raw: bool) -> Result<Cha
     Ok(ChatBody { body: Bytes::from(json), stream })
 }
 
+/// A body's top level, each value raw. A key given twice refuses it: the
+/// tree keeps the last value, and the value left out would go unread (a
+/// number out of range in it is the tree's error; found by the fuzz target).
+struct RawTop<'a>(BTreeMap<&'a str, &'a RawValue>);
+
+impl<'de> serde::Deserialize<'de> for RawTop<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = RawTop<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut fields = BTreeMap::new();
+                while let Some((key, value)) = map.next_entry::<&str, &RawValue>()? {
+                    if fields.insert(key, value).is_some() {
+                        return Err(serde::de::Error::custom("a key given twice"));
+                    }
+                }
+                Ok(RawTop(fields))
+            }
+        }
+        d.deserialize_map(Fields)
+    }
+}
+
 /// Writes the messages in Ollama's shape: a message of only a `role`
 /// (`user`, `system`, `developer`, `assistant`) and a string `content` is
 /// copied as the client wrote it (its role renamed for `developer`); any
-/// other is translated by [`message_of`]. `Ok(false)`: the body needs
-/// reading as a tree (for its error).
-fn write_messages(raw: &RawValue, out: &mut Vec<u8>) -> Result<bool, RunFailure> {
-    let Ok(list) = serde_json::from_str::<Vec<&RawValue>>(raw.get()) else { return Ok(false) };
+/// other is translated by [`message_of`].
+fn write_messages(raw: &RawValue, out: &mut Vec<u8>) -> Result<(), RunFailure> {
+    let list = serde_json::from_str::<Vec<&RawValue>>(raw.get()).map_err(|_| needs_tree())?;
     if list.is_empty() {
         return Err(invalid("`messages` must not be empty"));
     }
@@ -281,12 +305,18 @@ fn write_messages(raw: &RawValue, out: &mut Vec<u8>) -> Result<bool, RunFailure>
             out.push(b',');
         }
         if !copy_plain_message(m, out) {
-            let Ok(m) = serde_json::from_str(m.get()) else { return Ok(false) };
+            let m = serde_json::from_str(m.get()).map_err(|_| needs_tree())?;
             let _ = serde_json::to_writer(&mut *out, &message_of(m, i, &mut call_names)?);
         }
     }
     out.push(b']');
-    Ok(true)
+    Ok(())
+}
+
+/// What the raw reading cannot tell; never a client's answer: `chat_body`
+/// reads a refused body again as a tree, whose error it gives.
+fn needs_tree() -> RunFailure {
+    invalid("invalid request body")
 }
 
 /// Copies a message that needs no translation; false when it needs one.
@@ -720,6 +750,7 @@ mod tests {
         // What is wrong is still named (the first: found by the fuzz target).
         for (bad, msg) in [
             (r#"{"messages":[{"role":"user","content":"a"}],"x":[2e+22222212]}"#, "number out of range"),
+            (r#"{"messages":[{"role":"user","content":"a"}],"x":[1e999],"x":1}"#, "number out of range"),
             (
                 r#"{"messages":[{"role":"user","content":[{"type":"text","text":"a","n":1e999}]}]}"#,
                 "number out of range",

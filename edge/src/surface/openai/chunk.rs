@@ -6,6 +6,7 @@
 use bytes::{BufMut, BytesMut};
 use iop_core::{
     exec::{Delta, Part, RunFailure, Usage},
+    http::put_decimal,
     sse,
 };
 
@@ -18,26 +19,22 @@ pub fn json_str(out: &mut BytesMut, s: &str) {
 /// Appends an OpenAI `usage` object.
 pub fn usage_json(out: &mut BytesMut, u: &Usage) {
     out.put_slice(b"{\"prompt_tokens\":");
-    put_u64(out, u.input_tokens);
+    put_decimal(out, u.input_tokens);
     out.put_slice(b",\"completion_tokens\":");
-    put_u64(out, u.output_tokens);
+    put_decimal(out, u.output_tokens);
     out.put_slice(b",\"total_tokens\":");
-    put_u64(out, u.input_tokens.saturating_add(u.output_tokens));
+    put_decimal(out, u.input_tokens.saturating_add(u.output_tokens));
     if let Some(c) = u.cached_input_tokens {
         out.put_slice(b",\"prompt_tokens_details\":{\"cached_tokens\":");
-        put_u64(out, c);
+        put_decimal(out, c);
         out.put_slice(b"}");
     }
     if let Some(r) = u.reasoning_tokens {
         out.put_slice(b",\"completion_tokens_details\":{\"reasoning_tokens\":");
-        put_u64(out, r);
+        put_decimal(out, r);
         out.put_slice(b"}");
     }
     out.put_slice(b"}");
-}
-
-pub fn put_u64(out: &mut BytesMut, n: u64) {
-    iop_core::http::put_decimal(out, n);
 }
 
 /// Appends one delta object (`{"content":..}`, `{"tool_calls":[..]}`, ...).
@@ -62,7 +59,7 @@ pub fn delta_json(out: &mut BytesMut, part: &Part) {
             // The first fragment of a call names it; later ones carry only
             // argument pieces (as OpenAI streams them).
             out.put_slice(b"{\"tool_calls\":[{\"index\":");
-            put_u64(out, u64::from(c.index));
+            put_decimal(out, u64::from(c.index));
             if !c.id.is_empty() {
                 out.put_slice(b",\"id\":");
                 json_str(out, &c.id);
@@ -97,7 +94,7 @@ impl ChunkEncoder {
         prefix.put_slice(b"data: {\"id\":");
         json_str(&mut prefix, id);
         prefix.put_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
-        put_u64(&mut prefix, created);
+        put_decimal(&mut prefix, created);
         prefix.put_slice(b",\"model\":");
         json_str(&mut prefix, model);
         prefix.put_slice(b",");
@@ -114,7 +111,7 @@ impl ChunkEncoder {
     ) {
         out.put_slice(&self.prefix);
         out.put_slice(b"\"choices\":[{\"index\":");
-        put_u64(out, u64::from(choice));
+        put_decimal(out, u64::from(choice));
         out.put_slice(b",\"delta\":");
         delta(out);
         out.put_slice(b",\"logprobs\":");

@@ -6,12 +6,15 @@
 use std::collections::BTreeMap;
 
 use bytes::{BufMut, BytesMut};
-use iop_core::exec::{codes, ExecEvent, FailureSource, Part, RunFailure, Usage};
+use iop_core::{
+    exec::{codes, ExecEvent, FailureSource, Part, RunFailure, Usage},
+    http::put_decimal,
+};
 use serde_json::Value;
 
 use super::{
     chat::{node_cancelled, protocol},
-    chunk::{json_str, put_u64, usage_json},
+    chunk::{json_str, usage_json},
 };
 
 /// Largest non-streamed completion the edge buffers (all choices' text).
@@ -51,7 +54,7 @@ impl Choice {
     /// `{"index":..,"message":{..},"logprobs":..,"finish_reason":..}`.
     fn write(&self, out: &mut BytesMut, index: u32) {
         out.put_slice(b"{\"index\":");
-        put_u64(out, u64::from(index));
+        put_decimal(out, u64::from(index));
         out.put_slice(b",\"message\":{\"role\":\"assistant\",\"content\":");
         // OpenAI's content is null beside tool calls or a refusal.
         if self.content.is_empty() && (!self.tool_calls.is_empty() || !self.refusal.is_empty()) {
@@ -181,7 +184,7 @@ impl Aggregate {
         out.put_slice(b"{\"id\":");
         json_str(out, id);
         out.put_slice(b",\"object\":\"chat.completion\",\"created\":");
-        put_u64(out, created);
+        put_decimal(out, created);
         out.put_slice(b",\"model\":");
         json_str(out, model);
         out.put_slice(b",\"choices\":[");

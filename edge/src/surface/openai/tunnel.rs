@@ -108,9 +108,10 @@ async fn relay(
     let mut w = Responder { wr, out, head_only, ex: exchange };
     let answer = std::pin::pin!(answer(&mut w, stream, keep, write_timeout, chance));
     // None: the client left; dropping the stream cancels the tunnel.
-    let watched = match streamed {
-        true => with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, answer).await,
-        false => with_disconnect_watch::<WHOLE_WATCH, _, _>(rd, buf, answer).await,
+    let watched = if streamed {
+        with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, answer).await
+    } else {
+        with_disconnect_watch::<WHOLE_WATCH, _, _>(rd, buf, answer).await
     };
     watched.unwrap_or(false)
 }
