@@ -58,21 +58,41 @@ impl Stream {
     /// cancellation, no round trip through the ring). EOF, an error or
     /// unsolicited bytes (a late answer, a TLS alert) mean it cannot.
     pub fn idle_and_open(&self) -> bool {
+        if let Stream::Tls(t) = self {
+            if t.inbound.has_pending() {
+                return false;
+            }
+        }
+        let mut byte = [std::mem::MaybeUninit::uninit(); 1];
+        match self.with_socket(|s| s.recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT)) {
+            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+            // 0: EOF; more: bytes nobody asked for.
+            Ok(_) => false,
+        }
+    }
+
+    /// Shuts the connection down both ways now (the peer sees it end at
+    /// once), for a connection abandoned mid-exchange. Dropping the stream
+    /// alone ends it only after the ring has cancelled the read in flight
+    /// and then closed the descriptor: two trips through a reactor that
+    /// may be busy. No TLS close_notify: the exchange was cut, not ended.
+    pub fn shutdown_now(&self) {
+        // An error (already shut down, or reset by the peer) leaves nothing to do.
+        let _ = self.with_socket(|s| s.shutdown(std::net::Shutdown::Both));
+    }
+
+    /// Runs `f` on the TCP socket under the stream, for calls that never
+    /// block (no submission, no round trip through the ring).
+    fn with_socket<R>(&self, f: impl FnOnce(socket2::SockRef<'_>) -> R) -> R {
         let tcp = match self {
             Stream::Plain(s) => s,
-            Stream::Tls(t) if t.inbound.has_pending() => return false,
             Stream::Tls(t) => &t.tcp,
         };
         use std::os::fd::{AsRawFd, BorrowedFd};
         // SAFETY: the descriptor belongs to `tcp`, which outlives this borrow.
         #[allow(unsafe_code)]
         let fd = unsafe { BorrowedFd::borrow_raw(tcp.as_raw_fd()) };
-        let mut byte = [std::mem::MaybeUninit::uninit(); 1];
-        match socket2::SockRef::from(&fd).recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT) {
-            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
-            // 0: EOF; more: bytes nobody asked for.
-            Ok(_) => false,
-        }
+        f(socket2::SockRef::from(&fd))
     }
 
     /// Whether this is a TLS connection.

@@ -151,12 +151,16 @@ impl UpstreamClient {
 
     async fn exchange(
         &self,
-        mut stream: Stream,
+        stream: Stream,
         wire: Bytes,
         head_request: bool,
         key: PoolKey,
         reused: bool,
     ) -> Result<Response, Attempt> {
+        let mut live = Live(Some(stream));
+        let Live(Some(stream)) = &mut live else {
+            return Err(Attempt::NothingSent(UpstreamError::Closed("before the request was written")));
+        };
         // The first write tells whether anything went out at all.
         let len = wire.len();
         let (res, wire) = stream.write(wire).await;
@@ -182,7 +186,7 @@ impl UpstreamClient {
                     break head;
                 }
             }
-            match read_append(&mut stream, &mut buf, MIN_READ).await {
+            match read_append(stream, &mut buf, MIN_READ).await {
                 Ok(0) if received => {
                     return Err(Attempt::Failed(UpstreamError::Closed("in the middle of the response head")))
                 }
@@ -196,7 +200,7 @@ impl UpstreamClient {
             head,
             decoder,
             buf,
-            conn: Some(stream),
+            conn: live.0.take(),
             client: Rc::clone(&self.inner),
             key,
             reused,
@@ -222,8 +226,22 @@ fn encode_request(req: &Request<'_>) -> Bytes {
     out.freeze()
 }
 
+/// A connection in the middle of an exchange. Dropped before the exchange
+/// ends (a cancelled run, a timeout), it is shut down at once: the provider
+/// sees the client leave and stops generating, without waiting for the ring
+/// to cancel the read in flight and close the descriptor.
+struct Live(Option<Stream>);
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if let Some(stream) = &self.0 {
+            stream.shutdown_now();
+        }
+    }
+}
+
 /// A response whose head arrived; the body is read with [`Response::chunk`].
-/// Dropping it before the end of the body closes the connection.
+/// Dropping it before the end of the body shuts the connection down at once.
 pub struct Response {
     head: ResponseHead,
     decoder: BodyDecoder,
@@ -245,6 +263,15 @@ impl fmt::Debug for Response {
             .field("reused", &self.reused)
             .field("done", &self.done)
             .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Response {
+    fn drop(&mut self) {
+        // Still held: the body did not end (a finished one is parked or closed).
+        if let Some(stream) = &self.conn {
+            stream.shutdown_now();
+        }
     }
 }
 
@@ -492,6 +519,28 @@ mod tests {
         let events: Vec<_> = (0..5).map(|_| server.next_event()).collect();
         assert!(events.contains(&Event::Eof(0)), "the unfinished connection was closed: {events:?}");
         assert!(events.contains(&Event::Accepted(1)), "{events:?}");
+    }
+
+    #[test]
+    fn an_abandoned_exchange_ends_its_connection_before_the_reactor_runs_again() {
+        let open = crate::upstream::test_server::sse_chunked_open(&["{\"n\":1}"]);
+        let server = TestServer::start(vec![Reply::keep(open)]);
+        let port = server.addr.port();
+        let client = UpstreamClient::default();
+        iop_core::rt::block_on_current(async {
+            let mut resp = client.send(&get(port)).await.unwrap();
+            assert!(resp.chunk().await.unwrap().is_some());
+            // A read in flight when the run is cancelled, as in a relay.
+            let pending = iop_core::rt::time::timeout(Duration::from_millis(1), resp.chunk()).await;
+            assert!(pending.is_err(), "the stream stays open");
+            drop(resp);
+            // Blocking this reactor: only a close made right at the drop, not
+            // one queued on the ring, can reach the provider now.
+            let eof = std::iter::from_fn(|| server.events.recv_timeout(Duration::from_secs(2)).ok())
+                .find(|e| matches!(e, Event::Eof(_)));
+            assert_eq!(eof, Some(Event::Eof(0)), "the provider saw the connection end at the drop");
+        })
+        .unwrap();
     }
 
     #[test]
