@@ -114,8 +114,8 @@ impl EdgeHandle {
         if config.http.listen != boot.http.listen || config.node_listen != boot.node_listen {
             tracing::warn!("listen addresses differ from the running ones; they apply after a restart");
         }
-        if config.workers != boot.workers {
-            tracing::warn!("`workers` differs from the running value; it applies after a restart");
+        if config.workers != boot.workers || config.pin_workers != boot.pin_workers {
+            tracing::warn!("`workers` or `pin_workers` differs from the running value; it applies after a restart");
         }
         if config.embedded_node != boot.embedded_node {
             tracing::warn!("`embedded_node` differs from the running one; it applies after a restart");
@@ -193,9 +193,11 @@ pub fn load_tls(
     Ok((http, node))
 }
 
-/// Binds the listeners and starts `config.workers` pinned workers.
+/// Binds the listeners and starts `config.workers` workers (pinned with
+/// `pin_workers`).
 pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
     let workers = config.workers.max(1);
+    let pin = config.pin_workers;
     let http = bind_reuseport(config.http.listen, workers)
         .map_err(|source| StartError::Bind { what: "client HTTP listener", source })?;
     let node_listen = config.node_listen.unwrap_or(SocketAddr::from((Ipv4Addr::LOCALHOST, 0)));
@@ -217,6 +219,8 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
                 token: node.token.clone(),
                 // One link per edge worker, like a node of its own.
                 workers: config.workers,
+                // It shares the edge's threads' cores: never pinned.
+                pin_workers: false,
                 reconnect: ReconnectPolicy { max_attempts: None, interval: std::time::Duration::from_secs(1) },
                 max_frame_bytes: config.max_frame_bytes,
                 shutdown_grace: std::time::Duration::from_secs(5),
@@ -226,6 +230,7 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
                 // Loopback; the config refuses an embedded node beside
                 // a TLS node listener.
                 edge_tls: None,
+                stream_coalesce: iop_core::config::DEFAULT_STREAM_COALESCE,
             })
         }
         None => None,
@@ -269,7 +274,7 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
     for (index, ((http_l, node_l), inbox)) in http.into_iter().zip(nodes).zip(receivers).enumerate() {
         let shared = shared.clone();
         let pool = pool.clone();
-        let t = rt::spawn_worker("iop-edge", index, true, move || async move {
+        let t = rt::spawn_worker("iop-edge", index, pin, move || async move {
             let w = Rc::new(Worker::new(index, shared, pool));
             worker::run(w, http_l, node_l, inbox).await;
         })

@@ -1,7 +1,7 @@
 //! iop-node: runs beside model servers, dials out to the edge, registers,
 //! receives its provider config and executes runs.
 //!
-//! - [`process`]: the node process: one pinned worker per core, each with its
+//! - [`process`]: the node process: one worker per core, each with its
 //!   own link to the edge ([`supervisor`] → [`session`]).
 //! - [`adapter`]: provider adapters (`mock`, `openai_compat`, `ollama`) over the
 //!   [`upstream`] HTTP client.

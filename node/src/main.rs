@@ -80,7 +80,8 @@ fn run() -> anyhow::Result<()> {
         }
         let _ = std::io::Write::flush(&mut std::io::stdout());
     }
-    let node = iop_node::start(config, true, tls).context("cannot start the node's worker threads")?;
+    let pin = config.pin_workers;
+    let node = iop_node::start(config, pin, tls).context("cannot start the node's worker threads")?;
     let stopper = node.stopper();
     std::thread::Builder::new()
         .name("iop-node-signals".into())

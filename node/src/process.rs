@@ -1,4 +1,4 @@
-//! The node process: `workers` threads (one pinned reactor per core), each
+//! The node process: `workers` threads (one reactor each), each
 //! with its own link to the edge, its own run manager, upstream connection
 //! pools and frame codec, so a run's bytes stay on the core that serves it.
 //! The links of one process share an `instance` id: the edge joins them into

@@ -1,7 +1,11 @@
 //! One connection to the edge: register, apply the config, report ready,
 //! then serve runs until the connection ends.
 
-use std::{cell::Cell, rc::Rc, time::Instant};
+use std::{
+    cell::Cell,
+    rc::Rc,
+    time::{Duration, Instant},
+};
 
 use bytes::BytesMut;
 use iop_core::net::Stream;
@@ -16,7 +20,12 @@ use iop_core::{
 };
 use monoio::net::TcpStream;
 
-use crate::{adapter::Adapter, process::LinkSpec, run::RunManager};
+use crate::{
+    adapter::Adapter,
+    process::LinkSpec,
+    run::RunManager,
+    upstream::{ClientConfig, UpstreamClient},
+};
 
 /// Run events may buffer this much before adapters wait for the socket.
 const HIGH_WATER: usize = 1024 * 1024;
@@ -178,7 +187,7 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     let Some(payload) = resp.config else {
         return SessionEnd::Fatal("edge accepted the registration but sent no config".into());
     };
-    let adapters = match build_adapters(&payload) {
+    let adapters = match build_adapters(&payload, cfg.stream_coalesce) {
         Ok(a) => a,
         Err(e) => return SessionEnd::Fatal(format!("invalid provider config from the edge: {e}")),
     };
@@ -221,7 +230,7 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
         cfg.shutdown_grace,
     ));
 
-    let reason = serve_frames(reader, writer, &manager, &last_seen).await;
+    let reason = serve_frames(reader, writer, &manager, &last_seen, cfg.stream_coalesce).await;
     let reason = match reason.as_str() {
         STOPPED if writer.is_closed() => "write to the edge failed".to_owned(),
         STOPPED if !shutdown.is_cancelled() => "heartbeat_timeout".to_owned(),
@@ -239,8 +248,15 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
 /// Close reason when this side stopped its own reader.
 const STOPPED: &str = "stopped locally";
 
-fn build_adapters(payload: &pb::NodeConfigPayload) -> Result<Vec<Adapter>, String> {
-    payload.providers.iter().map(|p| Adapter::from_config(p).map_err(|e| e.to_string())).collect()
+/// Each provider's adapter, with a connection pool of its own read under
+/// the node's `stream_coalesce`.
+fn build_adapters(payload: &pb::NodeConfigPayload, coalesce: Duration) -> Result<Vec<Adapter>, String> {
+    let client = ClientConfig { coalesce, ..ClientConfig::default() };
+    payload
+        .providers
+        .iter()
+        .map(|p| Adapter::from_config_with_client(p, &UpstreamClient::new(client)).map_err(|e| e.to_string()))
+        .collect()
 }
 
 async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
@@ -248,6 +264,7 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
     writer: &FrameWriter,
     manager: &Rc<RunManager>,
     last_seen: &Cell<Instant>,
+    coalesce: Duration,
 ) -> String {
     loop {
         let env = match reader.next().await {
@@ -271,7 +288,7 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
             }
             Some(Body::ConfigRefresh(refresh)) => {
                 let revision = refresh.config.as_ref().map(|c| c.revision).unwrap_or(0);
-                let ack = match refresh.config.as_ref().map(build_adapters) {
+                let ack = match refresh.config.as_ref().map(|c| build_adapters(c, coalesce)) {
                     Some(Ok(adapters)) => {
                         manager.replace_adapters(adapters);
                         if let Some(payload) = refresh.config.as_ref() {

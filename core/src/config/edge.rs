@@ -35,6 +35,8 @@ pub const MAX_REQUEST_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 pub struct EdgeConfig {
     /// Reactor threads; default = available cores.
     pub workers: usize,
+    /// Pin each reactor thread to a core (`pin_workers`); see DESIGN.md.
+    pub pin_workers: bool,
     /// Client-facing HTTP server.
     pub http: HttpSettings,
     /// Where nodes connect. None only when `embedded_node` is set (then an
@@ -355,6 +357,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
 
         Ok(Self {
             workers,
+            pin_workers: raw.pin_workers.unwrap_or(false),
             http,
             node_listen,
             node_handshake,
@@ -643,6 +646,7 @@ provider = "local"
     fn base_and_defaults() {
         let c = ok(BASE);
         assert!(c.workers >= 1 && c.workers <= MAX_WORKERS);
+        assert!(!c.pin_workers);
         assert_eq!(c.max_frame_bytes, DEFAULT_MAX_FRAME_BYTES);
         assert_eq!(c.admin_token, None);
         assert_eq!(c.shutdown_grace, Duration::from_secs(30));
@@ -693,6 +697,7 @@ provider = "local"
     fn explicit_values() {
         let text = r#"
 workers = 3
+pin_workers = true
 admin_token = "adm"
 max_frame_bytes = 4096
 [http]
@@ -753,6 +758,7 @@ heartbeat_wait_ms = 25
 "#;
         let c = ok(text);
         assert_eq!(c.workers, 3);
+        assert!(c.pin_workers);
         assert_eq!(c.admin_token, Some(Secret::new("adm")));
         assert_eq!(c.max_frame_bytes, 4096);
         assert_eq!(c.http.listen, "[::1]:8080".parse().unwrap());

@@ -17,7 +17,7 @@ pub mod tls;
 pub use api_keys::ApiKeyEntry;
 pub use edge::{EdgeConfig, EmbeddedNode, HandshakeSettings, HttpSettings, ModelGroup, ModelTarget, NodeEntry};
 pub use error::ConfigError;
-pub use node::{NodeConfig, ReconnectPolicy};
+pub use node::{NodeConfig, ReconnectPolicy, DEFAULT_STREAM_COALESCE};
 pub use provider::{MockSettings, ProviderEntry, ProviderKind, UpstreamUrl};
 pub use secret::Secret;
 pub use testing::TestingSettings;

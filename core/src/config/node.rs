@@ -15,8 +15,10 @@ pub struct NodeConfig {
     pub edge: String,
     /// Registration token.
     pub token: Secret,
-    /// Reactor threads, each pinned to a core with its own link to the edge.
+    /// Reactor threads, each with its own link to the edge.
     pub workers: usize,
+    /// Pin each reactor thread to a core (`pin_workers`); see DESIGN.md.
+    pub pin_workers: bool,
     /// Connect/reconnect policy.
     pub reconnect: ReconnectPolicy,
     /// Largest edge↔node frame accepted, in bytes.
@@ -29,7 +31,19 @@ pub struct NodeConfig {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// TLS to the edge (`[edge_tls]`); none: plain TCP.
     pub edge_tls: Option<super::EdgeTls>,
+    /// A provider's stream that arrives faster than this is read once per
+    /// this window (`stream_coalesce_ms`; zero: every piece as it lands).
+    pub stream_coalesce: Duration,
 }
+
+/// The default of `stream_coalesce_ms`: far below what a reader notices
+/// between tokens, and below the edge's idle gap (5 ms), so a coalesced
+/// stream still counts as busy there and keeps its buffers.
+pub const DEFAULT_STREAM_COALESCE: Duration = Duration::from_millis(DEFAULT_STREAM_COALESCE_MS);
+const DEFAULT_STREAM_COALESCE_MS: u64 = 2;
+
+/// Largest `stream_coalesce_ms`.
+const MAX_STREAM_COALESCE_MS: u64 = 100;
 
 /// How the node (re)connects to the edge.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +101,26 @@ impl TryFrom<RawNodeConfig> for NodeConfig {
             Some(a) => Some(check::socket_addr("metrics_listen", Some(a))?),
         };
         let edge_tls = super::tls::edge(raw.edge_tls)?;
-        Ok(Self { edge, token, workers, reconnect, max_frame_bytes, shutdown_grace, testing, metrics_listen, edge_tls })
+        let stream_coalesce = check::millis(
+            "stream_coalesce_ms",
+            raw.stream_coalesce_ms,
+            DEFAULT_STREAM_COALESCE_MS,
+            0,
+            MAX_STREAM_COALESCE_MS,
+        )?;
+        Ok(Self {
+            edge,
+            token,
+            workers,
+            pin_workers: raw.pin_workers.unwrap_or(false),
+            reconnect,
+            max_frame_bytes,
+            shutdown_grace,
+            testing,
+            metrics_listen,
+            edge_tls,
+            stream_coalesce,
+        })
     }
 }
 
@@ -144,6 +177,10 @@ mod tests {
         assert_eq!(c.reconnect, ReconnectPolicy { max_attempts: Some(10), interval: Duration::from_secs(10) });
         assert_eq!(c.testing, TestingSettings::default());
         assert!(c.workers >= 1 && c.workers <= MAX_WORKERS);
+        assert_eq!(c.stream_coalesce, DEFAULT_STREAM_COALESCE);
+        assert!(!c.pin_workers);
+        assert!(ok(&format!("{BASE}pin_workers = true\n")).pin_workers);
+        rejects(&format!("{BASE}pin_workers = 1\n"), "pin_workers", "invalid type");
         assert_eq!(ok(&format!("{BASE}workers = 3\n")).workers, 3);
         rejects(&format!("{BASE}workers = 0\n"), "workers", "0");
         // An empty [reconnect] table is the same as none.
@@ -168,6 +205,9 @@ mod tests {
                 ..Default::default()
             }
         );
+        assert_eq!(ok(&format!("{BASE}stream_coalesce_ms = 0\n")).stream_coalesce, Duration::ZERO);
+        assert_eq!(ok(&format!("{BASE}stream_coalesce_ms = 5\n")).stream_coalesce, Duration::from_millis(5));
+        rejects(&format!("{BASE}stream_coalesce_ms = 101\n"), "stream_coalesce_ms", "at most 100");
         let c = ok(&format!("{BASE}[reconnect]\nmax_attempts = 0\n"));
         assert_eq!(c.reconnect.max_attempts, None, "0 = unlimited");
         assert_eq!(c.reconnect.interval, Duration::from_secs(10));

@@ -45,6 +45,7 @@ fn shape_error(path: String, message: String) -> ConfigError {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawEdge {
     pub workers: Option<u64>,
+    pub pin_workers: Option<bool>,
     pub admin_token: Option<String>,
     pub max_frame_bytes: Option<u64>,
     pub shutdown_grace_sec: Option<u64>,
@@ -205,12 +206,14 @@ pub(crate) struct RawNodeConfig {
     pub edge: Option<String>,
     pub token: Option<String>,
     pub workers: Option<u64>,
+    pub pin_workers: Option<bool>,
     pub max_frame_bytes: Option<u64>,
     pub shutdown_grace_sec: Option<u64>,
     pub reconnect: Option<RawReconnect>,
     pub metrics_listen: Option<String>,
     pub edge_tls: Option<RawTls>,
     pub testing: Option<RawTesting>,
+    pub stream_coalesce_ms: Option<u64>,
 }
 
 /// `[reconnect]`.

@@ -19,6 +19,7 @@ mod lifecycle;
 mod links;
 mod metrics;
 mod ollama;
+mod placement;
 mod pool;
 mod real_upstream;
 mod recovery;

@@ -6,12 +6,13 @@ use bytes::{Bytes, BytesMut};
 use iop_core::net::{tls::ClientTls, Stream};
 use iop_core::{
     http::{parse_response_head, write_request_head, BodyDecoder, BodyKind, ResponseHead},
-    rt::io::read_append,
+    rt::{clock, io::read_append, time},
 };
 use monoio::io::{AsyncWriteRent, AsyncWriteRentExt};
 
 use super::{
     connect::connect,
+    pace::Pacer,
     pool::{Pool, PoolKey},
     ClientConfig, UpstreamError,
 };
@@ -206,6 +207,7 @@ impl UpstreamClient {
             reused,
             done: false,
             read_size: MIN_READ,
+            pacer: Pacer::default(),
         };
         if resp.decoder.is_done() {
             resp.finish();
@@ -253,6 +255,8 @@ pub struct Response {
     done: bool,
     /// Room the next body read asks for.
     read_size: usize,
+    /// When the next body read may start.
+    pacer: Pacer,
 }
 
 impl fmt::Debug for Response {
@@ -323,7 +327,9 @@ impl Response {
         }
     }
 
-    /// Next decoded body chunk; `Ok(None)` at the end of the body.
+    /// Next decoded body chunk; `Ok(None)` at the end of the body. A fast
+    /// body is read at most once per the client's `coalesce` window (see
+    /// `pace.rs`).
     pub async fn chunk(&mut self) -> Result<Option<Bytes>, UpstreamError> {
         loop {
             if let Some(data) = self.chunk_ready()? {
@@ -332,6 +338,19 @@ impl Response {
             if self.done {
                 return Ok(None);
             }
+            let window = self.client.cfg.coalesce;
+            let started = if window.is_zero() {
+                None
+            } else {
+                let now = clock::now();
+                match self.pacer.wait_until(now) {
+                    Some(until) => {
+                        time::sleep_until(until).await;
+                        Some(clock::now())
+                    }
+                    None => Some(now),
+                }
+            };
             let Some(stream) = self.conn.as_mut() else {
                 return Err(UpstreamError::Closed("before the end of the body"));
             };
@@ -341,6 +360,10 @@ impl Response {
             if matches!(read, Ok(n) if n >= ask) {
                 // The read filled what it had: ask for more next time.
                 self.read_size = (self.read_size * 2).min(MAX_BODY_READ);
+            }
+            if let Some(started) = started {
+                let n = *read.as_ref().unwrap_or(&0);
+                self.pacer.read(window, started, clock::now(), n, ask);
             }
             match read {
                 Ok(0) => {
@@ -519,6 +542,49 @@ mod tests {
         let events: Vec<_> = (0..5).map(|_| server.next_event()).collect();
         assert!(events.contains(&Event::Eof(0)), "the unfinished connection was closed: {events:?}");
         assert!(events.contains(&Event::Accepted(1)), "{events:?}");
+    }
+
+    /// A provider that answers with a chunked body written as `pieces`
+    /// separate writes, `gap` apart.
+    fn trickling_server(pieces: usize, gap: Duration) -> u16 {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            s.set_nodelay(true).unwrap();
+            let mut head = [0u8; 1024];
+            let _ = s.read(&mut head).unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n").unwrap();
+            for i in 0..pieces {
+                std::thread::sleep(gap);
+                s.write_all(format!("2\r\n{i:02}\r\n").as_bytes()).unwrap();
+            }
+            s.write_all(b"0\r\n\r\n").unwrap();
+        });
+        port
+    }
+
+    #[test]
+    fn a_fast_stream_is_read_once_per_window_and_loses_nothing() {
+        let window = Duration::from_millis(40);
+        let port = trickling_server(8, Duration::from_millis(1));
+        let client = UpstreamClient::new(ClientConfig { coalesce: window, ..ClientConfig::default() });
+        let got = iop_core::rt::block_on_current(async {
+            let mut resp = client.send(&get(port)).await.unwrap();
+            let mut got = Vec::new();
+            while let Some(piece) = resp.chunk().await.unwrap() {
+                got.push((piece, std::time::Instant::now()));
+            }
+            got
+        })
+        .unwrap();
+        let body: Vec<u8> = got.iter().flat_map(|(b, _)| b.to_vec()).collect();
+        assert_eq!(body, b"0001020304050607".to_vec());
+        // Two quick reads, then the third waits out the window although
+        // the provider wrote its pieces a millisecond apart.
+        let held = got.iter().zip(&got[1..]).map(|(a, b)| b.1 - a.1).max().unwrap();
+        assert!(held >= window - Duration::from_millis(5), "no read was held: the longest gap was {held:?}");
     }
 
     #[test]

@@ -18,6 +18,7 @@
 
 mod client;
 mod connect;
+mod pace;
 mod pool;
 #[cfg(test)]
 pub(crate) mod test_server;
@@ -39,6 +40,9 @@ pub struct ClientConfig {
     pub idle_timeout: Duration,
     /// Response head limits and the largest decoded body accepted.
     pub limits: Limits,
+    /// A fast streamed body is read at most once per this window
+    /// (`pace.rs`); zero reads every piece as it lands.
+    pub coalesce: Duration,
 }
 
 impl Default for ClientConfig {
@@ -55,6 +59,7 @@ impl Default for ClientConfig {
                 max_body_bytes: 1 << 30,
                 max_headers: 128,
             },
+            coalesce: iop_core::config::DEFAULT_STREAM_COALESCE,
         }
     }
 }
