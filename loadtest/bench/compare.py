@@ -195,8 +195,8 @@ def targets(agg, workers):
         r = ratio(agg.value("S7", s, 2, "events_s"), agg.value("S7", s, 1, "events_s"))
         busy = agg.value("S7", s, 2, "busy_pct")
         one = agg.group_cores("S7", s, 1)
-        value = (fmt(r) + "×" if r is not None else "n/a") + (" (machine %.0f%% busy" % busy if busy is not None else " (") + (
-            "; 1 worker: %s cores)" % one if one else ")")
+        why = (["machine %.0f%% busy" % busy] if busy is not None else []) + (["1 worker: %s cores" % one] if one else [])
+        value = (fmt(r) + "×" if r is not None else "n/a") + (" (%s)" % "; ".join(why) if why else "")
         out.append(("S7", "2 workers ≥ 1.6× 1 worker", s, value, verdict(None if r is None else r >= 1.6)))
     return out
 
