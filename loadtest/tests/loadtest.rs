@@ -186,6 +186,28 @@ fn rate_is_an_open_loop() {
     assert!(r["late_starts"].as_u64().unwrap() >= 3, "{r}");
 }
 
+/// `--ramp-ms` spreads the connections' first requests over the ramp.
+#[test]
+fn a_ramp_staggers_the_first_requests() {
+    // Each answer takes a second, so each connection sends exactly one request.
+    let slow = MockProv::start(&["--tokens", "2", "--token-interval-ms", "1000"]);
+    let url = slow.url();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["--url", url.as_str(), "--requests", "4", "--concurrency", "4", "--workers", "2"];
+        args.extend_from_slice(extra);
+        loadtest(&args)
+    };
+    let together = run(&[]);
+    let spread = run(&["--ramp-ms", "600"]);
+    for r in [&together, &spread] {
+        assert_eq!((r["completed"].as_u64(), r["connections"].as_u64()), (Some(4), Some(4)), "{r}");
+    }
+    assert_eq!(spread["ramp_ms"], 600, "{spread}");
+    // The last connection starts 3/4 of the ramp (450 ms) after the first.
+    let secs = |r: &Value| r["elapsed_sec"].as_f64().unwrap();
+    assert!(secs(&together) < 1.4 && secs(&spread) >= 1.45, "{together}\n{spread}");
+}
+
 /// `--prompt-bytes-max` cycles through 4 prompt sizes.
 #[test]
 fn prompt_sizes_vary_up_to_the_max() {

@@ -15,6 +15,8 @@ pub const DEFAULT_REQUESTS: u64 = 1000;
 pub const PROMPT_SIZES: usize = 4;
 /// Largest `--prompt-bytes` / `--prompt-bytes-max`.
 pub const MAX_PROMPT_BYTES: usize = 64 << 20;
+/// Largest `--ramp-ms` (one hour).
+pub const MAX_RAMP_MS: u64 = 3_600_000;
 /// Hex digits of the request number in a tag.
 const TAG_DIGITS: usize = 16;
 
@@ -64,6 +66,14 @@ pub struct LoadArgs {
     /// it, each connection sends its next request when the last one ends.
     #[arg(long)]
     pub rate: Option<f64>,
+    /// Closed loop: start the connections' first requests spread evenly over
+    /// this many milliseconds (connection i of N at i × ramp / N) instead of
+    /// all at once. When every request lasts about as long (paced streams),
+    /// a common start keeps them in step: requests then arrive in bursts of
+    /// --concurrency, and latency percentiles measure how fast a burst
+    /// drains rather than the steady load.
+    #[arg(long)]
+    pub ramp_ms: Option<u64>,
     /// Streams only: close the connection once this many token deltas have
     /// arrived, and record the instant (wall clock) with a per-request tag
     /// sent as `"mock": {"tag": ...}` (iop-mockprov reports when it saw the
@@ -184,6 +194,8 @@ pub struct Settings {
     pub prompt_bytes_max: Option<usize>,
     /// Open-loop request rate (requests per second).
     pub rate: Option<f64>,
+    /// Closed loop: the first requests spread over this long.
+    pub ramp: Option<Duration>,
     /// Close each stream after this many tokens.
     pub disconnect_after: Option<u64>,
     /// Prefix of the request tags (unique per run), when requests are tagged.
@@ -234,6 +246,11 @@ impl Settings {
                 return Err("--rate must be a number of requests per second in [0.001, 10000000]".into());
             }
         }
+        match args.ramp_ms {
+            Some(_) if args.rate.is_some() => return Err("--ramp-ms is for a closed loop: not with --rate".into()),
+            Some(ms) if ms > MAX_RAMP_MS => return Err(format!("--ramp-ms must be at most {MAX_RAMP_MS}")),
+            _ => {}
+        }
         match args.disconnect_after {
             Some(0) => return Err("--disconnect-after must be at least 1".into()),
             Some(_) if args.no_stream => return Err("--disconnect-after needs --stream".into()),
@@ -256,6 +273,7 @@ impl Settings {
             prompt_bytes: args.prompt_bytes,
             prompt_bytes_max: args.prompt_bytes_max,
             rate: args.rate,
+            ramp: args.ramp_ms.filter(|&ms| ms > 0).map(Duration::from_millis),
             disconnect_after: args.disconnect_after,
             tag_prefix: args.disconnect_after.map(|_| tag_prefix()),
             timeout: Duration::from_secs(args.timeout_sec),
@@ -346,6 +364,18 @@ impl Settings {
         let (c, w) = (self.concurrency.get(), self.workers.get());
         c / w + usize::from(index < c % w)
     }
+
+    /// How long after the start connection `j` of worker `index` sends its
+    /// first request: zero without a ramp; with one, the run's connections
+    /// numbered across workers and spread evenly over it.
+    pub fn first_request_after(&self, index: usize, j: usize) -> Duration {
+        let Some(ramp) = self.ramp else {
+            return Duration::ZERO;
+        };
+        let global = (0..index).map(|i| self.connections_of(i)).sum::<usize>() + j;
+        let share = global as f64 / self.concurrency.get() as f64;
+        ramp.mul_f64(share.min(1.0))
+    }
 }
 
 /// One request as sent, with where its tag's number goes.
@@ -420,6 +450,27 @@ mod tests {
     }
 
     #[test]
+    fn a_ramp_spreads_first_requests_across_workers() {
+        let s = Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--concurrency", "5", "--workers", "2"]))
+            .unwrap();
+        assert_eq!(s.first_request_after(1, 1), Duration::ZERO);
+        let s = Settings::from_args(&args(&[
+            "--url",
+            "http://127.0.0.1:1",
+            "--concurrency",
+            "5",
+            "--workers",
+            "2",
+            "--ramp-ms",
+            "1000",
+        ]))
+        .unwrap();
+        // Worker 0 holds connections 0-2, worker 1 holds 3-4.
+        let at = |i, j| s.first_request_after(i, j).as_millis();
+        assert_eq!([at(0, 0), at(0, 1), at(0, 2), at(1, 0), at(1, 1)], [0, 200, 400, 600, 800]);
+    }
+
+    #[test]
     fn validates_flags() {
         let s = Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--concurrency", "5", "--workers", "2"]))
             .unwrap();
@@ -450,6 +501,8 @@ mod tests {
             &["--rate", "inf"],
             &["--disconnect-after", "0"],
             &["--disconnect-after", "3", "--no-stream"],
+            &["--ramp-ms", "100", "--rate", "10"],
+            &["--ramp-ms", "3600001"],
         ] {
             let mut a = vec!["--url", "http://127.0.0.1:1"];
             a.extend_from_slice(bad);

@@ -91,8 +91,16 @@ impl WorkerCtx {
     }
 }
 
-/// Runs requests on one connection at a time until the budget is spent.
-pub(crate) async fn drive(ctx: std::rc::Rc<WorkerCtx>) {
+/// Runs requests on one connection at a time until the budget is spent,
+/// the first one not before `first`.
+pub(crate) async fn drive(ctx: std::rc::Rc<WorkerCtx>, first: Instant) {
+    let now = Instant::now();
+    if first > now {
+        if ctx.deadline.is_some_and(|d| first >= d) {
+            return;
+        }
+        monoio::time::sleep(first - now).await;
+    }
     let mut conn: Option<TcpStream> = None;
     let mut buf = BytesMut::with_capacity(READ_CHUNK);
     while let Some(n) = ctx.budget.claim(ctx.deadline) {

@@ -84,6 +84,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<Outcome> {
         let (addr, stream, timeout, duration) =
             (settings.addr, settings.stream, settings.timeout, settings.bounds.duration);
         let (rate, disconnect_after) = (settings.rate, settings.disconnect_after);
+        let firsts: Vec<Duration> = (0..connections).map(|j| settings.first_request_after(index, j)).collect();
         let spawned =
             std::thread::Builder::new().name(format!("iop-loadtest-{index}")).spawn(move || -> WorkerResult {
                 let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build();
@@ -108,7 +109,8 @@ pub fn run(settings: &Settings) -> anyhow::Result<Outcome> {
                     recorder: RefCell::new(Recorder::new()?),
                 });
                 rt.block_on(async {
-                    let tasks: Vec<_> = (0..connections).map(|_| monoio::spawn(conn::drive(ctx.clone()))).collect();
+                    let tasks: Vec<_> =
+                        firsts.iter().map(|&after| monoio::spawn(conn::drive(ctx.clone(), start + after))).collect();
                     for task in tasks {
                         task.await;
                     }

@@ -99,6 +99,8 @@ pub struct Report {
     pub prompt_bytes_max: Option<usize>,
     /// `--rate`: open-loop requests per second.
     pub rate: Option<f64>,
+    /// `--ramp-ms`: the first requests spread over this many milliseconds.
+    pub ramp_ms: Option<u64>,
     /// `--disconnect-after`: streams are cut after this many tokens.
     pub disconnect_after: Option<u64>,
     /// monoio driver of the workers.
@@ -173,6 +175,7 @@ impl Report {
             prompt_bytes: settings.prompt_bytes,
             prompt_bytes_max: settings.prompt_bytes_max,
             rate: settings.rate,
+            ramp_ms: settings.ramp.map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             disconnect_after: settings.disconnect_after,
             driver: outcome.driver,
             elapsed_sec: (secs * 1000.0).round() / 1000.0,
@@ -247,6 +250,9 @@ impl Report {
         );
         if let Some(rate) = self.rate {
             let _ = write!(load, " rate={rate}/s late_starts={}", self.late_starts);
+        }
+        if let Some(ms) = self.ramp_ms {
+            let _ = write!(load, " ramp={ms}ms");
         }
         if let Some(n) = self.disconnect_after {
             let cut = self.disconnects.as_ref().map_or(0, Vec::len);
