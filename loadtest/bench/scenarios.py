@@ -32,38 +32,37 @@ def params(quick, duration, warmup):
     out = _params(quick, d)
     for sid in ("S1", "S2", "S3", "S6", "S7"):
         out[sid]["warmup"] = warmup
+    # The paced loads start their connections spread over one stream's
+    # length: streams that all last as long stay in step once started
+    # together, and the percentiles would then measure how fast a burst of
+    # every connection at once drains, not the load.
+    for sid, load in (("S3", "load"), ("S6", "paced")):
+        p = out[sid]
+        p[load] = p[load] + ["--ramp-ms", p["tokens"] * p["interval_ms"]]
     return out
 
 
 def _params(quick, d):
-    # The paced loads (S3, S6) start their connections spread over one
-    # stream's length (--ramp-ms): streams that all last as long stay in
-    # step once started together, and the percentiles would then measure
-    # how fast a burst of every connection at once drains, not the load.
     if quick:
         return {
             "S1": {"tokens": 16, "interval_ms": 0, "load": ["--concurrency", 64, "--no-stream", "--duration-sec", d]},
             "S2": {"tokens": 256, "interval_ms": 0, "load": ["--concurrency", 64, "--stream", "--duration-sec", d]},
-            "S3": {"tokens": 16, "interval_ms": 20,
-                   "load": ["--concurrency", 64, "--stream", "--duration-sec", d, "--ramp-ms", 16 * 20]},
+            "S3": {"tokens": 16, "interval_ms": 20, "load": ["--concurrency", 64, "--stream", "--duration-sec", d]},
             "S4": {"tokens": 8, "interval_ms": 250, "streams": 200},
             "S5": {"tokens": 1000, "interval_ms": 20, "disconnect_after": 5,
                    "load": ["--concurrency", 8, "--stream", "--duration-sec", d]},
-            "S6": {"tokens": 16, "interval_ms": 20,
-                   "paced": ["--concurrency", 64, "--stream", "--duration-sec", d, "--ramp-ms", 16 * 20],
+            "S6": {"tokens": 16, "interval_ms": 20, "paced": ["--concurrency", 64, "--stream", "--duration-sec", d],
                    "big": {"rate": 4, "concurrency": 8, "min": 100_000, "max": 400_000}},
             "S7": {"tokens": 256, "interval_ms": 0, "load": ["--concurrency", 64, "--stream", "--duration-sec", d]},
         }
     return {
         "S1": {"tokens": 16, "interval_ms": 0, "load": ["--concurrency", 64, "--no-stream", "--duration-sec", d]},
         "S2": {"tokens": 256, "interval_ms": 0, "load": ["--concurrency", 64, "--stream", "--duration-sec", d]},
-        "S3": {"tokens": 64, "interval_ms": 20,
-               "load": ["--concurrency", 256, "--stream", "--duration-sec", d, "--ramp-ms", 64 * 20]},
+        "S3": {"tokens": 64, "interval_ms": 20, "load": ["--concurrency", 256, "--stream", "--duration-sec", d]},
         "S4": {"tokens": 20, "interval_ms": 500, "streams": 1000},
         "S5": {"tokens": 1000, "interval_ms": 20, "disconnect_after": 5,
                "load": ["--concurrency", 32, "--stream", "--duration-sec", d]},
-        "S6": {"tokens": 64, "interval_ms": 20,
-               "paced": ["--concurrency", 256, "--stream", "--duration-sec", d, "--ramp-ms", 64 * 20],
+        "S6": {"tokens": 64, "interval_ms": 20, "paced": ["--concurrency", 256, "--stream", "--duration-sec", d],
                "big": {"rate": 4, "concurrency": 16, "min": 100_000, "max": 400_000}},
         "S7": {"tokens": 256, "interval_ms": 0, "load": ["--concurrency", 64, "--stream", "--duration-sec", d]},
     }
