@@ -186,6 +186,13 @@ impl Top {
 /// `body` with each `(range, text)` replaced (ranges do not overlap;
 /// empty ranges insert).
 fn apply(body: &Bytes, mut edits: Vec<(Range<usize>, String)>) -> Bytes {
+    // An edit that writes what is there already (the client named the
+    // provider's own model) changes nothing: with none left, the body goes
+    // on as received, not copied (a prompt can be megabytes).
+    edits.retain(|(r, t)| body.get(r.clone()) != Some(t.as_bytes()));
+    if edits.is_empty() {
+        return body.clone();
+    }
     // Insertions at the same offset keep their order.
     edits.sort_by_key(|(r, _)| r.start);
     // Exact: one allocation, never a regrowth (which could double it).
@@ -293,6 +300,19 @@ mod tests {
         let top = Top::parse(body.as_bytes()).unwrap();
         let out = top.with_model(&Bytes::from_static(body.as_bytes()), "x");
         assert_eq!(&out[..], br#"{"model":"x","stream":true,"n":1e400}"#);
+    }
+
+    #[test]
+    fn a_body_that_needs_no_edit_is_passed_on_not_copied() {
+        let body = Bytes::from_static(br#"{"model":"t","stream":true,"stream_options":{"include_usage":true}}"#);
+        let top = Top::parse(&body).unwrap();
+        let (out, hide) = top.rewrite(&body, "t");
+        assert_eq!((out.as_ptr(), out.len(), hide), (body.as_ptr(), body.len(), false));
+        assert_eq!(top.with_model(&body, "t").as_ptr(), body.as_ptr());
+        // The same name spelled with an escape is written as the provider's.
+        let escaped = Bytes::from_static(br#"{"model":"\u0074"}"#);
+        let out = Top::parse(&escaped).unwrap().with_model(&escaped, "t");
+        assert_eq!(&out[..], br#"{"model":"t"}"#);
     }
 
     #[test]

@@ -84,15 +84,16 @@ pub fn parse_response_head(
 ) -> Result<Option<ResponseHead>, HttpError> {
     loop {
         let parsed = parse_head(buf, limits, |storage, window| {
-            let mut res = httparse::Response::new(storage);
-            Ok(match res.parse(window)? {
-                httparse::Status::Complete(len) => httparse::Status::Complete((
-                    len,
-                    res.headers.len(),
-                    (res.code.unwrap_or_default(), res.version.unwrap_or_default()),
-                )),
-                httparse::Status::Partial => httparse::Status::Partial,
-            })
+            let mut res = httparse::Response::new(&mut []);
+            Ok(
+                match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut res, window, storage)? {
+                    httparse::Status::Complete(len) => {
+                        let start = (res.code.unwrap_or_default(), res.version.unwrap_or_default());
+                        httparse::Status::Complete((len, &*res.headers, start))
+                    }
+                    httparse::Status::Partial => httparse::Status::Partial,
+                },
+            )
         })?;
         let Some(((status, version), headers)) = parsed else {
             return Ok(None);

@@ -13,6 +13,8 @@ pub mod name;
 pub mod request;
 pub mod response;
 
+use std::mem::MaybeUninit;
+
 use bytes::{Buf, Bytes, BytesMut};
 
 pub use chunked::{BodyDecoder, BodyKind};
@@ -47,15 +49,17 @@ pub fn find_header<'a>(headers: &'a [(HeaderName, Bytes)], name: &str) -> Option
     headers.iter().find(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| v.as_ref())
 }
 
-/// Header storage on the stack for the usual limits; the heap only for larger ones.
-const STACK_HEADERS: usize = 64;
+/// Header slots on the stack (left uninitialized: httparse writes those it
+/// fills) for limits up to this; a larger limit takes them from the heap.
+const STACK_HEADERS: usize = 128;
 
-/// What a head parser reports on a complete head: its length, the number of
-/// headers filled in, and its own output (start line fields).
+/// What a head parser reports on a complete head: its length, the headers
+/// it filled in, and its own output (start line fields).
+pub(crate) type HeadStatus<'h, 'b, T> =
+    Result<httparse::Status<(usize, &'h [httparse::Header<'b>], T)>, httparse::Error>;
+
 /// A complete head: the parser's output and the headers.
 pub(crate) type ParsedHead<T> = (T, Vec<(HeaderName, Bytes)>);
-
-pub(crate) type HeadStatus<T> = Result<httparse::Status<(usize, usize, T)>, httparse::Error>;
 
 /// Runs `parse` over the first `max_head_bytes` of `buf` with `max_headers`
 /// header slots. On a complete head, removes it from `buf` and returns the
@@ -64,22 +68,24 @@ pub(crate) type HeadStatus<T> = Result<httparse::Status<(usize, usize, T)>, http
 pub(crate) fn parse_head<T>(
     buf: &mut BytesMut,
     limits: &Limits,
-    parse: impl for<'h, 'b> FnOnce(&'h mut [httparse::Header<'b>], &'b [u8]) -> HeadStatus<T>,
+    parse: impl for<'h, 'b> FnOnce(&'h mut [MaybeUninit<httparse::Header<'b>>], &'b [u8]) -> HeadStatus<'h, 'b, T>,
 ) -> Result<Option<ParsedHead<T>>, HttpError> {
     // Only the allowed prefix is scanned, which bounds the work per call on
     // trickled input and rejects an endless head before it completes.
     let window = &buf[..buf.len().min(limits.max_head_bytes)];
-    let mut stack = [httparse::EMPTY_HEADER; STACK_HEADERS];
-    let mut heap;
-    let storage: &mut [httparse::Header<'_>] = if limits.max_headers <= STACK_HEADERS {
+    // Uninitialized: filling 128 slots before each parse cost more than
+    // the parse of a typical head.
+    let mut stack = [const { MaybeUninit::uninit() }; STACK_HEADERS];
+    let mut heap = Vec::new();
+    let storage: &mut [MaybeUninit<httparse::Header<'_>>] = if limits.max_headers <= STACK_HEADERS {
         &mut stack[..limits.max_headers]
     } else {
-        heap = vec![httparse::EMPTY_HEADER; limits.max_headers];
-        &mut heap
+        heap.reserve_exact(limits.max_headers);
+        &mut heap.spare_capacity_mut()[..limits.max_headers]
     };
     let base = window.as_ptr() as usize;
-    let (len, out, count) = match parse(storage, window) {
-        Ok(httparse::Status::Complete((len, count, out))) => (len, out, count),
+    let (len, parsed, out) = match parse(storage, window) {
+        Ok(httparse::Status::Complete(done)) => done,
         Ok(httparse::Status::Partial) => {
             if buf.len() > limits.max_head_bytes {
                 return Err(HttpError::HeadTooLarge);
@@ -94,7 +100,6 @@ pub(crate) fn parse_head<T>(
     // `buf` would keep the whole read buffer (and the body bytes read with
     // the head) alive as long as the request or response. Names are
     // lower-cased in the copy, so neither needs an allocation of its own.
-    let parsed = storage.get(..count).unwrap_or_default();
     let span = |s: &[u8]| {
         let start = (s.as_ptr() as usize).saturating_sub(base);
         (start, start + s.len())
@@ -105,7 +110,7 @@ pub(crate) fn parse_head<T>(
         copy.get_mut(start..end).ok_or(HttpError::Malformed("header name out of range"))?.make_ascii_lowercase();
     }
     let head = copy.freeze();
-    let mut headers = Vec::with_capacity(count);
+    let mut headers = Vec::with_capacity(parsed.len());
     for h in parsed {
         let ((ns, ne), (vs, ve)) = (span(h.name.as_bytes()), span(h.value));
         if ne > head.len() || ve > head.len() {

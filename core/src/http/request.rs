@@ -52,17 +52,16 @@ impl RequestHead {
 /// `Malformed`/`UnsupportedTransferEncoding`.
 pub fn parse_request_head(buf: &mut BytesMut, limits: &Limits) -> Result<Option<RequestHead>, HttpError> {
     let parsed = parse_head(buf, limits, |storage, window| {
-        let mut req = httparse::Request::new(storage);
-        Ok(match req.parse(window)? {
-            httparse::Status::Complete(len) => httparse::Status::Complete((
-                len,
-                req.headers.len(),
-                (
+        let mut req = httparse::Request::new(&mut []);
+        Ok(match req.parse_with_uninit_headers(window, storage)? {
+            httparse::Status::Complete(len) => {
+                let start = (
                     req.method.unwrap_or_default().to_owned(),
                     req.path.unwrap_or_default().to_owned(),
                     req.version.unwrap_or_default(),
-                ),
-            )),
+                );
+                httparse::Status::Complete((len, &*req.headers, start))
+            }
             httparse::Status::Partial => httparse::Status::Partial,
         })
     })?;

@@ -20,7 +20,10 @@ thread_local! {
     static TIMERS: RefCell<Timers> = RefCell::new(Timers::default());
 }
 
-/// Ids are unique counters: their value is their hash.
+/// Ids are unique counters: one multiplication makes their hash. Not the
+/// id itself: the table files an entry by the hash's low bits and tells
+/// entries apart by its top 7, which small counters all share (every
+/// lookup then compared against every entry of its group).
 #[derive(Default)]
 struct IdHasher(u64);
 
@@ -36,7 +39,8 @@ impl Hasher for IdHasher {
     }
 
     fn write_u64(&mut self, n: u64) {
-        self.0 = n;
+        // Fibonacci hashing: spreads consecutive ids over the top bits too.
+        self.0 = n.wrapping_mul(0x9E37_79B9_7F4A_7C15);
     }
 }
 

@@ -49,12 +49,17 @@ impl BodyWatch {
     /// A watch for a body of `content_type`. `hide_usage_chunk`: the edge
     /// asked the provider for usage the client did not ask for.
     pub fn new(content_type: Option<&[u8]>, hide_usage_chunk: bool) -> Self {
-        let ct = content_type.map(|c| String::from_utf8_lossy(c).to_ascii_lowercase()).unwrap_or_default();
-        let ct = ct.split(';').next().unwrap_or("").trim().to_owned();
-        let mode = match ct.as_str() {
-            "text/event-stream" => Mode::Sse,
-            c if c == "application/json" || c.ends_with("+json") => Mode::Json,
-            _ => Mode::Other,
+        // The media type: before any parameter, trimmed, any case.
+        let ct = content_type.unwrap_or_default();
+        let ct = ct.split(|&b| b == b';').next().unwrap_or_default().trim_ascii();
+        let ends_with =
+            |suffix: &[u8]| ct.len() >= suffix.len() && ct[ct.len() - suffix.len()..].eq_ignore_ascii_case(suffix);
+        let mode = if ct.eq_ignore_ascii_case(b"text/event-stream") {
+            Mode::Sse
+        } else if ct.eq_ignore_ascii_case(b"application/json") || ends_with(b"+json") {
+            Mode::Json
+        } else {
+            Mode::Other
         };
         Self {
             mode,
@@ -384,6 +389,22 @@ mod tests {
         }
         let usage = w.finish(&mut out);
         (out.iter().flat_map(|b| b.iter().copied()).collect(), usage)
+    }
+
+    #[test]
+    fn the_media_type_is_read_in_any_case_and_with_parameters() {
+        for (ct, mode) in [
+            (Some(&b"text/event-stream"[..]), Mode::Sse),
+            (Some(b" TEXT/Event-Stream ; charset=utf-8"), Mode::Sse),
+            (Some(b"application/json"), Mode::Json),
+            (Some(b"Application/Vnd.Api+JSON;charset=utf-8"), Mode::Json),
+            (Some(b"text/plain"), Mode::Other),
+            (Some(b"json"), Mode::Other),
+            (Some(b"\xff\xfe"), Mode::Other),
+            (None, Mode::Other),
+        ] {
+            assert_eq!(BodyWatch::new(ct, false).mode, mode, "{ct:?}");
+        }
     }
 
     fn expected_usage() -> Usage {
