@@ -297,17 +297,21 @@ fn until_unusable(s: &super::Stream) -> bool {
 #[test]
 fn an_idle_connection_is_usable_until_its_peer_closes_or_speaks() {
     crate::rt::block_on_current(async {
-        for peer_does in ["close", "speak"] {
-            let (l, addr) = listen();
-            let s = super::Stream::Plain(TcpStream::connect(addr).await.unwrap());
-            let (mut peer, _) = l.accept().await.unwrap();
+        for peer_does in ["close", "speak", "reset"] {
+            // The peer is a plain socket: what it does happens at once.
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let s = super::Stream::Plain(TcpStream::connect(l.local_addr().unwrap()).await.unwrap());
+            let (mut peer, _) = l.accept().unwrap();
             assert!(s.idle_and_open(), "{peer_does}: open and quiet");
             assert!(s.idle_and_open(), "{peer_does}: asking consumes nothing");
-            if peer_does == "close" {
-                peer.shutdown().await.unwrap();
-            } else {
-                let (r, _) = peer.write_all(b"late").await;
-                r.unwrap();
+            match peer_does {
+                "close" => peer.shutdown(std::net::Shutdown::Write).unwrap(),
+                "speak" => std::io::Write::write_all(&mut peer, b"late").unwrap(),
+                _ => {
+                    // A zero linger makes the close a reset.
+                    socket2::SockRef::from(&peer).set_linger(Some(std::time::Duration::ZERO)).unwrap();
+                    drop(peer);
+                }
             }
             assert!(until_unusable(&s), "{peer_does}");
         }
