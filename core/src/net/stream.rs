@@ -54,9 +54,8 @@ impl Stream {
 
     /// Whether an idle connection (no read in flight) can carry a request:
     /// nothing has arrived on it and the peer has not closed it. Asked of
-    /// the kernel without waiting (one `poll` with a zero timeout: no
-    /// submission, no cancellation, no round trip through the ring; unlike
-    /// a peeking `recv` it takes no socket lock). EOF, an error or
+    /// the kernel without waiting (one non-blocking peek: no submission, no
+    /// cancellation, no round trip through the ring). EOF, an error or
     /// unsolicited bytes (a late answer, a TLS alert) mean it cannot.
     pub fn idle_and_open(&self) -> bool {
         if let Stream::Tls(t) = self {
@@ -64,18 +63,12 @@ impl Stream {
                 return false;
             }
         }
-        let tcp = match self {
-            Stream::Plain(s) => s,
-            Stream::Tls(t) => &t.tcp,
-        };
-        use std::os::fd::AsRawFd;
-        let mut fd = libc::pollfd { fd: tcp.as_raw_fd(), events: libc::POLLIN | libc::POLLRDHUP, revents: 0 };
-        // SAFETY: one valid pollfd, for a descriptor `tcp` owns; zero timeout.
-        #[allow(unsafe_code)]
-        let n = unsafe { libc::poll(&mut fd, 1, 0) };
-        // Readable (bytes or EOF), hung up or failed: not idle. A failed
-        // poll (EINTR, ENOMEM) says nothing; the connection is not trusted.
-        n == 0
+        let mut byte = [std::mem::MaybeUninit::uninit(); 1];
+        match self.with_socket(|s| s.recv_with_flags(&mut byte, libc::MSG_PEEK | libc::MSG_DONTWAIT)) {
+            Err(e) => e.kind() == io::ErrorKind::WouldBlock,
+            // 0: EOF; more: bytes nobody asked for.
+            Ok(_) => false,
+        }
     }
 
     /// Shuts the connection down both ways now (the peer sees it end at

@@ -44,6 +44,100 @@ pub fn members<'a, const N: usize>(json: &'a [u8], keys: [&[u8]; N]) -> Option<[
     }
 }
 
+/// The value of the *last* top-level member named `key` of the object in
+/// `json`, found by scanning from the object's end: an answer reports its
+/// usage at or near its end, so this reads a few members, not the whole
+/// body. The last, as JSON parsers in JavaScript and Python take a
+/// repeated key. `None` when the object has no such member or the scan
+/// finds no object.
+///
+/// Backwards, a `"` closes a string unless an odd number of backslashes
+/// precede it, and no unescaped `"` lies inside one: so strings are
+/// skipped whole and the brackets in them are never counted.
+pub fn last_member<'a>(json: &'a [u8], key: &[u8]) -> Option<&'a [u8]> {
+    let open = skip_ws(json, 0);
+    if json.get(open) != Some(&b'{') {
+        return None;
+    }
+    // `at`: the position of the `}` or `,` after the member to read next.
+    let mut at = skip_ws_back(json, json.len())?;
+    if json[at] != b'}' {
+        return None;
+    }
+    loop {
+        let value_last = skip_ws_back(json, at)?;
+        if value_last <= open {
+            return None; // `{}`
+        }
+        let value_start = value_start(json, value_last)?;
+        let colon = skip_ws_back(json, value_start)?;
+        if json[colon] != b':' {
+            return None;
+        }
+        let key_last = skip_ws_back(json, colon)?;
+        if json[key_last] != b'"' {
+            return None;
+        }
+        let key_start = string_start(json, key_last)?;
+        if &json[key_start + 1..key_last] == key {
+            return Some(&json[value_start..=value_last]);
+        }
+        // A `,` before another member; anything else (the object's own `{`
+        // once every member was read) ends the scan.
+        at = skip_ws_back(json, key_start).filter(|&b| json[b] == b',')?;
+    }
+}
+
+/// The last non-space byte before `i`.
+fn skip_ws_back(b: &[u8], i: usize) -> Option<usize> {
+    b.get(..i)?.iter().rposition(|c| !matches!(c, b' ' | b'\t' | b'\n' | b'\r'))
+}
+
+/// The opening quote of the string whose closing quote is `b[i]`.
+fn string_start(b: &[u8], i: usize) -> Option<usize> {
+    let mut j = i;
+    loop {
+        j = memchr::memrchr(b'"', b.get(..j)?)?;
+        let slashes = b[..j].iter().rev().take_while(|&&c| c == b'\\').count();
+        if slashes % 2 == 0 {
+            return Some(j);
+        }
+    }
+}
+
+/// Where the value that ends at `b[i]` (its last byte) starts.
+fn value_start(b: &[u8], i: usize) -> Option<usize> {
+    match *b.get(i)? {
+        b'"' => string_start(b, i),
+        b'}' | b']' => {
+            let mut depth = 0usize;
+            let mut j = i;
+            loop {
+                match *b.get(j)? {
+                    b'"' => j = string_start(b, j)?,
+                    b'}' | b']' => depth += 1,
+                    b'{' | b'[' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            return Some(j);
+                        }
+                    }
+                    _ => {}
+                }
+                j = j.checked_sub(1)?;
+            }
+        }
+        // A number, `true`, `false` or `null`: back to what precedes it.
+        _ => {
+            let len = b[..=i].iter().rev().position(|c| {
+                matches!(c, b':' | b',' | b'{' | b'[' | b'}' | b']' | b'"' | b' ' | b'\t' | b'\n' | b'\r')
+            });
+            let start = i + 1 - len?;
+            (start <= i).then_some(start)
+        }
+    }
+}
+
 /// Whether `value` is `null`.
 pub fn is_null(value: &[u8]) -> bool {
     value == b"null"
@@ -136,6 +230,27 @@ mod tests {
     }
 
     #[test]
+    fn the_last_member_is_found_from_the_end_as_from_the_start() {
+        let docs = [
+            r#" { "id" : "x\"usage\":1" , "choices":[{"message":{"content":"} ] { [ \\"}},{"usage":2}],
+            "usage":{"prompt_tokens":2,"details":{"a":[1,2]}},"n":-1.5e3,"t":true,"z":null } "#,
+            r#"{"usage":{"q":"\\\"}"},"s":"ends in a backslash \\","e":"","a":[[],{}],"o":{}}"#,
+            r#"{"k\"ey":1,"usage":"{\"usage\":[\"}","x":[1,"]",{"y":"["}]}"#,
+            "{\"a\":\t1\n,\r\"b\" :\"2\"}",
+        ];
+        for doc in docs {
+            for key in ["usage", "id", "choices", "n", "t", "z", "s", "e", "a", "o", "x", "b", "k\\\"ey", "absent"] {
+                let back = last_member(doc.as_bytes(), key.as_bytes()).map(|v| std::str::from_utf8(v).unwrap());
+                assert_eq!(back, get(doc, key), "{key} in {doc}");
+            }
+        }
+        assert_eq!(last_member(br#"{"usage":1,"usage":2}"#, b"usage"), Some(&b"2"[..]), "the last one");
+        for none in ["{}", " { } ", "{\"a\":1}", "[\"usage\",1]", "{\"usage\":1 \"b\":2}", "\"usage\":1}"] {
+            assert_eq!(last_member(none.as_bytes(), b"usage"), None, "{none}");
+        }
+    }
+
+    #[test]
     fn what_is_no_object_is_none() {
         for bad in [
             "",
@@ -157,6 +272,7 @@ mod tests {
             "{\"a\":}",
         ] {
             assert!(members(bad.as_bytes(), [b"a"]).is_none(), "{bad:?}");
+            assert!(last_member(bad.as_bytes(), b"a").is_none(), "{bad:?}");
         }
     }
 
@@ -172,6 +288,8 @@ mod tests {
                     bad[cut] = c;
                 }
                 let _ = members(&bad, [&b"usage"[..]]);
+                let _ = last_member(&bad, b"usage");
+                let _ = last_member(&doc[cut..], b"usage");
             }
         }
     }

@@ -100,10 +100,9 @@ impl BodyWatch {
             Mode::Json => {
                 if self.json_len <= MAX_WATCHED_JSON {
                     self.usage = match &self.json[..] {
-                        [one] => usage_of_json(one),
-                        pieces => usage_of_json(&pieces.concat()),
-                    }
-                    .map(|(u, _)| u);
+                        [one] => usage_of_body(one),
+                        pieces => usage_of_body(&pieces.concat()),
+                    };
                 }
                 self.json.clear();
             }
@@ -266,6 +265,17 @@ fn event_data(event: &[u8]) -> Vec<u8> {
         data.extend_from_slice(value.strip_prefix(b" ").unwrap_or(value));
     }
     data
+}
+
+/// The usage in a whole JSON answer: its top-level `usage` read from the
+/// end (where answers put it: a few members to skip, not the choices),
+/// else what [`usage_of_json`] finds (a Responses API event's
+/// `response.usage`, or a usage the end scan could not read).
+fn usage_of_body(json: &[u8]) -> Option<Usage> {
+    json_top::last_member(json, b"usage")
+        .filter(|u| !json_top::is_null(u))
+        .and_then(usage_object)
+        .or_else(|| usage_of_json(json).map(|(u, _)| u))
 }
 
 /// The usage in a JSON document, and whether the document is a usage-only
@@ -486,6 +496,15 @@ mod tests {
         assert_eq!(run(emb, "application/json", false, &[]).1.map(|u| (u.input_tokens, u.output_tokens)), Some((6, 0)));
         let none = r#"{"id":"x","choices":[]}"#;
         assert_eq!(run(none, "application/json", false, &[]).1, None, "unknown usage stays absent");
+        // Usage before other members (llama.cpp's `timings`), under `response`, or null there.
+        let io = |body: &str| run(body, "application/json", false, &[7]).1.map(|u| (u.input_tokens, u.output_tokens));
+        let later =
+            r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":2},"id":"x","timings":{"a":[1,"}"]}}"#;
+        assert_eq!(io(later), Some((3, 2)));
+        assert_eq!(io(r#"{"usage":null,"response":{"usage":{"input_tokens":5,"output_tokens":1}}}"#), Some((5, 1)));
+        assert_eq!(io(r#"{"response":{"usage":{"input_tokens":5}},"usage":{"total_tokens":1}}"#), None);
+        let twice = r#"{"usage":{"prompt_tokens":1},"usage":{"prompt_tokens":2}}"#;
+        assert_eq!(io(twice), Some((2, 0)), "a repeated key: the last, as JavaScript and Python read it");
         let resp = "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"usage\":{\"input_tokens\":7,\"output_tokens\":3,\"input_tokens_details\":{\"cached_tokens\":2},\"output_tokens_details\":{\"reasoning_tokens\":1}}}}\n\n";
         let (body, usage) = run(resp, "text/event-stream", true, &[33]);
         assert_eq!(body, resp.as_bytes(), "a Responses event is never hidden");
