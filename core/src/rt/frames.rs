@@ -206,18 +206,31 @@ impl FrameWriter {
         self.queue(|buf, max| wire::encode_tunnel_body(tunnel_id, seq, parts, buf, max))
     }
 
-    /// Queues the frame of a whole tunnel answer (`head`'s status and
-    /// headers, `body`, `usage`), number `seq` of `tunnel_id`; the body is
-    /// written from its own memory.
-    pub fn send_tunnel_whole(
+    /// Queues the frame of a tunnel request; its body is written from its
+    /// own memory.
+    pub fn send_tunnel_request(&self, req: &wire::pb::ProviderTunnelRequest) -> Result<(), SendError> {
+        self.queue(|buf, max| wire::encode_tunnel_request(req, buf, max))
+    }
+
+    /// Queues the frame of a whole tunnel answer, number `seq` of
+    /// `tunnel_id`; the body is written from its own memory.
+    pub fn send_tunnel_whole(&self, tunnel_id: &str, seq: u64, whole: &crate::tunnel::Whole) -> Result<(), SendError> {
+        let head = wire::TunnelHead { status: whole.status, headers: &whole.headers };
+        let usage = whole.usage.map(wire::pb::Usage::from);
+        self.queue(|buf, max| wire::encode_tunnel_whole(tunnel_id, seq, head, &whole.body, usage.as_ref(), buf, max))
+    }
+
+    /// Queues the frame that starts a streamed tunnel answer (status and
+    /// headers), number `seq` of `tunnel_id`.
+    pub fn send_tunnel_start(
         &self,
         tunnel_id: &str,
         seq: u64,
-        head: &wire::pb::TunnelWhole,
-        body: &[Bytes],
-        usage: Option<&wire::pb::Usage>,
+        status: u16,
+        headers: &[(crate::http::HeaderName, Bytes)],
     ) -> Result<(), SendError> {
-        self.queue(|buf, max| wire::encode_tunnel_whole(tunnel_id, seq, head, body, usage, buf, max))
+        let head = wire::TunnelHead { status, headers };
+        self.queue(|buf, max| wire::encode_tunnel_start(tunnel_id, seq, head, buf, max))
     }
 
     fn queue(&self, put: impl FnOnce(&mut Gather, usize) -> Result<(), WireError>) -> Result<(), SendError> {

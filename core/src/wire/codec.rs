@@ -9,6 +9,7 @@ use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
 
 use super::pb::Envelope;
+use crate::http::HeaderName;
 
 /// Default maximum frame size (payload bytes, excluding the 4-byte prefix).
 pub const DEFAULT_MAX_FRAME_BYTES: usize = 16 * 1024 * 1024;
@@ -67,8 +68,60 @@ const TUNNEL_BODY: u32 = 11;
 const TUNNEL_PARTS: u32 = 14;
 const TUNNEL_WHOLE: u32 = 15;
 const TUNNEL_USAGE: u32 = 20;
+const TUNNEL_STATUS: u32 = 10;
 const PARTS_PART: u32 = 1;
 const WHOLE_BODY: u32 = 3;
+// TunnelWhole and TunnelResponseStart: status = 1, headers = 2;
+// Header: name = 1, value = 2.
+const HEAD_STATUS: u32 = 1;
+const HEAD_HEADERS: u32 = 2;
+const HEADER_NAME: u32 = 1;
+const HEADER_VALUE: u32 = 2;
+
+/// A tunnel answer's status and headers, as `TunnelWhole` and
+/// `TunnelResponseStart` carry them (fields 1 and 2). Encoded by hand:
+/// prost's encoder clones (and drops) a `Bytes` per name and value, two
+/// atomic reference-count updates each.
+#[derive(Debug, Clone, Copy)]
+pub struct TunnelHead<'a> {
+    /// HTTP status.
+    pub status: u16,
+    /// Header (name, value) pairs in order.
+    pub headers: &'a [(HeaderName, Bytes)],
+}
+
+/// Bytes of an optional (proto3: left out when empty) bytes field.
+fn opt_field_len(tag: u32, len: usize) -> usize {
+    if len == 0 {
+        0
+    } else {
+        field_len(tag, len)
+    }
+}
+
+/// Bytes of one `Header` message's fields.
+fn header_len(name: &[u8], value: &[u8]) -> usize {
+    opt_field_len(HEADER_NAME, name.len()) + opt_field_len(HEADER_VALUE, value.len())
+}
+
+impl TunnelHead<'_> {
+    /// Bytes of the status and headers fields.
+    fn encoded_len(&self) -> usize {
+        use prost::encoding::{encoded_len_varint, key_len};
+        let status = if self.status == 0 { 0 } else { key_len(HEAD_STATUS) + encoded_len_varint(self.status.into()) };
+        status + self.headers.iter().map(|(n, v)| field_len(HEAD_HEADERS, header_len(n.as_bytes(), v))).sum::<usize>()
+    }
+
+    /// Writes the status and headers fields (names and values copied).
+    fn encode(&self, b: &mut BytesMut) {
+        use prost::encoding::{encode_key, encode_varint, WireType};
+        if self.status != 0 {
+            encode_key(HEAD_STATUS, WireType::Varint, b);
+            encode_varint(self.status.into(), b);
+        }
+        put_header_pairs(b, HEAD_HEADERS, self.headers.iter().map(|(n, v)| (n.as_bytes(), &v[..])));
+    }
+}
 
 /// Bytes of a length-delimited field of `len` bytes.
 fn field_len(tag: u32, len: usize) -> usize {
@@ -155,12 +208,12 @@ pub fn encode_tunnel_body(
 
 /// Queues on `out` the frame of a whole tunnel answer (`ProviderTunnelFrame`
 /// with `whole`: `head`'s status and headers, then `body`; `usage` on the
-/// frame; correlation id 0): the same bytes as [`encode`] of that envelope
-/// (`head.body` empty), with each body piece queued as a segment of its own.
+/// frame; correlation id 0): the same bytes as [`encode`] of that envelope,
+/// with each body piece queued as a segment of its own.
 pub fn encode_tunnel_whole(
     tunnel_id: &str,
     seq: u64,
-    head: &super::pb::TunnelWhole,
+    head: TunnelHead<'_>,
     body: &[Bytes],
     usage: Option<&super::pb::Usage>,
     out: &mut crate::rt::gather::Gather,
@@ -169,13 +222,119 @@ pub fn encode_tunnel_whole(
     let whole_len = head.encoded_len() + body.iter().map(|p| field_len(WHOLE_BODY, p.len())).sum::<usize>();
     let usage_len = usage.map_or(0, |u| field_len(TUNNEL_USAGE, u.encoded_len()));
     put_tunnel_frame_start(out, tunnel_id, seq, (TUNNEL_WHOLE, whole_len), usage_len, max_frame_bytes)?;
-    // Cannot fail: a `BytesMut` grows.
-    out.put_with(|b| head.encode(b))?;
+    out.put_with(|b| head.encode(b));
     push_pieces(out, WHOLE_BODY, body);
     if let Some(u) = usage {
         out.put_with(|b| prost::encoding::message::encode(TUNNEL_USAGE, u, b));
     }
     Ok(())
+}
+
+/// Queues on `out` the frame that starts a streamed tunnel answer
+/// (`ProviderTunnelFrame` with `status`): the same bytes as [`encode`] of
+/// that envelope.
+pub fn encode_tunnel_start(
+    tunnel_id: &str,
+    seq: u64,
+    head: TunnelHead<'_>,
+    out: &mut crate::rt::gather::Gather,
+    max_frame_bytes: usize,
+) -> Result<(), WireError> {
+    put_tunnel_frame_start(out, tunnel_id, seq, (TUNNEL_STATUS, head.encoded_len()), 0, max_frame_bytes)?;
+    out.put_with(|b| head.encode(b));
+    Ok(())
+}
+
+/// Envelope.provider_tunnel_request.
+const TUNNEL_REQUEST: u32 = 40;
+
+/// Queues on `out` the frame of a tunnel request (correlation id 0): the
+/// same bytes as [`encode`] of that envelope, with the body queued as a
+/// segment of its own instead of being copied into the frame, and the
+/// headers copied without prost's per-`Bytes` clone.
+pub fn encode_tunnel_request(
+    req: &super::pb::ProviderTunnelRequest,
+    out: &mut crate::rt::gather::Gather,
+    max_frame_bytes: usize,
+) -> Result<(), WireError> {
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, message, WireType};
+    // Fields 1-5, 13 and 14 are strings; 8, 9 and 11 varints; 10 a bool.
+    let head_strings = [(1, &req.tunnel_id), (2, &req.adapter), (3, &req.target), (4, &req.method), (5, &req.path)];
+    let tail_strings = [(13, &req.profile), (14, &req.principal)];
+    let varints = [(8, req.deadline_ms), (9, req.window_bytes), (11, req.response_stall_timeout_ms)];
+    let varint_len = |(tag, v): (u32, u64)| if v == 0 { 0 } else { key_len(tag) + encoded_len_varint(v) };
+    let strings_len = |s: &[(u32, &String)]| s.iter().map(|(tag, v)| opt_field_len(*tag, v.len())).sum::<usize>();
+    let headers_len: usize = req.headers.iter().map(|h| field_len(6, header_len(&h.name, &h.value))).sum();
+    let after_body = varints.iter().map(|v| varint_len(*v)).sum::<usize>()
+        + if req.hide_usage_chunk { key_len(10) + 1 } else { 0 }
+        + req.credential.as_ref().map_or(0, |c| message::encoded_len(12, c))
+        + strings_len(&tail_strings);
+    let inner = strings_len(&head_strings) + headers_len + opt_field_len(7, req.body.len()) + after_body;
+    let len = field_len(TUNNEL_REQUEST, inner);
+    let prefix = match u32::try_from(len) {
+        Ok(prefix) if len <= max_frame_bytes => prefix,
+        _ => return Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
+    };
+    let put_strings = |b: &mut BytesMut, s: &[(u32, &String)]| {
+        for (tag, v) in s {
+            put_bytes_field(b, *tag, v.as_bytes());
+        }
+    };
+    let put_varint = |b: &mut BytesMut, (tag, v): (u32, u64)| {
+        if v != 0 {
+            encode_key(tag, WireType::Varint, b);
+            encode_varint(v, b);
+        }
+    };
+    out.put_with(|b| {
+        b.reserve(PREFIX_LEN + len - req.body.len());
+        b.put_u32(prefix);
+        encode_key(TUNNEL_REQUEST, WireType::LengthDelimited, b);
+        encode_varint(inner as u64, b);
+        put_strings(b, &head_strings);
+        put_header_pairs(b, 6, req.headers.iter().map(|h| (&h.name[..], &h.value[..])));
+        if !req.body.is_empty() {
+            encode_key(7, WireType::LengthDelimited, b);
+            encode_varint(req.body.len() as u64, b);
+        }
+    });
+    out.push(req.body.clone());
+    out.put_with(|b| {
+        put_varint(b, varints[0]);
+        put_varint(b, varints[1]);
+        if req.hide_usage_chunk {
+            encode_key(10, WireType::Varint, b);
+            b.put_u8(1);
+        }
+        put_varint(b, varints[2]);
+        if let Some(c) = &req.credential {
+            message::encode(12, c, b);
+        }
+        put_strings(b, &tail_strings);
+    });
+    Ok(())
+}
+
+/// Writes a bytes (or string) field, left out when empty (proto3).
+fn put_bytes_field(b: &mut BytesMut, tag: u32, bytes: &[u8]) {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    if !bytes.is_empty() {
+        encode_key(tag, WireType::LengthDelimited, b);
+        encode_varint(bytes.len() as u64, b);
+        b.put_slice(bytes);
+    }
+}
+
+/// Writes (name, value) pairs as the repeated `Header` field `tag` (names
+/// and values copied).
+fn put_header_pairs<'h>(b: &mut BytesMut, tag: u32, headers: impl Iterator<Item = (&'h [u8], &'h [u8])>) {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    for (name, value) in headers {
+        encode_key(tag, WireType::LengthDelimited, b);
+        encode_varint(header_len(name, value) as u64, b);
+        put_bytes_field(b, HEADER_NAME, name);
+        put_bytes_field(b, HEADER_VALUE, value);
+    }
 }
 
 /// Decodes one frame from the front of `buf`: `Ok(None)` (buf untouched) when
@@ -425,55 +584,79 @@ mod tests {
         out
     }
 
+    type Headers = Vec<(HeaderName, Bytes)>;
+
+    fn wire_headers(headers: &Headers) -> Vec<pb::Header> {
+        headers.iter().map(|(n, v)| pb::Header { name: n.clone().into_bytes(), value: v.clone() }).collect()
+    }
+
+    fn header_cases() -> Vec<Headers> {
+        let header = |n: &'static str, v: &'static [u8]| (HeaderName::from_static(n), Bytes::from_static(v));
+        vec![
+            vec![],
+            vec![header("x-a", b"")],
+            vec![header("content-type", b"application/json")],
+            vec![header("retry-after", b"7"), header("x-b", b"\xff"), header("x-long", &[b'v'; 200])],
+        ]
+    }
+
+    fn tunnel_frame_env(
+        id: &str,
+        seq: u64,
+        kind: pb::provider_tunnel_frame::Kind,
+        usage: Option<pb::Usage>,
+    ) -> Envelope {
+        let frame =
+            pb::ProviderTunnelFrame { tunnel_id: Bytes::copy_from_slice(id.as_bytes()), seq, kind: Some(kind), usage };
+        Envelope { correlation_id: 0, body: Some(Body::ProviderTunnelFrame(frame)) }
+    }
+
     #[test]
     fn gathered_whole_answers_are_the_prost_encoding() {
         let part = |len: usize, b: u8| Bytes::from(vec![b; len]);
-        let header = |n: &'static [u8], v: &'static [u8]| pb::Header {
-            name: Bytes::from_static(n),
-            value: Bytes::from_static(v),
-        };
         let usage = pb::Usage { input_tokens: 3, output_tokens: 300, ..Default::default() };
-        type Case = (&'static str, u64, u32, Vec<pb::Header>, Vec<Bytes>, Option<pb::Usage>);
+        let h = header_cases();
+        type Case = (&'static str, u64, u16, Headers, Vec<Bytes>, Option<pb::Usage>);
         let cases: Vec<Case> = vec![
-            ("t-1", 0, 200, vec![], vec![], None),
-            ("", 0, 204, vec![header(b"x-a", b"")], vec![part(0, b'a')], Some(usage)),
-            (
-                "tunnel-abc",
-                300,
-                200,
-                vec![header(b"content-type", b"application/json")],
-                vec![part(127, b'c')],
-                Some(usage),
-            ),
-            (
-                "y",
-                u64::MAX,
-                429,
-                vec![header(b"retry-after", b"7"), header(b"x-b", b"\xff")],
-                vec![part(5, b'f'), part(70_000, b'g')],
-                None,
-            ),
+            ("t-1", 0, 200, h[0].clone(), vec![], None),
+            ("", 0, 204, h[1].clone(), vec![part(0, b'a')], Some(usage)),
+            ("tunnel-abc", 300, 200, h[2].clone(), vec![part(127, b'c')], Some(usage)),
+            ("y", u64::MAX, 429, h[3].clone(), vec![part(5, b'f'), part(70_000, b'g')], None),
         ];
         for (id, seq, status, headers, body, usage) in cases {
-            let whole = pb::TunnelWhole { status, headers: headers.clone(), body: body.clone() };
-            let frame = pb::ProviderTunnelFrame {
-                tunnel_id: Bytes::copy_from_slice(id.as_bytes()),
-                seq,
-                kind: Some(pb::provider_tunnel_frame::Kind::Whole(whole)),
-                usage,
-            };
-            let env = Envelope { correlation_id: 0, body: Some(Body::ProviderTunnelFrame(frame)) };
+            let whole = pb::TunnelWhole { status: status.into(), headers: wire_headers(&headers), body: body.clone() };
+            let env = tunnel_frame_env(id, seq, pb::provider_tunnel_frame::Kind::Whole(whole), usage);
             let mut expected = BytesMut::new();
             encode(&env, &mut expected, MAX).unwrap();
-            let head = pb::TunnelWhole { status, headers, body: vec![] };
+            let head = TunnelHead { status, headers: &headers };
             let mut got = crate::rt::gather::Gather::new();
-            encode_tunnel_whole(id, seq, &head, &body, usage.as_ref(), &mut got, MAX).unwrap();
+            encode_tunnel_whole(id, seq, head, &body, usage.as_ref(), &mut got, MAX).unwrap();
             assert_eq!(got.to_vec(), &expected[..], "id {id:?} seq {seq} status {status}");
             assert_eq!(got.pushed() as usize, body.iter().filter(|p| !p.is_empty()).count(), "payloads not copied");
         }
-        let head = pb::TunnelWhole { status: 200, headers: vec![], body: vec![] };
+        let head = TunnelHead { status: 200, headers: &[] };
         let mut out = crate::rt::gather::Gather::new();
-        let err = encode_tunnel_whole("t", 1, &head, &[part(100, b'x')], None, &mut out, 64).unwrap_err();
+        let err = encode_tunnel_whole("t", 1, head, &[part(100, b'x')], None, &mut out, 64).unwrap_err();
+        assert!(matches!(err, WireError::FrameTooLarge { max: 64, .. }), "{err:?}");
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn tunnel_starts_are_the_prost_encoding() {
+        for (i, headers) in header_cases().into_iter().enumerate() {
+            let (id, seq, status) =
+                (["t-1", "", "tunnel-abc", "y"][i], [0, 1, 300, u64::MAX][i], [200, 101, 599, 429][i]);
+            let start = pb::TunnelResponseStart { status: u32::from(status), headers: wire_headers(&headers) };
+            let env = tunnel_frame_env(id, seq, pb::provider_tunnel_frame::Kind::Status(start), None);
+            let mut expected = BytesMut::new();
+            encode(&env, &mut expected, MAX).unwrap();
+            let mut got = crate::rt::gather::Gather::new();
+            encode_tunnel_start(id, seq, TunnelHead { status, headers: &headers }, &mut got, MAX).unwrap();
+            assert_eq!(got.to_vec(), &expected[..], "id {id:?} seq {seq} status {status}");
+        }
+        let big = vec![(HeaderName::from_static("x-big"), Bytes::from(vec![b'v'; 100]))];
+        let mut out = crate::rt::gather::Gather::new();
+        let err = encode_tunnel_start("t", 1, TunnelHead { status: 200, headers: &big }, &mut out, 64).unwrap_err();
         assert!(matches!(err, WireError::FrameTooLarge { max: 64, .. }), "{err:?}");
         assert!(out.is_empty());
     }
@@ -754,6 +937,40 @@ mod tests {
         })
     }
 
+    fn arb_tunnel_request() -> impl Strategy<Value = pb::ProviderTunnelRequest> {
+        let header = ("[a-z-]{1,20}", arb_bytes()).prop_map(|(n, value)| pb::Header { name: Bytes::from(n), value });
+        let lease = (arb_bytes(), arb_bytes(), arb_bytes())
+            .prop_map(|(ephemeral_key, nonce, ciphertext)| pb::SealedLease { ephemeral_key, nonce, ciphertext });
+        let strings = (".{0,30}", ".{0,10}", ".{0,10}", ".{0,6}", ".{0,30}", ".{0,10}", ".{0,10}");
+        let rest = (
+            proptest::collection::vec(header, 0..6),
+            arb_bytes(),
+            (any::<u64>(), 0..3u64, any::<bool>(), prop_oneof![Just(0u64), any::<u64>()]),
+            proptest::option::of(lease),
+        );
+        (strings, rest).prop_map(
+            |((id, adapter, target, method, path, profile, principal), (headers, body, nums, credential))| {
+                let (deadline_ms, window_bytes, hide_usage_chunk, response_stall_timeout_ms) = nums;
+                pb::ProviderTunnelRequest {
+                    tunnel_id: id,
+                    adapter,
+                    target,
+                    method,
+                    path,
+                    headers,
+                    body,
+                    deadline_ms,
+                    window_bytes,
+                    hide_usage_chunk,
+                    response_stall_timeout_ms,
+                    credential,
+                    profile,
+                    principal,
+                }
+            },
+        )
+    }
+
     fn arb_envelope() -> impl Strategy<Value = Envelope> {
         let body = prop_oneof![
             arb_run_event(),
@@ -796,6 +1013,23 @@ mod tests {
                     Err(_) => break,
                 }
             }
+        }
+
+        #[test]
+        fn prop_gathered_tunnel_requests_are_the_prost_encoding(req in arb_tunnel_request()) {
+            let env = Envelope { correlation_id: 0, body: Some(Body::ProviderTunnelRequest(req.clone())) };
+            let mut expected = BytesMut::new();
+            encode(&env, &mut expected, MAX).unwrap();
+            let mut got = crate::rt::gather::Gather::new();
+            encode_tunnel_request(&req, &mut got, MAX).unwrap();
+            prop_assert_eq!(got.to_vec(), expected.to_vec());
+            prop_assert_eq!(got.pushed(), u64::from(!req.body.is_empty()), "the body is not copied");
+            // And refused before anything is queued when over the maximum.
+            let mut small = crate::rt::gather::Gather::new();
+            let max = expected.len() - PREFIX_LEN - 1;
+            let refused = matches!(encode_tunnel_request(&req, &mut small, max), Err(WireError::FrameTooLarge { .. }));
+            prop_assert!(refused);
+            prop_assert!(small.is_empty());
         }
     }
 }

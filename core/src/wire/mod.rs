@@ -2,7 +2,10 @@
 
 mod codec;
 
-pub use codec::{decode, encode, encode_tunnel_body, encode_tunnel_whole, WireError, DEFAULT_MAX_FRAME_BYTES};
+pub use codec::{
+    decode, encode, encode_tunnel_body, encode_tunnel_request, encode_tunnel_start, encode_tunnel_whole, TunnelHead,
+    WireError, DEFAULT_MAX_FRAME_BYTES,
+};
 
 /// Generated from `proto/iop/runtime.proto`.
 #[allow(clippy::all, missing_docs)]

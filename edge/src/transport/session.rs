@@ -725,13 +725,10 @@ async fn pump_commands(rx: mailbox::Receiver<SessionCmd>, p: Pumped) {
                 }
                 let tunnel_id = req.tunnel_id.clone();
                 runs.borrow_mut().insert_tunnel(tunnel_id, events, Some(lease));
-                let env = envelope(0, Body::ProviderTunnelRequest(*req));
-                if writer.send(&env).is_err() {
+                if writer.send_tunnel_request(&req).is_err() {
                     break;
                 }
-                if let Some(Body::ProviderTunnelRequest(r)) = env.body {
-                    runs.borrow_mut().set_target(&r.tunnel_id, r.target);
-                }
+                runs.borrow_mut().set_target(&req.tunnel_id, req.target);
             }
             SessionCmd::Credit { id, bytes } => {
                 if runs.borrow().contains(&id) {

@@ -68,16 +68,11 @@ impl OpenAiCompatAdapter {
         let mut watch = BodyWatch::new(resp.header("content-type"), spec.hide_usage_chunk);
         // Content-Length stays (the edge frames the body with it) unless
         // the body is about to change.
-        let headers = resp
-            .head()
-            .headers
-            .iter()
-            .filter(|(n, _)| {
-                let changed_length = spec.hide_usage_chunk && n == "content-length";
-                !(tunnel::is_hop_by_hop(n.as_bytes()) || changed_length)
-            })
-            .cloned()
-            .collect();
+        let mut headers = resp.take_headers();
+        headers.retain(|(n, _)| {
+            let changed_length = spec.hide_usage_chunk && n == "content-length";
+            !(tunnel::is_hop_by_hop(n.as_bytes()) || changed_length)
+        });
         let status = resp.status();
         let mut out: Vec<Bytes> = Vec::with_capacity(4);
         let broke = |e: crate::upstream::UpstreamError| Halt::Fail(protocol(format!("upstream stream broke: {e}")));

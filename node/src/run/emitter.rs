@@ -60,10 +60,8 @@ impl Outgoing for TunnelItem {
             // were read into.
             TunnelItem::Body(b) => writer.send_tunnel_body(id, seq, std::slice::from_ref(&b)),
             TunnelItem::Parts(parts) => writer.send_tunnel_body(id, seq, &parts),
-            TunnelItem::Whole(w) => {
-                let (head, body, usage) = w.into_wire_parts();
-                writer.send_tunnel_whole(id, seq, &head, &body, usage.as_ref())
-            }
+            TunnelItem::Whole(w) => writer.send_tunnel_whole(id, seq, &w),
+            TunnelItem::Start { status, headers } => writer.send_tunnel_start(id, seq, status, &headers),
             item => queue_body(writer, Body::ProviderTunnelFrame(item.into_wire(id, seq))),
         }
     }

@@ -5,7 +5,7 @@ use std::{fmt, rc::Rc};
 use bytes::{Bytes, BytesMut};
 use iop_core::net::{tls::ClientTls, Stream};
 use iop_core::{
-    http::{parse_response_head, write_request_head, BodyDecoder, BodyKind, ResponseHead},
+    http::{parse_response_head, write_request_head, BodyDecoder, BodyKind, HeaderName, ResponseHead},
     rt::{clock, io::read_append, time},
 };
 use monoio::io::{AsyncWriteRent, AsyncWriteRentExt};
@@ -293,6 +293,12 @@ impl Response {
     /// First value of a header (case-insensitive name).
     pub fn header(&self, name: &str) -> Option<&[u8]> {
         self.head.headers.iter().find(|(n, _)| n.as_bytes().eq_ignore_ascii_case(name.as_bytes())).map(|(_, v)| &v[..])
+    }
+
+    /// Moves the head's headers out (`header` finds none after): relaying
+    /// them costs no reference count per name and value.
+    pub fn take_headers(&mut self) -> Vec<(HeaderName, Bytes)> {
+        std::mem::take(&mut self.head.headers)
     }
 
     /// Whether the request went out on a pooled connection.
