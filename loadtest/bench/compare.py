@@ -194,8 +194,16 @@ def targets(agg, workers):
     for s in IOP:
         r = ratio(agg.value("S7", s, 2, "events_s"), agg.value("S7", s, 1, "events_s"))
         busy = agg.value("S7", s, 2, "busy_pct")
+        busy1 = agg.value("S7", s, 1, "busy_pct")
         one = agg.group_cores("S7", s, 1)
-        why = (["machine %.0f%% busy" % busy] if busy is not None else []) + (["1 worker: %s cores" % one] if one else [])
+        mock1, gen1 = agg.value("S7", s, 1, "mock_cores"), agg.value("S7", s, 1, "gen_cores")
+        why = (["machine %.0f%% busy" % busy] if busy is not None else [])
+        # With the CPU per event unchanged, more workers can only use the
+        # idle rest of the machine: the ratio cannot pass 100 / busy % (1).
+        if busy1:
+            why.append("with 1 worker already %.0f%% busy: at most %s× here" % (busy1, fmt(100.0 / busy1)))
+        if one:
+            why.append("1 worker: %s, mock %s, generator %s cores" % (one, fmt(mock1), fmt(gen1)))
         value = (fmt(r) + "×" if r is not None else "n/a") + (" (%s)" % "; ".join(why) if why else "")
         out.append(("S7", "2 workers ≥ 1.6× 1 worker", s, value, verdict(None if r is None else r >= 1.6)))
     return out
@@ -287,11 +295,12 @@ def render(results, md=False):
     for s in agg.systems(sid):
         one, two = agg.value(sid, s, 1, "events_s"), agg.value(sid, s, 2, "events_s")
         rows.append([s, cell(agg, sid, s, 1, "events_s"), cell(agg, sid, s, 2, "events_s"), fmt(ratio(two, one)) + "×",
-                     agg.group_cores(sid, s, 1), agg.group_cores(sid, s, 2), cell(agg, sid, s, 1, "gen_cores"), cell(agg, sid, s, 2, "gen_cores"), cell(agg, sid, s, 1, "busy_pct", 0),
+                     agg.group_cores(sid, s, 1), agg.group_cores(sid, s, 2), cell(agg, sid, s, 1, "mock_cores"), cell(agg, sid, s, 2, "mock_cores"),
+                     cell(agg, sid, s, 1, "gen_cores"), cell(agg, sid, s, 2, "gen_cores"), cell(agg, sid, s, 1, "busy_pct", 0),
                      cell(agg, sid, s, 2, "busy_pct", 0),
                      fmt((agg.value(sid, s, 1, "errors") or 0) + (agg.value(sid, s, 2, "errors") or 0), 0)])
     section(sid, ["system", "events/s 1 worker", "events/s 2 workers", "ratio", "cores by process (1)",
-                  "cores by process (2)", "gen cores (1)", "gen cores (2)", "busy % (1)",
+                  "cores by process (2)", "mock cores (1)", "mock cores (2)", "gen cores (1)", "gen cores (2)", "busy % (1)",
                   "busy % (2)", "errors"], rows,
             "the load generator and the mock share the machine (%s cores): where busy %% (2) is near 100, "
             "the machine is the limit, not the binary; a process well below 1.0 core with 1 worker "
