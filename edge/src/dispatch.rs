@@ -270,6 +270,14 @@ pub fn reachable(worker: &Worker, admitted: &Admitted) -> bool {
     }
 }
 
+/// The node connection generation `admitted` runs on (0: none ready).
+pub fn generation_of(worker: &Worker, admitted: &Admitted) -> crate::registry::Generation {
+    match admitted.lease.route() {
+        Some(route) => route.generation,
+        None => worker.routes.borrow().get(&*admitted.target.node).map_or(0, |r| r.generation),
+    }
+}
+
 fn route(worker: &Worker, admitted: &Admitted) -> Result<Route, DispatchError> {
     let node_id = admitted.target.node.clone();
     let turn = worker.next_link_turn();

@@ -114,7 +114,15 @@ pub fn answer<'a>(
         // request keeps it: its connection has nothing else to read.
         bytes = bytes::Bytes::copy_from_slice(&bytes);
     }
-    let parts = Replay { head, top, bytes, group, class: admitted.lease.class(), avoid: admitted.lease.key().clone() };
+    let parts = Replay {
+        head,
+        top,
+        bytes,
+        group,
+        class: admitted.lease.class(),
+        avoid: admitted.lease.key().clone(),
+        avoid_generation: crate::dispatch::generation_of(worker, &admitted),
+    };
     // Boxed apart: a tunnel's answer is much smaller than a normalized one.
     if tunnels {
         Box::pin(tunnel::run(worker, conn, route, parts, permit, admitted, chance))

@@ -17,6 +17,7 @@ use iop_core::{config::ModelGroup, exec::RunFailure, http::RequestHead, liveness
 use super::{reply, Admission, Route};
 use crate::{
     pool::{LeaseClass, PoolView, ResourceKey},
+    registry::Generation,
     server::Conn,
     worker::Worker,
 };
@@ -35,6 +36,8 @@ pub struct Replay {
     pub(super) class: LeaseClass,
     /// The provider of the failed attempt.
     pub(super) avoid: ResourceKey,
+    /// The node connection generation the failed attempt ran on.
+    pub(super) avoid_generation: Generation,
 }
 
 /// What is kept of a [`Replay`] until the answer commits: the group is
@@ -46,6 +49,7 @@ pub struct Kept {
     bytes: Bytes,
     class: LeaseClass,
     avoid: ResourceKey,
+    avoid_generation: Generation,
 }
 
 /// A kept request head: whole for a whole answer's request, compact for a
@@ -142,11 +146,11 @@ impl ReplayChance {
         if !self.armed {
             return;
         }
-        let Replay { head, top, bytes, group: _, class, avoid } = replay;
+        let Replay { head, top, bytes, group: _, class, avoid, avoid_generation } = replay;
         // Held by each opening stream until its first byte: only what a
         // replay forwards, in one small buffer.
         let head = if top.stream { KeptHead::compact(&head) } else { KeptHead::Whole(head) };
-        self.replay = Some(Box::new(Kept { head, bytes, class, avoid }));
+        self.replay = Some(Box::new(Kept { head, bytes, class, avoid, avoid_generation }));
     }
 
     /// The first byte is about to reach the client: no replay from here.
@@ -182,16 +186,27 @@ impl ReplayChance {
 /// provider; failing those, the avoided provider itself only when the
 /// stall's probe found it `available` (`allow_avoided`). `None`: nowhere
 /// to go.
+///
+/// The avoidance is about the connection the attempt failed on: when that
+/// connection has ended (`avoided_ended`), the avoided provider stays a
+/// candidate behind the alternates. It can only serve again as a new
+/// connection, which starts with nothing against it, so a replay queued
+/// for busy alternates is served by a restarted node at once instead of
+/// waiting for the alternates.
 pub fn targets_avoiding(
     view: &PoolView,
     group: &ModelGroup,
     avoid: &ResourceKey,
     allow_avoided: bool,
+    avoided_ended: bool,
 ) -> Option<ModelGroup> {
     let key = |t: &iop_core::config::ModelTarget| ResourceKey::of(t);
     let live = |t: &iop_core::config::ModelTarget| view.resources.get(&key(t)).is_some_and(|l| l.live());
-    let (avoided, alternates): (Vec<_>, Vec<_>) = group.targets.iter().cloned().partition(|t| key(t) == *avoid);
+    let (avoided, mut alternates): (Vec<_>, Vec<_>) = group.targets.iter().cloned().partition(|t| key(t) == *avoid);
     let chosen = if alternates.iter().any(live) {
+        if avoided_ended {
+            alternates.extend(avoided);
+        }
         alternates
     } else if allow_avoided && avoided.iter().any(live) {
         avoided
@@ -225,8 +240,11 @@ pub async fn replay(worker: &Rc<Worker>, conn: &mut Conn, route: Route, r: Kept,
         observe("ineligible", "no_alternate", None);
         return reply::failure(&mut conn.responder(), &failed, keep).await;
     };
+    // Asked of the registry, which ends a connection before its runs fail:
+    // the pool's view of it may lag on another core.
+    let ended = !worker.shared.registry.lock().is_current_ready(&r.avoid.node, r.avoid_generation);
     let view = worker.pool.borrow().clone();
-    let Some(group) = targets_avoiding(&view, &full, &r.avoid, allow_avoided) else {
+    let Some(group) = targets_avoiding(&view, &full, &r.avoid, allow_avoided, ended) else {
         observe("ineligible", "no_alternate", None);
         return reply::failure(&mut conn.responder(), &failed, keep).await;
     };
@@ -264,6 +282,49 @@ mod tests {
         // Armed but nothing kept yet (nothing to replay with): answered.
         assert!(chance.hold(f().retryable()).is_some());
         assert!(chance.take().is_none());
+    }
+
+    fn group_and_view(live: &[(&str, bool)]) -> (ModelGroup, PoolView) {
+        let mut view = PoolView::default();
+        let mut targets = Vec::new();
+        for (node, up) in live {
+            let load = crate::pool::ResourceLoad::new(1, 0);
+            load.online.store(*up, std::sync::atomic::Ordering::Release);
+            view.resources.insert(ResourceKey::new(node, "p"), std::sync::Arc::new(load));
+            targets.push(iop_core::config::ModelTarget {
+                node: (*node).into(),
+                provider: "p".into(),
+                upstream_model: "u".into(),
+            });
+        }
+        let group = ModelGroup {
+            name: "m".into(),
+            targets,
+            long_context_threshold: None,
+            max_waiters: 1,
+            queue_timeout: std::time::Duration::from_secs(1),
+        };
+        (group, view)
+    }
+
+    fn nodes(g: Option<ModelGroup>) -> Vec<String> {
+        g.map(|g| g.targets.iter().map(|t| t.node.to_string()).collect()).unwrap_or_default()
+    }
+
+    #[test]
+    fn a_replay_avoids_the_failed_connection_not_the_provider_for_good() {
+        let avoid = ResourceKey::new("n1", "p");
+        // n1's connection lives on (another link): only the alternate.
+        let (g, view) = group_and_view(&[("n1", true), ("n2", true)]);
+        assert_eq!(nodes(targets_avoiding(&view, &g, &avoid, false, false)), ["n2"]);
+        // n1's connection ended: n1 stays a candidate behind n2, for when it
+        // comes back as a new connection.
+        let (g, view) = group_and_view(&[("n1", false), ("n2", true)]);
+        assert_eq!(nodes(targets_avoiding(&view, &g, &avoid, false, true)), ["n2", "n1"]);
+        // No live alternate: nowhere to go, unless a probe vouched for n1.
+        let (g, view) = group_and_view(&[("n1", true), ("n2", false)]);
+        assert!(targets_avoiding(&view, &g, &avoid, false, true).is_none());
+        assert_eq!(nodes(targets_avoiding(&view, &g, &avoid, true, false)), ["n1"]);
     }
 
     #[test]
