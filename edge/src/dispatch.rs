@@ -259,23 +259,25 @@ struct Route {
     stall_timeout_ms: u64,
 }
 
+/// `f` of the node route `admitted` runs on: the one its lease carries,
+/// else this core's route to the node; `None` when there is neither.
+fn on_route<R>(worker: &Worker, admitted: &Admitted, f: impl FnOnce(&crate::worker::NodeRoute) -> R) -> Option<R> {
+    match admitted.lease.route() {
+        Some(route) => Some(f(route)),
+        None => worker.routes.borrow().get(&*admitted.target.node).map(f),
+    }
+}
+
 /// Whether a link of the node `admitted` is for still takes runs. A grant
 /// can outlive its route: the capacity a dying link's runs freed may be
 /// granted through the node's last link just before that one goes too.
 pub fn reachable(worker: &Worker, admitted: &Admitted) -> bool {
-    let open = |r: &crate::worker::NodeRoute| r.links.iter().any(|l| !l.session.is_closed());
-    match admitted.lease.route() {
-        Some(route) => open(route),
-        None => worker.routes.borrow().get(&*admitted.target.node).is_some_and(open),
-    }
+    on_route(worker, admitted, |r| r.links.iter().any(|l| !l.session.is_closed())).unwrap_or(false)
 }
 
 /// The node connection generation `admitted` runs on (0: none ready).
 pub fn generation_of(worker: &Worker, admitted: &Admitted) -> crate::registry::Generation {
-    match admitted.lease.route() {
-        Some(route) => route.generation,
-        None => worker.routes.borrow().get(&*admitted.target.node).map_or(0, |r| r.generation),
-    }
+    on_route(worker, admitted, |r| r.generation).unwrap_or(0)
 }
 
 fn route(worker: &Worker, admitted: &Admitted) -> Result<Route, DispatchError> {
@@ -284,13 +286,7 @@ fn route(worker: &Worker, admitted: &Admitted) -> Result<Route, DispatchError> {
     let order = |r: &crate::worker::NodeRoute| -> Vec<mailbox::Sender<SessionCmd>> {
         r.order(worker.index, turn).into_iter().map(|l| l.session.clone()).collect()
     };
-    let sessions = match admitted.lease.route() {
-        Some(route) => order(route),
-        None => match worker.routes.borrow().get(&*node_id) {
-            Some(route) => order(route),
-            None => return Err(DispatchError::NoReadyNode(node_id.to_string())),
-        },
-    };
+    let sessions = on_route(worker, admitted, order).unwrap_or_default();
     if sessions.is_empty() {
         return Err(DispatchError::NoReadyNode(node_id.to_string()));
     }
