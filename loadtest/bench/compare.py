@@ -41,6 +41,10 @@ def metrics(rec, cores=1):
         m["mb_s"] = load["body_bytes_per_sec"] / 1e6
         m["tokens_s"] = load["tokens_per_sec"]
         m["events_req"] = load["events"] / load["completed"] if load["completed"] else None
+        if load["events"] and "system" in cpu:
+            # S7: with the same CPU per event on 1 and 2 workers, the second
+            # worker costs nothing; the ratio is then the idle machine's to give.
+            m["cpu_us_event"] = cpu["system"] / load["events"] * 1e6
     if sid == "S3":
         m["ttft_p50"], m["ttft_p99"] = lat["ttft"]["p50"] / 1000, lat["ttft"]["p99"] / 1000
         m["gap_p50"], m["gap_p99"] = lat["itl"]["p50"] / 1000, lat["itl"]["p99"] / 1000
@@ -204,9 +208,21 @@ def targets(agg, workers):
             why.append("with 1 worker already %.0f%% busy: at most %s× here" % (busy1, fmt(100.0 / busy1)))
         if one:
             why.append("1 worker: %s, mock %s, generator %s cores" % (one, fmt(mock1), fmt(gen1)))
+        ev1, ev2 = agg.value("S7", s, 1, "cpu_us_event"), agg.value("S7", s, 2, "cpu_us_event")
+        if ev1 and ev2:
+            why.append("CPU per event %s → %s µs" % (fmt(ev1, 3), fmt(ev2, 3)))
         value = (fmt(r) + "×" if r is not None else "n/a") + (" (%s)" % "; ".join(why) if why else "")
         out.append(("S7", "2 workers ≥ 1.6× 1 worker", s, value, verdict(None if r is None else r >= 1.6)))
     return out
+
+
+def more_rounds(results):
+    """" (S3: 6)": the scenarios that ran more rounds than the run's count."""
+    most = {}
+    for r in results["runs"]:
+        most[r["scenario"]] = max(most.get(r["scenario"], 0), r["round"])
+    more = ["%s: %d" % (sid, n) for sid, n in sorted(most.items()) if n > results["meta"]["rounds"]]
+    return " (%s)" % ", ".join(more) if more else ""
 
 
 def header(results, md):
@@ -221,9 +237,9 @@ def header(results, md):
         "versions  git %s%s, %s, %s, %s" % (v["git"], " (dirty tree)" if v.get("dirty") else "", v["rustc"], v["nginx"], v["iop_edge"]),
         "binaries  %s (newest built %s)" % (meta["bin_dir"], max(meta.get("binaries_built", {}).values(), default="?")),
         "command   %s" % meta["command"],
-        "date      %s to %s; %d rounds%s; %d runs, %d failed" % (
+        "date      %s to %s; %d rounds%s%s; %d runs, %d failed" % (
             meta["started_at"], results.get("finished_at", "(unfinished)"), meta["rounds"],
-            " (--quick)" if meta["quick"] else "", len(runs), sum(1 for r in runs if "error" in r)),
+            more_rounds(results), " (--quick)" if meta["quick"] else "", len(runs), sum(1 for r in runs if "error" in r)),
         "busy      1-min load average before runs %s–%s; a build (cargo/rustc) ran during %d of %d runs; "
         "other processes used at most %.2f cores" % (fmt(min(loads, default=None)), fmt(max(loads, default=None)), built, len(runs),
                                                        max(other, default=0.0)),
@@ -298,10 +314,11 @@ def render(results, md=False):
                      agg.group_cores(sid, s, 1), agg.group_cores(sid, s, 2), cell(agg, sid, s, 1, "mock_cores"), cell(agg, sid, s, 2, "mock_cores"),
                      cell(agg, sid, s, 1, "gen_cores"), cell(agg, sid, s, 2, "gen_cores"), cell(agg, sid, s, 1, "busy_pct", 0),
                      cell(agg, sid, s, 2, "busy_pct", 0),
+                     "%s → %s" % (fmt(agg.value(sid, s, 1, "cpu_us_event"), 3), fmt(agg.value(sid, s, 2, "cpu_us_event"), 3)),
                      fmt((agg.value(sid, s, 1, "errors") or 0) + (agg.value(sid, s, 2, "errors") or 0), 0)])
     section(sid, ["system", "events/s 1 worker", "events/s 2 workers", "ratio", "cores by process (1)",
                   "cores by process (2)", "mock cores (1)", "mock cores (2)", "gen cores (1)", "gen cores (2)", "busy % (1)",
-                  "busy % (2)", "errors"], rows,
+                  "busy % (2)", "CPU µs/event (1 → 2)", "errors"], rows,
             "the load generator and the mock share the machine (%s cores): where busy %% (2) is near 100, "
             "the machine is the limit, not the binary; a process well below 1.0 core with 1 worker "
             "was not the limit either" % results["meta"]["machine"]["nproc"])

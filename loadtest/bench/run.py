@@ -43,7 +43,7 @@ def parse_args(argv):
     sub = ap.add_subparsers(dest="cmd", required=True)
     r = sub.add_parser("run", help="run the benchmark and print the comparison")
     r.add_argument("--quick", action="store_true", help="tiny counts and 1 round: a smoke test of the harness")
-    r.add_argument("--rounds", type=int, help="rounds of every (scenario, system) (default 2; --quick 1)")
+    r.add_argument("--rounds", type=int, help="rounds of every (scenario, system), S3 twice as many (default 2; --quick 1)")
     r.add_argument("--duration", type=int, help="seconds of each closed-loop load (default 10; --quick 2)")
     r.add_argument("--warmup", type=int, help="seconds of unmeasured load before S1, S2, S3, S6, S7 (default 2; --quick 1)")
     r.add_argument("--systems", default=",".join(systems.DEFAULT_SYSTEMS),
@@ -115,7 +115,7 @@ def plan(sids, names, rounds, workers):
     """The runs in order: per scenario, round after round, every system in turn."""
     out = []
     for sid in sids:
-        for rnd in range(1, rounds + 1):
+        for rnd in range(1, scenarios.rounds_of(sid, rounds) + 1):
             for system in names:
                 if not scenarios.applies(sid, system):
                     continue

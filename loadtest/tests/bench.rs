@@ -147,12 +147,15 @@ fn dry_run_interleaves_rounds() {
     assert!(ok, "{stderr}");
     let runs: Vec<Vec<&str>> =
         out.lines().filter(|l| l.contains(" round ")).map(|l| l.split_whitespace().collect()).collect();
-    // 7 scenarios x 5 systems x 2 rounds, less S7 on direct, S7 twice (1 and 2 workers).
-    assert_eq!(runs.len(), (6 * 5 + 4 * 2) * 2, "{out}");
+    // 7 scenarios x 5 systems x 2 rounds, less S7 on direct, S7 twice (1 and
+    // 2 workers), and S3 twice the rounds (2 more of 5 systems).
+    assert_eq!(runs.len(), (6 * 5 + 4 * 2) * 2 + 5 * 2, "{out}");
     let systems = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized"];
     let s1: Vec<(&str, &str)> = runs.iter().filter(|r| r[1] == "S1").map(|r| (r[3], r[4])).collect();
     let want: Vec<(&str, &str)> = ["1", "2"].iter().flat_map(|rnd| systems.iter().map(move |s| (*rnd, *s))).collect();
     assert_eq!(s1, want, "S1 is not A B C D E, A B C D E:\n{out}");
+    let s3: Vec<&str> = runs.iter().filter(|r| r[1] == "S3" && r[4] == "direct").map(|r| r[3]).collect();
+    assert_eq!(s3, ["1", "2", "3", "4"], "S3 does not run twice the rounds:\n{out}");
     let s7: Vec<(&str, &str)> = runs.iter().filter(|r| r[1] == "S7" && r[3] == "1").map(|r| (r[4], r[6])).collect();
     assert_eq!(s7[..2], [("nginx1", "1"), ("nginx1", "2")], "{out}");
     assert!(out.contains("min"), "no time estimate:\n{out}");
@@ -164,7 +167,9 @@ fn quick_run_direct_and_compare() {
     let sids = ["S1", "S2", "S3", "S4", "S5", "S6"];
     let (r, stdout, dir) =
         quick_run("direct", &own_bin_dir(), &["--systems", "direct", "--scenarios", "S1,S2,S3,S4,S5,S6"]);
-    assert_eq!(r["runs"].as_array().unwrap().len(), sids.len(), "{stdout}");
+    // S3 runs twice the rounds.
+    assert_eq!(r["runs"].as_array().unwrap().len(), sids.len() + 1, "{stdout}");
+    assert!(stdout.contains("1 rounds (S3: 2) (--quick)"), "the header does not say S3's rounds:\n{stdout}");
     check_runs(&r, &stdout);
     // No iop system ran: the targets table is there, without rows.
     check_compare(&dir.join("results.json"), &sids, 0);
@@ -187,11 +192,13 @@ fn quick_run_nginx_and_iop() {
     let (r, stdout, dir) = quick_run(
         "all",
         &bin_dir,
-        &["--systems", "direct,nginx1,nginx2,iop-tunnel,iop-normalized", "--scenarios", "S1,S2,S4,S5"],
+        &["--systems", "direct,nginx1,nginx2,iop-tunnel,iop-normalized", "--scenarios", "S1,S2,S4,S5,S7"],
     );
-    assert_eq!(r["runs"].as_array().unwrap().len(), 4 * 5, "{stdout}");
+    // S7: 1 and 2 workers of every system but direct.
+    assert_eq!(r["runs"].as_array().unwrap().len(), 4 * 5 + 4 * 2, "{stdout}");
     check_runs(&r, &stdout);
-    // S1: 2 per path, S2: 3, S4 and S5: 1 per path.
-    check_compare(&dir.join("results.json"), &["S1", "S2", "S4", "S5"], 4 + 3 + 2 + 2);
+    // S1: 2 per path, S2: 3, S4, S5 and S7: 1 per path.
+    check_compare(&dir.join("results.json"), &["S1", "S2", "S4", "S5", "S7"], 4 + 3 + 2 + 2 + 2);
+    assert!(stdout.contains("CPU per event"), "S7's target does not show the CPU per event:\n{stdout}");
     std::fs::remove_dir_all(&dir).ok();
 }
