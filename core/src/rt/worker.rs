@@ -32,7 +32,13 @@ impl Driver {
 
 /// Runs `root` to completion on a new monoio runtime on the current thread.
 pub fn block_on_current<F: Future>(root: F) -> io::Result<F::Output> {
-    let mut rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build()?;
+    let mut builder = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer();
+    if coop_taskrun() {
+        let mut urb = io_uring::IoUring::<io_uring::squeue::Entry>::builder();
+        urb.setup_coop_taskrun();
+        builder = builder.uring_builder(urb);
+    }
+    let mut rt = builder.build()?;
     Ok(rt.block_on(async {
         let out = root.await;
         // Inside the runtime: the tasks its deadlines' wakers may free are
@@ -40,6 +46,19 @@ pub fn block_on_current<F: Future>(root: F) -> io::Result<F::Output> {
         super::timers::reset();
         out
     }))
+}
+
+/// Whether rings are set up with `IORING_SETUP_COOP_TASKRUN` (kernel 5.19+):
+/// a completion for a thread that is running then waits for its next
+/// trip into the kernel (each reactor turn makes one) instead of an
+/// inter-processor interrupt that stops it at once. A kernel without it
+/// gets the plain ring, never the epoll fallback.
+fn coop_taskrun() -> bool {
+    static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *OK.get_or_init(|| {
+        std::env::var_os("IOP_NO_COOP_TASKRUN").is_none()
+            && io_uring::IoUring::<io_uring::squeue::Entry>::builder().setup_coop_taskrun().build(2).is_ok()
+    })
 }
 
 /// Starts worker `index` on its own thread, pinned to core `index % cores`
