@@ -54,7 +54,7 @@ fn node(n: &NodeEntry, status: Option<&NodeStatus>, pool: &PoolView) -> Value {
     let providers: Vec<Value> = n
         .providers
         .iter()
-        .map(|p| provider(p, pool.resources.get(&ResourceKey::new(&n.id, &p.id)).map(|l| &**l)))
+        .map(|p| provider(p, pool.resources.get(&ResourceKey::new(&n.id, &p.id)).map(|l| &**l), connected))
         .collect();
     let links: Vec<Value> = status
         .map(|s| s.links.iter().map(|l| json!({"index": l.index, "worker": l.worker, "ready": l.ready})).collect())
@@ -64,8 +64,12 @@ fn node(n: &NodeEntry, status: Option<&NodeStatus>, pool: &PoolView) -> Value {
 }
 
 /// One provider. A resource missing from the view (it cannot be, for a
-/// view built from the same config) is shown offline and idle.
-fn provider(p: &ProviderEntry, load: Option<&ResourceLoad>) -> Value {
+/// view built from the same config) is shown offline and idle. A provider
+/// of a node that is not connected is offline: the node's registration
+/// ends first and each core marks its resources offline when the fence
+/// reaches it, and a snapshot taken in between must not show a provider
+/// available that nothing can reach.
+fn provider(p: &ProviderEntry, load: Option<&ResourceLoad>, connected: bool) -> Value {
     let fallback;
     let load = match load {
         Some(l) => l,
@@ -75,7 +79,7 @@ fn provider(p: &ProviderEntry, load: Option<&ResourceLoad>) -> Value {
         }
     };
     // One read of each so that status, health and capacities agree.
-    let online = load.online.load(Ordering::Acquire);
+    let online = connected && load.online.load(Ordering::Acquire);
     let overlay = load.overlay();
     let live = online && overlay == Overlay::Healthy;
     let configured_normal = load.configured_normal.load(Ordering::Relaxed);
@@ -277,5 +281,28 @@ mod tests {
         assert_eq!(p["normal"], json!({"configured": 8, "effective": 0, "in_use": 1}));
         assert_eq!(p["leases_in_use"], 1);
         assert_eq!(p["live_leases"], 1);
+    }
+
+    /// The node's registration ends before every core has fenced its
+    /// resources: a snapshot between the two shows them offline already.
+    #[test]
+    fn a_disconnected_nodes_providers_are_offline_before_the_fence_lands() {
+        let cfg = config();
+        let pool = PoolView::build(&cfg, None);
+        load(&pool, "n1", "up").online.store(true, Ordering::Release);
+        let status = |connected| NodeStatus {
+            id: "n1".into(),
+            connected,
+            ready: connected,
+            generation: if connected { 2 } else { 0 },
+            worker: None,
+            links: vec![],
+        };
+        let up = |v: &Value| v["nodes"][0]["providers"][0].clone();
+        let v = snapshot(&cfg, &[status(true)], &pool);
+        assert_eq!((&up(&v)["status"], &up(&v)["health"]), (&json!("available"), &json!("online")));
+        let v = snapshot(&cfg, &[status(false)], &pool);
+        assert_eq!((&up(&v)["status"], &up(&v)["health"]), (&json!("unavailable"), &json!("offline")));
+        assert_eq!((&up(&v)["normal"]["effective"], &up(&v)["long"]["effective"]), (&json!(0), &json!(0)));
     }
 }
