@@ -33,9 +33,7 @@ impl Driver {
 /// Runs `root` to completion on a new monoio runtime on the current thread.
 pub fn block_on_current<F: Future>(root: F) -> io::Result<F::Output> {
     let mut builder = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer();
-    if coop_taskrun() {
-        let mut urb = io_uring::IoUring::<io_uring::squeue::Entry>::builder();
-        urb.setup_coop_taskrun();
+    if let Some(urb) = coop_taskrun() {
         builder = builder.uring_builder(urb);
     }
     let mut rt = builder.build()?;
@@ -52,13 +50,13 @@ pub fn block_on_current<F: Future>(root: F) -> io::Result<F::Output> {
 /// a completion for a thread that is running then waits for its next
 /// trip into the kernel (each reactor turn makes one) instead of an
 /// inter-processor interrupt that stops it at once. A kernel without it
-/// gets the plain ring, never the epoll fallback.
-fn coop_taskrun() -> bool {
+/// gets the plain ring (`None`), never the epoll fallback.
+fn coop_taskrun() -> Option<io_uring::Builder> {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *OK.get_or_init(|| {
-        std::env::var_os("IOP_NO_COOP_TASKRUN").is_none()
-            && io_uring::IoUring::<io_uring::squeue::Entry>::builder().setup_coop_taskrun().build(2).is_ok()
-    })
+    let mut urb = io_uring::IoUring::<io_uring::squeue::Entry>::builder();
+    urb.setup_coop_taskrun();
+    let ok = *OK.get_or_init(|| std::env::var_os("IOP_NO_COOP_TASKRUN").is_none() && urb.build(2).is_ok());
+    ok.then_some(urb)
 }
 
 /// Starts worker `index` on its own thread, pinned to core `index % cores`
