@@ -59,7 +59,7 @@ fn bench_lease(c: &mut Criterion) {
         let mut shard = Shard::new(0, 1, inbox);
         shard.apply_config(&cfg, &view);
         let (session, _session_rx) = mailbox::mailbox(1);
-        let links = vec![LinkRoute { index: 0, worker: 0, session }].into();
+        let links = vec![LinkRoute { index: 0, worker: 0, session, suspicion: Default::default() }].into();
         let route = NodeRoute { generation: 1, version: 0, links };
         shard.set_route("n", &route);
         shard.node_ready("n", 1);

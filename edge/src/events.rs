@@ -68,6 +68,30 @@ pub enum EdgeEvent {
         /// providers fenced; a link that leaves others ready does not).
         current: bool,
     },
+    /// A link that owes the edge runs was silent and did not answer a ping
+    /// in time: no new dispatch to it until it speaks again (its runs go
+    /// on; the heartbeat closes it if it stays silent).
+    LinkSuspect {
+        /// Node id.
+        node: String,
+        /// Connection generation.
+        generation: u64,
+        /// Which of the node's links.
+        link: u32,
+        /// How long it had been silent, in milliseconds.
+        silent_ms: u64,
+    },
+    /// A suspect link spoke again: it takes new dispatch.
+    LinkResponsive {
+        /// Node id.
+        node: String,
+        /// Connection generation.
+        generation: u64,
+        /// Which of the node's links.
+        link: u32,
+        /// How long it was suspect, in milliseconds.
+        suspect_ms: u64,
+    },
     /// A run ended.
     RunTerminal {
         /// Run id.
@@ -122,6 +146,8 @@ impl EdgeEvent {
             EdgeEvent::NodeReady { .. } => "node_ready",
             EdgeEvent::NodeDraining { .. } => "node_draining",
             EdgeEvent::NodeDisconnected { .. } => "node_disconnected",
+            EdgeEvent::LinkSuspect { .. } => "link_suspect",
+            EdgeEvent::LinkResponsive { .. } => "link_responsive",
             EdgeEvent::RunTerminal { .. } => "run_terminal",
             EdgeEvent::ProviderHealth { .. } => "provider_health",
             EdgeEvent::ConfigReloaded { .. } => "config_reloaded",
@@ -143,6 +169,12 @@ impl EdgeEvent {
             }
             EdgeEvent::NodeDisconnected { node, generation, link, reason, current } => {
                 json!({"node": node, "generation": generation, "link": link, "reason": reason, "current": current})
+            }
+            EdgeEvent::LinkSuspect { node, generation, link, silent_ms } => {
+                json!({"node": node, "generation": generation, "link": link, "silent_ms": silent_ms})
+            }
+            EdgeEvent::LinkResponsive { node, generation, link, suspect_ms } => {
+                json!({"node": node, "generation": generation, "link": link, "suspect_ms": suspect_ms})
             }
             EdgeEvent::RunTerminal { run_id, node, model, outcome, code, path, usage } => {
                 let usage = usage.map(|u| {

@@ -44,6 +44,16 @@ impl LinkId {
     pub const SINGLE: LinkId = LinkId { instance: 0, index: 0, count: 1 };
 }
 
+/// What the registry can tell of a ready link's handle (for the snapshot).
+pub trait LinkFlags {
+    /// The link did not answer a probe and has not spoken since.
+    fn suspect(&self) -> bool {
+        false
+    }
+}
+
+impl LinkFlags for () {}
+
 /// A ready link: its index, the edge core hosting it, and its handle.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ReadyLink<H> {
@@ -134,6 +144,8 @@ pub struct LinkStatus {
     pub worker: usize,
     /// Reported ready.
     pub ready: bool,
+    /// Ready but not answering (see `transport::Suspicion`).
+    pub suspect: bool,
 }
 
 /// Live view of one node for the snapshot.
@@ -145,6 +157,8 @@ pub struct NodeStatus {
     pub connected: bool,
     /// It is dispatch-ready (at least one ready link).
     pub ready: bool,
+    /// Every ready link is suspect: it takes no new dispatch.
+    pub suspect: bool,
     /// Its generation (0 when none).
     pub generation: Generation,
     /// Edge core hosting its first link.
@@ -170,7 +184,7 @@ impl<H> Default for Registry<H> {
     }
 }
 
-impl<H: Clone> Registry<H> {
+impl<H: Clone + LinkFlags> Registry<H> {
     /// An empty registry.
     pub fn new() -> Self {
         Self::default()
@@ -278,14 +292,21 @@ impl<H: Clone> Registry<H> {
                     .map(|o| {
                         o.links
                             .iter()
-                            .map(|(i, l)| LinkStatus { index: *i, worker: l.worker, ready: l.ready.is_some() })
+                            .map(|(i, l)| LinkStatus {
+                                index: *i,
+                                worker: l.worker,
+                                ready: l.ready.is_some(),
+                                suspect: l.ready.as_ref().is_some_and(LinkFlags::suspect),
+                            })
                             .collect()
                     })
                     .unwrap_or_default();
+                let ready = owner.is_some_and(|o| o.ready);
                 NodeStatus {
                     id: n.id.clone(),
                     connected: owner.is_some(),
-                    ready: owner.is_some_and(|o| o.ready),
+                    ready,
+                    suspect: ready && links.iter().filter(|l| l.ready).all(|l| l.suspect),
                     generation: owner.map(|o| o.generation).unwrap_or(0),
                     worker: links.first().map(|l| l.worker),
                     links,
@@ -364,10 +385,18 @@ mod tests {
         assert!(matches!(r.ready("a", g2, 0, ()), ReadyOutcome::BecameReady(_)));
         assert!(r.is_current_ready("a", g2));
         let st = r.statuses(&cfg);
-        let links = vec![LinkStatus { index: 0, worker: 0, ready: true }];
+        let links = vec![LinkStatus { index: 0, worker: 0, ready: true, suspect: false }];
         assert_eq!(
             st,
-            vec![NodeStatus { id: "a".into(), connected: true, ready: true, generation: g2, worker: Some(0), links }]
+            vec![NodeStatus {
+                id: "a".into(),
+                connected: true,
+                ready: true,
+                suspect: false,
+                generation: g2,
+                worker: Some(0),
+                links
+            }]
         );
     }
 

@@ -40,15 +40,22 @@ pub struct LinkRoute {
     pub worker: usize,
     /// Command mailbox of its session task.
     pub session: mailbox::Sender<transport::SessionCmd>,
+    /// Set while the link does not answer: tried last.
+    pub suspicion: transport::Suspicion,
 }
 
 impl NodeRoute {
     /// The route of `set`.
-    pub fn new(generation: Generation, set: crate::registry::LinkSet<mailbox::Sender<transport::SessionCmd>>) -> Self {
+    pub fn new(generation: Generation, set: crate::registry::LinkSet<transport::LinkHandle>) -> Self {
         let links = set
             .links
             .into_iter()
-            .map(|l| LinkRoute { index: l.index, worker: l.worker, session: l.handle })
+            .map(|l| LinkRoute {
+                index: l.index,
+                worker: l.worker,
+                session: l.handle.session,
+                suspicion: l.handle.suspicion,
+            })
             .collect::<Vec<_>>()
             .into();
         Self { generation, version: set.version, links }
@@ -62,21 +69,31 @@ impl NodeRoute {
 
     /// The links in the order a client on core `me` should try them: one on
     /// `me` first (its stream then never crosses cores), then the others
-    /// from a position that rotates with `turn`, so runs spread over links.
+    /// from a position that rotates with `turn`, so runs spread over links;
+    /// suspect links after all of those (only a grant that raced the
+    /// suspicion reaches them).
     pub fn order(&self, me: usize, turn: usize) -> Vec<&LinkRoute> {
         let n = self.links.len();
         let mut out: Vec<&LinkRoute> = Vec::with_capacity(n);
-        let locals = self.links.iter().filter(|l| l.worker == me).count();
+        let answering = |l: &&LinkRoute| !l.suspicion.is_suspect();
+        let locals = self.links.iter().filter(|l| l.worker == me).filter(answering).count();
         if locals > 0 {
-            out.extend(self.links.iter().filter(|l| l.worker == me).nth(turn % locals));
+            out.extend(self.links.iter().filter(|l| l.worker == me).filter(answering).nth(turn % locals));
         }
-        for i in 0..n {
-            let l = &self.links[(turn + i) % n];
-            if !out.iter().any(|o| o.index == l.index) {
-                out.push(l);
+        for suspect in [false, true] {
+            for i in 0..n {
+                let l = &self.links[(turn + i) % n];
+                if l.suspicion.is_suspect() == suspect && !out.iter().any(|o| o.index == l.index) {
+                    out.push(l);
+                }
             }
         }
         out
+    }
+
+    /// Every link is suspect: the node takes no new dispatch.
+    pub fn all_suspect(&self) -> bool {
+        !self.links.is_empty() && self.links.iter().all(|l| l.suspicion.is_suspect())
     }
 }
 
@@ -95,6 +112,12 @@ pub enum CoreMsg {
         node_id: String,
         /// The generation that ended.
         generation: Generation,
+    },
+    /// A link of this node became suspect or answered again: the owner of
+    /// each of its resources decides whether the node still takes work.
+    LinkSuspicion {
+        /// Node id.
+        node_id: String,
     },
     /// Try to take a lease on a resource this core owns.
     Acquire {
@@ -288,6 +311,7 @@ impl Worker {
                 }
                 self.shard.borrow_mut().node_gone(&node_id, generation);
             }
+            CoreMsg::LinkSuspicion { node_id } => self.shard.borrow_mut().refresh_suspicion(&node_id),
             CoreMsg::Acquire { key, class, reply } => {
                 let lease = self.shard.borrow_mut().try_acquire(&key, class);
                 reply.send(lease);
@@ -371,5 +395,41 @@ pub async fn run(
     // leases and fences still apply until the process exits.
     while let Some(msg) = inbox.recv().await {
         worker.apply(msg);
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn link(index: u32, worker: usize, suspect: bool) -> LinkRoute {
+        let suspicion = transport::Suspicion::default();
+        suspicion.set(suspect);
+        LinkRoute { index, worker, session: mailbox::mailbox(1).0, suspicion }
+    }
+
+    fn order(route: &NodeRoute, me: usize, turn: usize) -> Vec<u32> {
+        route.order(me, turn).iter().map(|l| l.index).collect()
+    }
+
+    #[test]
+    fn routes_try_the_local_link_first_and_suspect_links_last() {
+        let route = |links: Vec<LinkRoute>| NodeRoute { generation: 1, version: 1, links: links.into() };
+        let r = route(vec![link(0, 0, false), link(1, 1, false), link(2, 0, false)]);
+        assert_eq!(order(&r, 1, 0), [1, 0, 2]);
+        assert_eq!(order(&r, 0, 1), [2, 1, 0]);
+        assert!(!r.all_suspect());
+        // The local link is suspect: the others first, it last.
+        let r = route(vec![link(0, 0, true), link(1, 1, false), link(2, 1, false)]);
+        assert_eq!(order(&r, 0, 0), [1, 2, 0]);
+        assert_eq!(order(&r, 0, 2), [2, 1, 0]);
+        assert!(!r.all_suspect());
+        // Every link suspect: all are still listed (a grant that raced the
+        // suspicion goes somewhere), and the node is suspect.
+        let r = route(vec![link(0, 0, true), link(1, 1, true)]);
+        assert_eq!(order(&r, 1, 0), [0, 1]);
+        assert!(r.all_suspect());
+        assert!(!route(vec![]).all_suspect());
     }
 }

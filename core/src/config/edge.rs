@@ -44,6 +44,9 @@ pub struct EdgeConfig {
     pub node_listen: Option<SocketAddr>,
     /// Limits on node connections before they are registered and ready.
     pub node_handshake: HandshakeSettings,
+    /// When a silent link that owes the edge something is probed, and how
+    /// long the probe may take before the link is suspect.
+    pub link_probe: LinkProbe,
     /// TLS on the node listener (`[node_listener.tls]`); with `client_ca`,
     /// managed mode: every node presents a certificate for its id.
     pub node_tls: Option<super::ListenerTls>,
@@ -110,6 +113,36 @@ impl Default for HandshakeSettings {
         Self { timeout: Duration::from_secs(DEFAULT_HANDSHAKE_TIMEOUT_SEC), max_pending: DEFAULT_MAX_HANDSHAKES }
     }
 }
+
+/// A link that owes the edge something (runs in flight) and sent nothing
+/// for `silence` is pinged; no frame within `answer_within` after that
+/// makes it *suspect*: no new dispatch to it until any frame arrives.
+/// Closing stays the heartbeat's (`testing.heartbeat_wait_ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LinkProbe {
+    /// `node_listener.suspect_after_ms`.
+    pub silence: Duration,
+    /// `node_listener.probe_timeout_ms`.
+    pub answer_within: Duration,
+}
+
+impl Default for LinkProbe {
+    fn default() -> Self {
+        Self {
+            silence: Duration::from_millis(DEFAULT_SUSPECT_AFTER_MS),
+            answer_within: Duration::from_millis(DEFAULT_PROBE_TIMEOUT_MS),
+        }
+    }
+}
+
+/// Default `node_listener.suspect_after_ms`: well under the heartbeat's
+/// 45 s wait, well over a live link's silence between frames of a busy
+/// run (tokens, credit) yet short enough that a frozen node stops taking
+/// new work within seconds.
+pub const DEFAULT_SUSPECT_AFTER_MS: u64 = 3_000;
+/// Default `node_listener.probe_timeout_ms`: a live node's reactor answers
+/// a ping in well under a millisecond; this leaves room for a loaded host.
+pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 1_000;
 
 /// Default `node_listener.handshake_timeout_sec`.
 pub const DEFAULT_HANDSHAKE_TIMEOUT_SEC: u64 = 10;
@@ -306,8 +339,24 @@ impl TryFrom<RawEdge> for EdgeConfig {
                 Some(EmbeddedNode { node_id })
             }
         };
-        let (node_listen, node_handshake, node_tls) = match raw.node_listener {
+        let (node_listen, node_handshake, node_tls, link_probe) = match raw.node_listener {
             Some(l) => {
+                let link_probe = LinkProbe {
+                    silence: check::millis(
+                        "node_listener.suspect_after_ms",
+                        l.suspect_after_ms,
+                        DEFAULT_SUSPECT_AFTER_MS,
+                        1,
+                        3_600_000,
+                    )?,
+                    answer_within: check::millis(
+                        "node_listener.probe_timeout_ms",
+                        l.probe_timeout_ms,
+                        DEFAULT_PROBE_TIMEOUT_MS,
+                        1,
+                        3_600_000,
+                    )?,
+                };
                 let tls = super::tls::listener("node_listener.tls", l.tls, true)?;
                 let listen = check::socket_addr("node_listener.listen", l.listen)?;
                 let handshake = HandshakeSettings {
@@ -325,9 +374,9 @@ impl TryFrom<RawEdge> for EdgeConfig {
                         1_000_000,
                     )?,
                 };
-                (Some(listen), handshake, tls)
+                (Some(listen), handshake, tls, link_probe)
             }
-            None if embedded_node.is_some() => (None, HandshakeSettings::default(), None),
+            None if embedded_node.is_some() => (None, HandshakeSettings::default(), None, LinkProbe::default()),
             None => return Err(ConfigError::key("node_listener", "is required unless [embedded_node] is set")),
         };
 
@@ -361,6 +410,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
             http,
             node_listen,
             node_handshake,
+            link_probe,
             node_tls,
             max_frame_bytes,
             embedded_node,
@@ -1034,6 +1084,25 @@ heartbeat_wait_ms = 25
             "at least 1",
         );
         rejects(&[with("max_handshakes = 0").as_ref_pair()], "node_listener.max_handshakes", "at least 1");
+    }
+
+    #[test]
+    fn link_probe_settings() {
+        let with = |line: &str| ("[node_listener]", format!("[node_listener]\n{line}"));
+        assert_eq!(ok(BASE).link_probe, LinkProbe::default());
+        let c =
+            ok(&BASE.replacen("[node_listener]", "[node_listener]\nsuspect_after_ms = 250\nprobe_timeout_ms = 40", 1));
+        assert_eq!(
+            c.link_probe,
+            LinkProbe { silence: Duration::from_millis(250), answer_within: Duration::from_millis(40) }
+        );
+        rejects(&[with("suspect_after_ms = 0").as_ref_pair()], "node_listener.suspect_after_ms", "at least 1");
+        rejects(&[with("probe_timeout_ms = 0").as_ref_pair()], "node_listener.probe_timeout_ms", "at least 1");
+        rejects(
+            &[with("probe_timeout_ms = 3600001").as_ref_pair()],
+            "node_listener.probe_timeout_ms",
+            "invalid value `3600001`",
+        );
     }
 
     #[test]

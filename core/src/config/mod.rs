@@ -15,7 +15,9 @@ pub mod testing;
 pub mod tls;
 
 pub use api_keys::ApiKeyEntry;
-pub use edge::{EdgeConfig, EmbeddedNode, HandshakeSettings, HttpSettings, ModelGroup, ModelTarget, NodeEntry};
+pub use edge::{
+    EdgeConfig, EmbeddedNode, HandshakeSettings, HttpSettings, LinkProbe, ModelGroup, ModelTarget, NodeEntry,
+};
 pub use error::ConfigError;
 pub use node::{NodeConfig, ReconnectPolicy, DEFAULT_STREAM_COALESCE};
 pub use provider::{MockSettings, ProviderEntry, ProviderKind, UpstreamUrl};

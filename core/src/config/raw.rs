@@ -109,6 +109,8 @@ pub(crate) struct RawNodeListener {
     pub listen: Option<String>,
     pub handshake_timeout_sec: Option<u64>,
     pub max_handshakes: Option<u64>,
+    pub suspect_after_ms: Option<u64>,
+    pub probe_timeout_ms: Option<u64>,
     pub tls: Option<RawTls>,
 }
 

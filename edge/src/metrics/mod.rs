@@ -74,6 +74,8 @@ pub struct CoreMetrics {
     pub recovery_eligibility: HashMap<(&'static str, &'static str), u64>,
     /// Replays' results.
     pub recovery_results: HashMap<&'static str, u64>,
+    /// Node links that became suspect (silent, a probe unanswered).
+    pub links_suspect: u64,
 }
 
 impl CoreMetrics {
@@ -95,6 +97,7 @@ impl CoreMetrics {
         merge_map(&mut self.health_transitions, &other.health_transitions);
         merge_map(&mut self.recovery_eligibility, &other.recovery_eligibility);
         merge_map(&mut self.recovery_results, &other.recovery_results);
+        self.links_suspect += other.links_suspect;
     }
 }
 
@@ -178,6 +181,11 @@ pub fn health(source: &'static str, health: &'static str, outcome: &'static str)
 /// Records a recovery-before-commit decision.
 pub fn recovery_decision(decision: &'static str, reason: &'static str) {
     with(|m| *m.recovery_eligibility.entry((decision, reason)).or_default() += 1);
+}
+
+/// Records a node link becoming suspect.
+pub fn link_suspect() {
+    with(|m| m.links_suspect += 1);
 }
 
 /// Records a replay's result.

@@ -122,6 +122,13 @@ pub fn render(m: &CoreMetrics, g: &Gauges<'_>) -> String {
     for (result, n) in rs {
         let _ = writeln!(out, "iop_edge_liveness_recovery_results_total{{result=\"{result}\"}} {n}");
     }
+    head(
+        &mut out,
+        "iop_edge_link_suspect_total",
+        "counter",
+        "Node links that fell silent with runs in flight and did not answer a probe in time.",
+    );
+    let _ = writeln!(out, "iop_edge_link_suspect_total {}", m.links_suspect);
 
     gauges(&mut out, g);
     out
@@ -144,13 +151,18 @@ fn gauges(out: &mut String, g: &Gauges<'_>) {
                 avail,
                 "iop_edge_provider_available{{{labels},runtime_health=\"{}\"}} {}",
                 load.overlay().as_str(),
-                u8::from(load.live())
+                u8::from(load.live() && !load.suspect.load(Ordering::Acquire))
             );
         }
     }
     head(out, "iop_edge_lease_capacity", "gauge", "Capacity a provider has now (0 when it takes no traffic), by pool.");
     out.push_str(&caps);
-    head(out, "iop_edge_provider_available", "gauge", "1 when a provider takes traffic (online and healthy).");
+    head(
+        out,
+        "iop_edge_provider_available",
+        "gauge",
+        "1 when a provider takes traffic (online, healthy, not suspect).",
+    );
     out.push_str(&avail);
 
     head(out, "iop_edge_queue_depth", "gauge", "Requests queued for capacity, by model.");
@@ -183,6 +195,20 @@ fn gauges(out: &mut String, g: &Gauges<'_>) {
     head(out, "iop_edge_node_links", "gauge", "Connected links of each configured node (0: not connected).");
     for n in g.nodes {
         let _ = writeln!(out, "iop_edge_node_links{{node=\"{}\"}} {}", esc(&n.id), n.links.len());
+    }
+    head(
+        out,
+        "iop_edge_node_links_suspect",
+        "gauge",
+        "Ready links of each node that are suspect (take no new dispatch).",
+    );
+    for n in g.nodes {
+        let _ = writeln!(
+            out,
+            "iop_edge_node_links_suspect{{node=\"{}\"}} {}",
+            esc(&n.id),
+            n.links.iter().filter(|l| l.suspect).count()
+        );
     }
     head(out, "iop_edge_node_reconnects_total", "counter", "Connections of a node registered after its first.");
     for (n, r) in g.nodes.iter().zip(g.reconnects) {

@@ -26,6 +26,9 @@ pub struct ResourceLoad {
     /// The runtime health overlay ([`Overlay`]); lowered, the resource
     /// takes no traffic though it stays online.
     pub health: AtomicU8,
+    /// Every ready link of the node is suspect (silent, not answering a
+    /// probe): no capacity to offer, though it stays live for waiters.
+    pub suspect: AtomicBool,
     /// Normal leases in use: the count itself, taken and given back by any
     /// core (see [`Self::try_take`]).
     pub in_use_normal: AtomicU32,
@@ -47,6 +50,7 @@ impl ResourceLoad {
             configured_long: AtomicU32::new(long),
             online: AtomicBool::new(false),
             health: AtomicU8::new(0),
+            suspect: AtomicBool::new(false),
             in_use_normal: AtomicU32::new(0),
             in_use_long: AtomicU32::new(0),
             generation: AtomicU64::new(0),
@@ -65,9 +69,10 @@ impl ResourceLoad {
         self.online.load(Ordering::Acquire) && self.overlay() == Overlay::Healthy
     }
 
-    /// Effective capacity of `class`: configured when live, else 0.
+    /// Effective capacity of `class`: configured when live and its node
+    /// answers, else 0.
     pub fn capacity(&self, class: LeaseClass) -> u32 {
-        if !self.live() {
+        if !self.live() || self.suspect.load(Ordering::Acquire) {
             return 0;
         }
         match class {

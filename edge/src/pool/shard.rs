@@ -28,6 +28,9 @@ struct Resource {
     generation: Generation,
     /// The node connection that brought this resource online.
     route: Option<NodeRoute>,
+    /// Every link of `route` is suspect: no capacity is offered (waiters
+    /// stay queued; they lose no candidate).
+    suspect: bool,
     /// Waiters per class (normal, long): separate pools, separate queues.
     fifo: [VecDeque<Arc<Waiter>>; 2],
 }
@@ -56,7 +59,7 @@ impl Resource {
     }
 
     fn cap(&self, class: LeaseClass) -> u32 {
-        if !self.live() {
+        if !self.live() || self.suspect {
             return 0;
         }
         match class {
@@ -89,7 +92,20 @@ impl Resource {
         // this store sees the waiters and tells this owner (see `Lease::drop`).
         l.waiters.store((self.fifo[0].len() + self.fifo[1].len()) as u32, Ordering::SeqCst);
         l.health.store(self.health.overlay.to_u8(), Ordering::Release);
+        l.suspect.store(self.suspect, Ordering::Release);
         l.online.store(self.online, Ordering::Release);
+    }
+
+    /// Follows the suspicion of the route's links; true when it cleared
+    /// (capacity is offered again: grant the queue).
+    fn follow_suspicion(&mut self) -> bool {
+        let suspect = self.online && self.route.as_ref().is_some_and(NodeRoute::all_suspect);
+        let cleared = self.suspect && !suspect;
+        if self.suspect != suspect {
+            self.suspect = suspect;
+            self.publish();
+        }
+        cleared
     }
 }
 
@@ -147,6 +163,7 @@ impl Shard {
                     health: HealthState::default(),
                     generation: route.as_ref().map(|r| r.generation).unwrap_or(0),
                     route,
+                    suspect: false,
                     fifo: [VecDeque::new(), VecDeque::new()],
                 });
                 r.normal = p.capacity.get();
@@ -234,6 +251,21 @@ impl Shard {
                 r.route = Some(route.clone());
             }
         }
+        self.refresh_suspicion(node);
+    }
+
+    /// A link of `node` became suspect or answered: its resources offer
+    /// capacity only while some link of their route answers.
+    pub fn refresh_suspicion(&mut self, node: &str) {
+        let cleared: Vec<ResourceKey> = self
+            .resources
+            .iter_mut()
+            .filter(|(key, _)| &*key.node == node)
+            .filter_map(|(key, r)| r.follow_suspicion().then(|| key.clone()))
+            .collect();
+        for key in cleared {
+            self.pump(&key);
+        }
     }
 
     /// Whether a ready route of `node` is kept (for tests).
@@ -288,6 +320,7 @@ impl Shard {
             }
             r.online = false;
             r.route = None;
+            r.suspect = false;
             r.compact();
             r.publish();
         }

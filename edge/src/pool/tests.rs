@@ -72,7 +72,7 @@ fn key(node: &str, provider: &str) -> ResourceKey {
 /// A node route of `generation` with one link (its session mailbox is never read).
 fn route(generation: Generation) -> NodeRoute {
     let (session, _) = mailbox::mailbox(1);
-    let links = vec![crate::worker::LinkRoute { index: 0, worker: 0, session }].into();
+    let links = vec![crate::worker::LinkRoute { index: 0, worker: 0, session, suspicion: Default::default() }].into();
     NodeRoute { generation, version: 0, links }
 }
 
@@ -243,6 +243,7 @@ impl Sim {
                 shard.node_ready(&node_id, route.generation);
             }
             CoreMsg::NodeGone { node_id, generation } => shard.node_gone(&node_id, generation),
+            CoreMsg::LinkSuspicion { node_id } => shard.refresh_suspicion(&node_id),
             CoreMsg::DropLease(lease) => drop(lease),
             _ => {}
         }
@@ -293,6 +294,67 @@ fn split_pair(sim: &Sim, keys: &[ResourceKey]) -> (ResourceKey, ResourceKey) {
 }
 
 const FOUR: [Spec<'static>; 4] = [("n0", "p0", 1, 0), ("n0", "p1", 1, 0), ("n1", "p0", 1, 0), ("n1", "p1", 1, 0)];
+
+/// A node whose every link is suspect offers no capacity, but its waiters
+/// keep queueing (they are not told the candidate is gone) and are served
+/// the moment a link answers; a node with one answering link is not
+/// suspect.
+#[test]
+fn a_suspect_node_offers_no_capacity_and_keeps_its_queue() {
+    run(async {
+        let mut sim = Sim::new(&config(2, &[("n0", "p0", 1, 0)]));
+        let k = key("n0", "p0");
+        let (a, b) = (crate::transport::Suspicion::default(), crate::transport::Suspicion::default());
+        let link = |index, suspicion: &crate::transport::Suspicion| crate::worker::LinkRoute {
+            index,
+            worker: 0,
+            session: mailbox::mailbox(1).0,
+            suspicion: suspicion.clone(),
+        };
+        let route = NodeRoute { generation: 1, version: 1, links: vec![link(0, &a), link(1, &b)].into() };
+        for core in 0..2 {
+            sim.send(core, CoreMsg::NodeReady { node_id: "n0".into(), route: route.clone() });
+        }
+        sim.deliver_all();
+        let suspicion = |sim: &mut Sim| {
+            for core in 0..2 {
+                sim.send(core, CoreMsg::LinkSuspicion { node_id: "n0".into() });
+            }
+            sim.deliver_all();
+        };
+        let load = sim.load(&k);
+        // One link of two suspect: still offered.
+        a.set(true);
+        suspicion(&mut sim);
+        assert_eq!(load.capacity(Normal), 1);
+        // Both: nothing offered, yet live for the queue.
+        b.set(true);
+        suspicion(&mut sim);
+        assert_eq!(load.capacity(Normal), 0);
+        assert!(load.live() && load.suspect.load(Ordering::Acquire));
+        assert!(sim.acquire(&k, Normal).is_none());
+        let w = sim.wait(std::slice::from_ref(&k), Normal);
+        sim.deliver_all();
+        assert_eq!(w.state(), WaiterState::Waiting, "a suspect candidate is not a lost one");
+        // A link answers: the queue is served at once.
+        b.set(false);
+        suspicion(&mut sim);
+        assert!(!load.suspect.load(Ordering::Acquire));
+        let lease = take(&w);
+        assert_eq!(lease.key(), &k);
+        drop(lease);
+        sim.deliver_all();
+        // A fence clears the suspicion with the route.
+        a.set(true);
+        b.set(true);
+        suspicion(&mut sim);
+        assert!(load.suspect.load(Ordering::Acquire));
+        sim.broadcast_gone("n0", 1);
+        sim.deliver_all();
+        assert!(!load.suspect.load(Ordering::Acquire) && !sim.online(&k));
+        sim.assert_idle(&k);
+    })
+}
 
 #[test]
 fn acquire_up_to_capacity_then_refused() {

@@ -5,6 +5,7 @@ mod commands;
 mod events;
 pub mod runs;
 mod session;
+mod suspect;
 
 use std::{rc::Rc, time::Duration};
 
@@ -15,6 +16,7 @@ use crate::worker::Worker;
 pub use events::{channel, cost_of, Queued, StreamRx, StreamTx, Undelivered, RUN_EVENT_CAPACITY};
 pub use runs::{Failing, Routed, RunTable};
 pub use session::{link_core, serve_arrival as session_serve_arrival, Arrival};
+pub use suspect::Suspicion;
 
 /// Events of one run, delivered to the core serving its client.
 pub type RunEvents = StreamTx<ExecEvent>;
@@ -24,6 +26,22 @@ pub type RunReceiver = StreamRx<ExecEvent>;
 pub type TunnelEvents = StreamTx<TunnelItem>;
 /// The client side of [`TunnelEvents`].
 pub type TunnelReceiver = StreamRx<TunnelItem>;
+
+/// A ready link as the registry and the routes hold it: its session's
+/// command mailbox and whether it is suspect.
+#[derive(Clone)]
+pub struct LinkHandle {
+    /// The session's command mailbox.
+    pub session: iop_core::rt::mailbox::Sender<SessionCmd>,
+    /// Set while the link does not answer (see [`Suspicion`]).
+    pub suspicion: Suspicion,
+}
+
+impl crate::registry::LinkFlags for LinkHandle {
+    fn suspect(&self) -> bool {
+        self.suspicion.is_suspect()
+    }
+}
 
 /// Frames a session routes before letting other tasks on its core (e.g. the
 /// clients consuming those events) run.
@@ -86,6 +104,9 @@ pub enum SessionCmd {
         /// The node's new config.
         payload: pb::NodeConfigPayload,
     },
+    /// Probe the link now (a sibling link of the same node went suspect:
+    /// a frozen process freezes every link, idle ones included).
+    Probe,
     /// Close the connection (e.g. the node was removed from the config).
     Close {
         /// Logged close reason.

@@ -275,6 +275,9 @@ pub async fn serve_arrival(worker: Rc<Worker>, arrival: Arrival) {
         commands: Rc::default(),
         closed: LocalCancel::new(),
         last_seen: Rc::new(std::cell::Cell::new(Instant::now())),
+        suspicion: super::Suspicion::default(),
+        heard: iop_core::rt::signal::LocalNotify::new(),
+        probe_now: iop_core::rt::signal::LocalNotify::new(),
         stop_reason,
         sent_revision: sent_revision.clone(),
         leases: worker.shared.leases.clone().map(|issuer| {
@@ -400,6 +403,12 @@ struct Session {
     commands: Rc<super::commands::PendingCommands>,
     closed: LocalCancel,
     last_seen: Rc<std::cell::Cell<Instant>>,
+    /// Set while the link does not answer (see `suspect.rs`).
+    suspicion: super::Suspicion,
+    /// Told of a frame while the link is suspect.
+    heard: iop_core::rt::signal::LocalNotify,
+    /// Asks the watch to probe now (`SessionCmd::Probe`).
+    probe_now: iop_core::rt::signal::LocalNotify,
     /// Why the session stopped its own reader (heartbeat timeout, close command).
     stop_reason: Rc<RefCell<Option<String>>>,
     /// The config revision last sent to the node on this link.
@@ -431,6 +440,7 @@ impl Session {
                 stop: Stop { stopper: reader.stopper(), reason: self.stop_reason.clone() },
                 sent_revision: self.sent_revision.clone(),
                 leases: self.leases.clone(),
+                probe_now: self.probe_now.clone(),
             },
         ));
         let timing = self.worker.config.borrow().testing;
@@ -442,6 +452,23 @@ impl Session {
             Stop { stopper: reader.stopper(), reason: self.stop_reason.clone() },
             self.node_id.clone(),
         ));
+        {
+            let runs = self.runs.clone();
+            monoio::spawn(super::suspect::watch(super::suspect::Watch {
+                worker: self.worker.clone(),
+                node_id: self.node_id.clone(),
+                generation: self.generation,
+                link: self.link,
+                probe: self.worker.config.borrow().link_probe,
+                writer: self.writer.clone(),
+                last_seen: self.last_seen.clone(),
+                heard: self.heard.clone(),
+                probe_now: self.probe_now.clone(),
+                suspicion: self.suspicion.clone(),
+                closed: self.closed.clone(),
+                owes: Box::new(move || !runs.borrow().is_empty()),
+            }));
+        }
         let mut cmd_tx = Some(cmd_tx);
         let mut ready = false;
         let mut since_yield = 0u32;
@@ -473,6 +500,9 @@ impl Session {
                 Err(e) => return format!("read_error: {e}"),
             };
             self.last_seen.set(Instant::now());
+            if self.suspicion.is_suspect() {
+                self.heard.notify();
+            }
             since_yield += 1;
             // Reads that find data ready do not await (on epoll at all): a
             // busy link must still let this core's clients drain their runs,
@@ -542,8 +572,8 @@ impl Session {
             return false;
         }
         let Some(session) = cmd_tx.clone() else { return true };
-        let outcome =
-            self.worker.shared.registry.lock().ready(&self.node_id, self.generation, self.link, session.clone());
+        let handle = super::LinkHandle { session: session.clone(), suspicion: self.suspicion.clone() };
+        let outcome = self.worker.shared.registry.lock().ready(&self.node_id, self.generation, self.link, handle);
         match outcome {
             ReadyOutcome::BecameReady(set) | ReadyOutcome::LinkReady(set) => {
                 let first = set.links.len() == 1;
@@ -573,7 +603,7 @@ impl Session {
     }
 
     /// Tells every core the node's ready links now (unless it is draining).
-    async fn publish_route(&self, set: crate::registry::LinkSet<mailbox::Sender<SessionCmd>>) {
+    async fn publish_route(&self, set: crate::registry::LinkSet<super::LinkHandle>) {
         if set.draining || set.links.is_empty() {
             return;
         }
@@ -693,11 +723,12 @@ struct Pumped {
     stop: Stop,
     sent_revision: Rc<std::cell::Cell<u64>>,
     leases: Option<Rc<crate::leases::LinkLeases>>,
+    probe_now: iop_core::rt::signal::LocalNotify,
 }
 
 /// Applies commands from any core to this session until it closes.
 async fn pump_commands(rx: mailbox::Receiver<SessionCmd>, p: Pumped) {
-    let Pumped { runs, commands, writer, closed, stop, sent_revision, leases } = p;
+    let Pumped { runs, commands, writer, closed, stop, sent_revision, leases, probe_now } = p;
     loop {
         let cmd = monoio::select! {
             cmd = rx.recv() => cmd,
@@ -758,6 +789,7 @@ async fn pump_commands(rx: mailbox::Receiver<SessionCmd>, p: Pumped) {
                 }
                 sent_revision.set(revision);
             }
+            SessionCmd::Probe => probe_now.notify(),
             SessionCmd::Close { reason } => {
                 stop.stop(reason);
                 break;

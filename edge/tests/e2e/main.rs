@@ -27,5 +27,6 @@ mod robustness;
 mod sdk_fidelity;
 mod secrets;
 mod stall;
+mod suspect;
 mod tls;
 mod tunnel;

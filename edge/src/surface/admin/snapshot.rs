@@ -49,6 +49,7 @@ pub fn snapshot(config: &EdgeConfig, statuses: &[NodeStatus], pool: &PoolView) -
 fn node(n: &NodeEntry, status: Option<&NodeStatus>, pool: &PoolView) -> Value {
     let connected = status.is_some_and(|s| s.connected);
     let ready = status.is_some_and(|s| s.ready);
+    let suspect = status.is_some_and(|s| s.suspect);
     let generation = status.filter(|s| s.connected).map_or(0, |s| s.generation);
     let worker = status.and_then(|s| s.worker);
     let providers: Vec<Value> = n
@@ -57,10 +58,15 @@ fn node(n: &NodeEntry, status: Option<&NodeStatus>, pool: &PoolView) -> Value {
         .map(|p| provider(p, pool.resources.get(&ResourceKey::new(&n.id, &p.id)).map(|l| &**l), connected))
         .collect();
     let links: Vec<Value> = status
-        .map(|s| s.links.iter().map(|l| json!({"index": l.index, "worker": l.worker, "ready": l.ready})).collect())
+        .map(|s| {
+            s.links
+                .iter()
+                .map(|l| json!({"index": l.index, "worker": l.worker, "ready": l.ready, "suspect": l.suspect}))
+                .collect()
+        })
         .unwrap_or_default();
-    json!({"id": n.id, "connected": connected, "ready": ready, "generation": generation, "worker": worker,
-           "links": links, "providers": providers})
+    json!({"id": n.id, "connected": connected, "ready": ready, "suspect": suspect, "generation": generation,
+           "worker": worker, "links": links, "providers": providers})
 }
 
 /// One provider. A resource missing from the view (it cannot be, for a
@@ -81,7 +87,9 @@ fn provider(p: &ProviderEntry, load: Option<&ResourceLoad>, connected: bool) -> 
     // One read of each so that status, health and capacities agree.
     let online = connected && load.online.load(Ordering::Acquire);
     let overlay = load.overlay();
-    let live = online && overlay == Overlay::Healthy;
+    // A suspect node (silent, not answering a probe) takes no new work.
+    let suspect = online && load.suspect.load(Ordering::Acquire);
+    let live = online && overlay == Overlay::Healthy && !suspect;
     let configured_normal = load.configured_normal.load(Ordering::Relaxed);
     let configured_long = load.configured_long.load(Ordering::Relaxed);
     let in_use_normal = load.in_use_normal.load(Ordering::Relaxed);
@@ -94,6 +102,7 @@ fn provider(p: &ProviderEntry, load: Option<&ResourceLoad>, connected: bool) -> 
         // The runtime overlay (stall evidence, recovery probes), apart from
         // the connected state above.
         "runtime_health": overlay.as_str(),
+        "suspect": suspect,
         "normal": {"configured": configured_normal, "effective": effective(configured_normal), "in_use": in_use_normal},
         "long": {"configured": configured_long, "effective": effective(configured_long), "in_use": in_use_long},
         "leases_in_use": u64::from(in_use_normal) + u64::from(in_use_long),
@@ -188,34 +197,45 @@ mod tests {
                 id: "n1".into(),
                 connected: true,
                 ready: true,
+                suspect: false,
                 generation: 3,
                 worker: Some(1),
                 links: vec![
-                    crate::registry::LinkStatus { index: 0, worker: 1, ready: true },
-                    crate::registry::LinkStatus { index: 1, worker: 0, ready: false },
+                    crate::registry::LinkStatus { index: 0, worker: 1, ready: true, suspect: false },
+                    crate::registry::LinkStatus { index: 1, worker: 0, ready: false, suspect: false },
                 ],
             },
-            NodeStatus { id: "n2".into(), connected: false, ready: false, generation: 0, worker: None, links: vec![] },
+            NodeStatus {
+                id: "n2".into(),
+                connected: false,
+                ready: false,
+                suspect: false,
+                generation: 0,
+                worker: None,
+                links: vec![],
+            },
         ];
 
         let v = snapshot(&cfg, &statuses, &pool);
         let expected = json!({
             "nodes": [
-                {"id": "n1", "connected": true, "ready": true, "generation": 3, "worker": 1,
-                 "links": [{"index": 0, "worker": 1, "ready": true}, {"index": 1, "worker": 0, "ready": false}],
+                {"id": "n1", "connected": true, "ready": true, "suspect": false, "generation": 3, "worker": 1,
+                 "links": [{"index": 0, "worker": 1, "ready": true, "suspect": false},
+                           {"index": 1, "worker": 0, "ready": false, "suspect": false}],
                  "providers": [
-                    {"id": "up", "status": "available", "health": "online", "runtime_health": "healthy",
+                    {"id": "up", "status": "available", "health": "online", "runtime_health": "healthy", "suspect": false,
                      "normal": {"configured": 4, "effective": 4, "in_use": 1},
                      "long": {"configured": 0, "effective": 0, "in_use": 0},
                      "leases_in_use": 1, "live_leases": 1, "waiters": 0},
-                    {"id": "big", "status": "available", "health": "online", "runtime_health": "healthy",
+                    {"id": "big", "status": "available", "health": "online", "runtime_health": "healthy", "suspect": false,
                      "normal": {"configured": 2, "effective": 2, "in_use": 2},
                      "long": {"configured": 1, "effective": 1, "in_use": 1},
                      "leases_in_use": 3, "live_leases": 3, "waiters": 5},
                 ]},
-                {"id": "n2", "connected": false, "ready": false, "generation": 0, "worker": null, "links": [],
+                {"id": "n2", "connected": false, "ready": false, "suspect": false, "generation": 0, "worker": null,
+                 "links": [],
                  "providers": [
-                    {"id": "up", "status": "unavailable", "health": "offline", "runtime_health": "healthy",
+                    {"id": "up", "status": "unavailable", "health": "offline", "runtime_health": "healthy", "suspect": false,
                      "normal": {"configured": 8, "effective": 0, "in_use": 0},
                      "long": {"configured": 0, "effective": 0, "in_use": 0},
                      "leases_in_use": 0, "live_leases": 0, "waiters": 0},
@@ -271,6 +291,7 @@ mod tests {
             id: "n2".into(),
             connected: false,
             ready: false,
+            suspect: false,
             generation: 0,
             worker: None,
             links: vec![],
@@ -281,6 +302,37 @@ mod tests {
         assert_eq!(p["normal"], json!({"configured": 8, "effective": 0, "in_use": 1}));
         assert_eq!(p["leases_in_use"], 1);
         assert_eq!(p["live_leases"], 1);
+    }
+
+    /// Every ready link of the node is suspect: its providers offer nothing
+    /// new (effective 0, unavailable) while their leases stay counted.
+    #[test]
+    fn a_suspect_nodes_providers_offer_no_capacity() {
+        let cfg = config();
+        let pool = PoolView::build(&cfg, None);
+        let up = load(&pool, "n1", "up");
+        up.online.store(true, Ordering::Release);
+        up.suspect.store(true, Ordering::Release);
+        up.in_use_normal.store(1, Ordering::Relaxed);
+        let link = |index, suspect| crate::registry::LinkStatus { index, worker: 0, ready: true, suspect };
+        let status = NodeStatus {
+            id: "n1".into(),
+            connected: true,
+            ready: true,
+            suspect: true,
+            generation: 2,
+            worker: Some(0),
+            links: vec![link(0, true), link(1, true)],
+        };
+        let v = snapshot(&cfg, &[status], &pool);
+        let n = &v["nodes"][0];
+        assert_eq!((&n["suspect"], &n["links"][1]["suspect"]), (&json!(true), &json!(true)));
+        let p = &n["providers"][0];
+        assert_eq!(
+            (&p["status"], &p["suspect"], &p["health"]),
+            (&json!("unavailable"), &json!(true), &json!("online"))
+        );
+        assert_eq!(p["normal"], json!({"configured": 4, "effective": 0, "in_use": 1}));
     }
 
     /// The node's registration ends before every core has fenced its
@@ -294,6 +346,7 @@ mod tests {
             id: "n1".into(),
             connected,
             ready: connected,
+            suspect: false,
             generation: if connected { 2 } else { 0 },
             worker: None,
             links: vec![],
