@@ -103,6 +103,41 @@ impl TunnelItem {
         }
     }
 
+    /// Splits off the first `at` bytes of a body item (`Body`, `Parts`),
+    /// leaving the rest in `self`; `None` for other items, or when `at` is
+    /// 0 or not inside the body. The bytes are sliced, not copied.
+    pub fn split_body_front(&mut self, at: usize) -> Option<TunnelItem> {
+        if at == 0 || at >= self.payload_bytes() {
+            return None;
+        }
+        match self {
+            TunnelItem::Body(b) => Some(TunnelItem::Body(b.split_to(at))),
+            TunnelItem::Parts(parts) => {
+                let mut front = Vec::new();
+                let mut left = at;
+                while left > 0 {
+                    let first = parts.first_mut()?;
+                    if first.len() <= left {
+                        left -= first.len();
+                        front.push(parts.remove(0));
+                    } else {
+                        front.push(first.split_to(left));
+                        left = 0;
+                    }
+                }
+                if parts.len() == 1 {
+                    *self = TunnelItem::Body(parts.pop().unwrap_or_default());
+                }
+                Some(if front.len() == 1 {
+                    TunnelItem::Body(front.pop().unwrap_or_default())
+                } else {
+                    TunnelItem::Parts(front)
+                })
+            }
+            _ => None,
+        }
+    }
+
     /// The frame carrying this item.
     pub fn into_wire(self, tunnel_id: &str, seq: u64) -> pb::ProviderTunnelFrame {
         use pb::provider_tunnel_frame::Kind;
@@ -193,6 +228,45 @@ pub fn forwards_response_header(name: &[u8]) -> bool {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    fn body_of(items: &[TunnelItem]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for i in items {
+            match i {
+                TunnelItem::Body(b) => out.extend_from_slice(b),
+                TunnelItem::Parts(p) => p.iter().for_each(|b| out.extend_from_slice(b)),
+                other => panic!("{other:?}"),
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn a_body_splits_anywhere_into_pieces_of_the_same_bytes() {
+        let whole: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        let shapes = [
+            TunnelItem::Body(Bytes::from(whole.clone())),
+            TunnelItem::Parts(vec![
+                Bytes::copy_from_slice(&whole[..10]),
+                Bytes::copy_from_slice(&whole[10..600]),
+                Bytes::copy_from_slice(&whole[600..]),
+            ]),
+        ];
+        for shape in shapes {
+            for at in [1, 9, 10, 11, 599, 600, 601, 999] {
+                let mut rest = shape.clone();
+                let front = rest.split_body_front(at).unwrap();
+                assert_eq!(front.payload_bytes(), at);
+                assert!(!matches!(&front, TunnelItem::Parts(p) if p.len() < 2), "a Parts item has at least two");
+                assert!(!matches!(&rest, TunnelItem::Parts(p) if p.len() < 2), "a Parts item has at least two");
+                assert_eq!(body_of(&[front, rest]), whole, "at {at}");
+            }
+            let mut same = shape.clone();
+            assert!(same.split_body_front(0).is_none() && same.split_body_front(1000).is_none());
+            assert_eq!(same, shape);
+        }
+        assert!(TunnelItem::End { usage: None }.split_body_front(1).is_none());
+    }
     use crate::exec::{codes, FailureSource};
 
     #[test]

@@ -77,8 +77,14 @@ pub struct Stream<T: Outcome> {
     id: String,
     node_id: std::sync::Arc<str>,
     done: bool,
-    /// Cost taken from the channel and not yet granted back to the node.
+    /// Cost taken from the channel and not yet written to the client.
+    unwritten: u64,
+    /// Cost written (or, without `credit_on_write`, taken) and not yet
+    /// granted back to the node.
     taken: u64,
+    /// Grant credit only for what was written to the client (streaming
+    /// writers), not for what was taken from the queue.
+    credit_on_write: bool,
     /// Where the model's usage is added up.
     usage: Option<std::sync::Arc<crate::pool::ModelUsage>>,
     /// The stream's deadline (its provider's `request_timeout_sec` from
@@ -133,14 +139,33 @@ impl<T: Outcome> Stream<T> {
     }
 
     /// Accounts for an item handed to the client's task: a terminal ends
-    /// the stream; anything else returns credit to the node in batches.
+    /// the stream; anything else is credit to return once written.
     fn took(&mut self, item: &T) {
         if item.is_terminal() {
             self.finish(item);
             return;
         }
-        self.taken += cost_of(item) as u64;
-        if self.taken >= flow::CREDIT_BATCH {
+        self.unwritten += cost_of(item) as u64;
+        if !self.credit_on_write {
+            self.written();
+        }
+    }
+
+    /// From now on, credit goes back to the node only for what the caller
+    /// says it wrote ([`Self::written`]): a client that does not read then
+    /// holds at most the window, queued and in its pending write together.
+    pub fn credit_on_write(&mut self) {
+        self.credit_on_write = true;
+    }
+
+    /// What was taken so far reached the client: returns credit to the node
+    /// in batches, and whatever is owed once the queue is empty (a node may
+    /// be waiting to send an item larger than its credit left; see
+    /// [`flow::may_send`]).
+    pub fn written(&mut self) {
+        self.taken += std::mem::take(&mut self.unwritten);
+        let drained = self.taken >= flow::IDLE_GRANT && self.rx.queued_bytes() == 0;
+        if self.taken >= flow::CREDIT_BATCH || drained {
             let cmd = SessionCmd::Credit { id: self.id.clone(), bytes: std::mem::take(&mut self.taken) };
             self.command(cmd);
         }
@@ -334,7 +359,9 @@ impl Route {
             id: self.id,
             node_id: self.node_id,
             done: false,
+            unwritten: 0,
             taken: 0,
+            credit_on_write: false,
             usage: worker.pool.borrow().usage.get(model).cloned(),
             deadline: iop_core::rt::time::sleep(self.timeout + DEADLINE_GRACE),
             timeout: self.timeout,

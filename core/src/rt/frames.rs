@@ -29,6 +29,29 @@ const READ_CHUNK: usize = 64 * 1024;
 /// keep a mostly empty 64 KiB alive per small queued frame.
 const MIN_READ_SPARE: usize = 4 * 1024;
 
+/// Room for the next read. A frame larger than a read chunk grows into a
+/// buffer of its own, doubling with what arrived (never with what its
+/// length announces, which a peer could send nothing of) up to exactly its
+/// size: its bytes, which the frame's items keep alive while queued (a
+/// client that does not read its stream), then pin nothing else, and no
+/// other frame pins them. Smaller frames share chunks.
+fn make_room(mut buf: BytesMut) -> BytesMut {
+    // `decode` left only the start of one frame in `buf`.
+    let total = buf.get(..4).map(|p| 4 + u32::from_be_bytes([p[0], p[1], p[2], p[3]]) as usize);
+    match total {
+        Some(total) if total > READ_CHUNK && total > buf.len() => {
+            let cap = (buf.len() * 2).max(buf.len() + READ_CHUNK).min(total);
+            let mut own = BytesMut::with_capacity(cap);
+            own.extend_from_slice(&buf);
+            own
+        }
+        _ => {
+            buf.reserve(READ_CHUNK);
+            buf
+        }
+    }
+}
+
 /// Why the frame reader stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -128,7 +151,7 @@ impl<R: CancelableAsyncReadRent> FrameReader<R> {
             let handle: CancelHandle = self.canceller.borrow().handle();
             let mut buf = std::mem::take(&mut self.buf);
             if buf.capacity() - buf.len() < MIN_READ_SPARE {
-                buf.reserve(READ_CHUNK);
+                buf = make_room(buf);
             }
             let len = buf.len();
             let cap = buf.capacity();
@@ -373,4 +396,52 @@ pub enum Liveness {
     Silent,
     /// The connection closed first.
     Closed,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    fn frame_start(total: usize, arrived: usize) -> BytesMut {
+        let mut b = BytesMut::with_capacity(arrived);
+        b.extend_from_slice(&u32::try_from(total - 4).unwrap().to_be_bytes());
+        b.resize(arrived, 7);
+        b
+    }
+
+    /// A large frame ends in a buffer of exactly its size, grown with the
+    /// bytes that arrived (at most doubling them), never with its announced
+    /// length alone; small frames share a read chunk.
+    #[test]
+    fn a_large_frame_grows_into_a_buffer_of_its_own_size() {
+        let total = 1_000_000 + 4;
+        let mut buf = frame_start(total, 4);
+        let mut allocations = 0;
+        while buf.len() < total {
+            if buf.capacity() - buf.len() < MIN_READ_SPARE {
+                let arrived = buf.len();
+                buf = make_room(buf);
+                allocations += 1;
+                assert!(buf.capacity() <= (2 * arrived).max(arrived + READ_CHUNK).max(READ_CHUNK + 4), "{arrived}");
+                assert_eq!(
+                    &buf[..4],
+                    &u32::try_from(total - 4).unwrap().to_be_bytes(),
+                    "the bytes that arrived are kept"
+                );
+            }
+            // A read fills the room (at most a chunk at a time).
+            let n = (buf.capacity() - buf.len()).min(READ_CHUNK);
+            buf.resize(buf.len() + n, 7);
+        }
+        assert_eq!(buf.len(), total);
+        assert!(buf.capacity() < total + MIN_READ_SPARE, "capacity {} for a frame of {total}", buf.capacity());
+        assert!(allocations < 12, "{allocations} allocations");
+        // A frame that fits a chunk reads into a shared chunk.
+        let small = make_room(frame_start(1000, 10));
+        assert!(small.capacity() >= READ_CHUNK);
+        // Announcing 16 MiB with nothing behind it reserves one chunk.
+        let announced = make_room(frame_start(16 << 20, 4));
+        assert!(announced.capacity() <= READ_CHUNK + 8, "{}", announced.capacity());
+    }
 }

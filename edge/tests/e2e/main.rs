@@ -26,6 +26,7 @@ mod recovery;
 mod robustness;
 mod sdk_fidelity;
 mod secrets;
+mod slow_readers;
 mod stall;
 mod suspect;
 mod tls;

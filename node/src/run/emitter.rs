@@ -25,6 +25,14 @@ pub trait Outgoing {
     fn payload_bytes(&self) -> usize;
     /// Queues its frame, numbered `seq` in stream `id`, on `writer`.
     fn queue(self, writer: &FrameWriter, id: &str, seq: u64) -> Result<(), SendError>;
+    /// Splits off the first `at` payload bytes, leaving the rest (items
+    /// whose bytes may be cut anywhere: a tunnel's body); `None` otherwise.
+    fn split_front(&mut self, _at: usize) -> Option<Self>
+    where
+        Self: Sized,
+    {
+        None
+    }
 }
 
 fn queue_body(writer: &FrameWriter, body: Body) -> Result<(), SendError> {
@@ -65,6 +73,10 @@ impl Outgoing for TunnelItem {
             item => queue_body(writer, Body::ProviderTunnelFrame(item.into_wire(id, seq))),
         }
     }
+
+    fn split_front(&mut self, at: usize) -> Option<Self> {
+        self.split_body_front(at)
+    }
 }
 
 /// Sends one stream's items (run events or tunnel frames) to the edge.
@@ -87,6 +99,11 @@ pub struct Emitter<T = ExecEvent> {
 
 /// Merged text is sent once it reaches this size.
 const MAX_MERGED: usize = 16 * 1024;
+
+/// A body item that does not fit the credit left goes in pieces that do,
+/// none smaller than this (but the last): the edge then holds at most the
+/// window of a stream whatever the provider's chunk size, in few frames.
+const MIN_PIECE: usize = 16 * 1024;
 
 impl<T: Outgoing> Emitter<T> {
     /// An emitter for stream `id` on `writer`.
@@ -141,9 +158,43 @@ impl<T: Outgoing> Emitter<T> {
     /// (nor a copy of the item) while it waits for its provider.
     pub async fn send(&mut self, item: T) -> Result<(), SinkClosed> {
         self.progress(item.is_terminal());
+        if self.beyond_credit(&item) {
+            return Box::pin(self.send_in_pieces(item)).await;
+        }
         match self.try_send(item)? {
             None => Ok(()),
             Some(item) => Box::pin(self.send_waiting(item)).await,
+        }
+    }
+
+    /// A body item larger than a piece that does not fit the credit left.
+    fn beyond_credit(&self, item: &T) -> bool {
+        let Some(credit) = &self.credit else { return false };
+        let bytes = item.payload_bytes();
+        bytes > MIN_PIECE
+            && !item.is_terminal()
+            && i64::try_from(iop_core::flow::cost(bytes)).unwrap_or(i64::MAX) > credit.available()
+    }
+
+    /// Sends `item` as pieces that each fit the credit left, waiting for
+    /// credit between them (items that cannot be cut go whole).
+    async fn send_in_pieces(&mut self, mut item: T) -> Result<(), SinkClosed> {
+        while let Some(credit) = self.credit.clone().filter(|_| self.beyond_credit(&item)) {
+            let activity = self.activity.clone();
+            {
+                let _hold = activity.as_deref().map(Activity::hold);
+                credit.wait_for(MIN_PIECE as u64).await;
+            }
+            let fits = usize::try_from(credit.available()).unwrap_or(0);
+            let Some(front) = item.split_front(fits) else { break };
+            match self.try_send(front)? {
+                None => {}
+                Some(front) => self.send_waiting(front).await?,
+            }
+        }
+        match self.try_send(item)? {
+            None => Ok(()),
+            Some(item) => self.send_waiting(item).await,
         }
     }
 
@@ -251,5 +302,58 @@ impl EventSink for Emitter<ExecEvent> {
         self.flush_merged().await?;
         self.pending = Some(d);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use bytes::Bytes;
+    use iop_core::flow::WINDOW_BYTES;
+
+    use super::*;
+
+    async fn settle() {
+        for _ in 0..16 {
+            iop_core::rt::yield_now().await;
+        }
+    }
+
+    /// A provider chunk larger than the credit left goes in pieces that
+    /// fit: the edge never holds more than the window of the stream.
+    #[test]
+    fn a_large_body_goes_in_pieces_that_fit_the_credit() {
+        iop_core::rt::block_on_current(async {
+            let writer = FrameWriter::new(64 << 20, 64 << 20, 256 << 20);
+            let credit = Rc::new(Credit::new(WINDOW_BYTES));
+            let mut e = Emitter::<TunnelItem>::new(writer.clone(), "t".into()).with_credit(Some(credit.clone()));
+            // A small item first, so the big one does not fit whole.
+            e.send(TunnelItem::Body(Bytes::from_static(b"data: 1\n\n"))).await.unwrap();
+            let window = WINDOW_BYTES as usize;
+            let big = Bytes::from(vec![7u8; 3 * window + 100]);
+            let task = monoio::spawn(async move {
+                e.send(TunnelItem::Body(big)).await.unwrap();
+                e
+            });
+            settle().await;
+            let framing = 64; // frame heads, generously
+            let queued = writer.queued_bytes();
+            assert!(queued <= window + framing * 2, "{queued} queued with one window of credit");
+            assert!(credit.available() >= 0, "credit overdrawn: {}", credit.available());
+            let mut sent = queued;
+            for _ in 0..3 {
+                // The edge wrote what it had: it grants it back.
+                credit.grant(WINDOW_BYTES - u64::try_from(credit.available()).unwrap());
+                settle().await;
+                let now = writer.queued_bytes();
+                assert!(now - sent <= window + framing * 4, "{} queued after one grant", now - sent);
+                assert!(credit.available() >= 0, "credit overdrawn: {}", credit.available());
+                sent = now;
+            }
+            let e = task.await;
+            assert!(!e.terminal_sent());
+            assert!(writer.queued_bytes() >= 3 * window + 100, "every byte went");
+        })
+        .unwrap();
     }
 }

@@ -207,7 +207,7 @@ impl RunManager {
     pub fn transport_status(&self) -> serde_json::Value {
         let runs = self.runs.borrow();
         let tunnels = runs.values().filter(|h| h.tunnel).count();
-        let waiting = runs.values().filter(|h| h.credit.as_ref().is_some_and(|c| c.available() <= 0)).count();
+        let waiting = runs.values().filter(|h| h.credit.as_ref().is_some_and(|c| c.is_waiting())).count();
         let mut per: std::collections::BTreeMap<&str, (u32, u32)> = std::collections::BTreeMap::new();
         for h in runs.values() {
             let e = per.entry(h.adapter.as_str()).or_default();

@@ -124,6 +124,8 @@ async fn stream(
     write_timeout: std::time::Duration,
     chance: &mut ReplayChance,
 ) -> bool {
+    // What a client has not read stays within the stream's window.
+    run.credit_on_write();
     let Conn { rd, wr, buf, out, exchange, .. } = conn;
     let first = match with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, std::pin::pin!(run.next())).await {
         // The client is gone (dropping `run` cancels it on the node), or the run ended.
@@ -190,6 +192,7 @@ impl StreamRender {
             }
             ExecEvent::Delta(d) => {
                 self.ensure_started(sse, d.choice);
+                reserve_for(sse, &d);
                 self.enc.delta(sse, &d);
                 false
             }
@@ -230,6 +233,23 @@ impl StreamRender {
     }
 }
 
+/// Room for a large delta's chunk at once. Grown piece by piece while it is
+/// written, the buffer would double past it; a stream whose client does not
+/// read holds that buffer (about a window's worth), so it is made to fit.
+fn reserve_for(sse: &mut BytesMut, d: &iop_core::exec::Delta) {
+    const LARGE: usize = 16 * 1024;
+    use iop_core::exec::Part;
+    let text = match &d.part {
+        Part::Content(t) | Part::Reasoning(t) | Part::Refusal(t) => t.len(),
+        Part::ToolCall(c) => c.arguments.len(),
+    };
+    let bytes = text + d.logprobs.as_ref().map_or(0, bytes::Bytes::len);
+    if bytes >= LARGE {
+        // The chunk's own fields and its SSE and chunk framing.
+        sse.reserve(bytes + 512);
+    }
+}
+
 /// Writes the chunk begun at `chunk` in `out` (ending the stream when
 /// `ended`), then the run's further events, batched per write.
 #[allow(clippy::too_many_arguments)] // the stream's state, passed apart so none is held twice
@@ -263,6 +283,7 @@ async fn stream_body<W: AsyncWriteRentExt>(
         };
         res?;
         clock.wrote();
+        run.written();
         if terminal {
             written.clear();
             *out = written;

@@ -83,6 +83,8 @@ pub trait Source {
     fn shrink(&self) {}
     /// The stream's id, for logs.
     fn id(&self) -> &str;
+    /// What was taken so far was written to the client (credit goes back).
+    fn written(&mut self) {}
 }
 
 impl Source for TunnelStream {
@@ -100,6 +102,10 @@ impl Source for TunnelStream {
 
     fn id(&self) -> &str {
         self.run_id()
+    }
+
+    fn written(&mut self) {
+        TunnelStream::written(self);
     }
 }
 
@@ -206,6 +212,7 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
             };
             res?;
             clock.wrote();
+            src.written();
         }
         if let Some(end) = end {
             return Ok(end);

@@ -124,6 +124,8 @@ async fn answer(
     write_timeout: Duration,
     chance: &mut ReplayChance,
 ) -> bool {
+    // What a client has not read stays within the stream's window.
+    stream.credit_on_write();
     let (status, headers) = match stream.next().await {
         Some(TunnelItem::Start { status, headers }) => {
             // The provider's status goes out now: no replay from here.
