@@ -1,11 +1,20 @@
-//! A per-address limit on failed credential checks (node tokens at
-//! registration, the admin token), so secrets cannot be guessed at line
-//! rate. Each address has a token bucket of failures; while it is empty,
-//! every attempt from that address is refused before any credential is
-//! compared. The table is bounded: when full, the address idle longest is
-//! forgotten. Only credential checks touch it (a cold path), never
-//! registered nodes or `/v1` traffic with a valid key (an API key is
-//! checked against it only once it failed).
+//! Limits on failed credential checks per address, one table per kind of
+//! credential ([`Credential`]): wrong admin tokens or API keys never count
+//! against a node's registrations, nor the other way round. A right
+//! credential is compared (in constant time) before any of these tables is
+//! consulted and is never refused by them; only a wrong one is, once its
+//! address spent its budget. So the tables bound what guessing costs (one
+//! comparison and an answer, logs throttled) without ever locking out a
+//! peer that holds the secret, and they may fail closed under pressure.
+//!
+//! Each address (an [`AddrKey`]) has a token bucket of failures. The table
+//! is bounded and cannot be flushed by spraying addresses: when it is full,
+//! entries that earned everything back go first; then the newcomer's
+//! network (IPv4 /24, IPv6 /48) is merged into one entry carrying the
+//! failures of all its addresses; then the unlocked entry with the most
+//! failures left to make goes. A locked entry is never evicted: with
+//! nothing else to evict, addresses the table does not know are refused
+//! too until locked entries earn a failure back.
 
 use std::{
     collections::HashMap,
@@ -15,29 +24,70 @@ use std::{
 
 use parking_lot::Mutex;
 
+use super::AddrKey;
+
 /// Failures an address may make in a burst.
 pub const BURST: f64 = 10.0;
 /// Failures an address earns back per second.
 pub const REFILL_PER_SEC: f64 = 0.2;
-/// Addresses tracked at once.
+/// Entries (addresses or networks) tracked at once per kind of credential.
 pub const CAPACITY: usize = 4096;
 
-/// IPv4 addresses count alone; IPv6 ones by /64, the usual allocation to one
-/// host or site (an attacker owns the whole prefix).
+/// A kind of credential, each with its own failure table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum Key {
-    V4(u32),
-    V6Prefix(u64),
+pub enum Credential {
+    /// A node token (and, in managed mode, the node's certificate).
+    NodeRegistration,
+    /// The admin token.
+    Admin,
+    /// A client API key.
+    ApiKey,
 }
 
-impl From<IpAddr> for Key {
-    fn from(ip: IpAddr) -> Self {
-        match ip {
-            IpAddr::V4(v4) => Key::V4(u32::from(v4)),
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => Key::V4(u32::from(v4)),
-                None => Key::V6Prefix((u128::from(v6) >> 64) as u64),
-            },
+impl Credential {
+    /// Metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Credential::NodeRegistration => "node_registration",
+            Credential::Admin => "admin",
+            Credential::ApiKey => "api_key",
+        }
+    }
+}
+
+/// The failure tables of every kind of credential.
+#[derive(Debug, Default)]
+pub struct AuthLimits {
+    node: FailureLimiter,
+    admin: FailureLimiter,
+    api_key: FailureLimiter,
+}
+
+impl AuthLimits {
+    /// The table of `kind`.
+    pub fn of(&self, kind: Credential) -> &FailureLimiter {
+        match kind {
+            Credential::NodeRegistration => &self.node,
+            Credential::Admin => &self.admin,
+            Credential::ApiKey => &self.api_key,
+        }
+    }
+
+    /// After a wrong `kind` credential from `peer`: `Err(retry_after)` when
+    /// its address is past its budget (nothing counted then), else the
+    /// failure is counted. Metrics either way.
+    pub fn failed(&self, kind: Credential, peer: IpAddr) -> Result<(), Duration> {
+        let limiter = self.of(kind);
+        match limiter.check(peer) {
+            Err(wait) => {
+                crate::metrics::auth_refused(kind.label());
+                Err(wait)
+            }
+            Ok(()) => {
+                limiter.record_failure(peer);
+                crate::metrics::auth_failure(kind.label());
+                Ok(())
+            }
         }
     }
 }
@@ -54,10 +104,17 @@ impl Bucket {
     }
 }
 
-/// The limiter; shared by every core (a cold-path lock).
+#[derive(Debug, Default)]
+struct Table {
+    entries: HashMap<AddrKey, Bucket>,
+    /// Full of locked entries: until then, unknown addresses are refused.
+    saturated_until: Option<Instant>,
+}
+
+/// One kind's table; shared by every core (a cold-path lock).
 #[derive(Debug)]
 pub struct FailureLimiter {
-    table: Mutex<HashMap<Key, Bucket>>,
+    table: Mutex<Table>,
     burst: f64,
     rate: f64,
     capacity: usize,
@@ -71,14 +128,9 @@ impl Default for FailureLimiter {
 
 impl FailureLimiter {
     /// `burst` failures at once, `rate` per second after that, at most
-    /// `capacity` addresses tracked.
+    /// `capacity` entries tracked.
     pub fn new(burst: f64, rate: f64, capacity: usize) -> Self {
-        Self {
-            table: Mutex::new(HashMap::new()),
-            burst: burst.max(1.0),
-            rate: rate.max(1e-6),
-            capacity: capacity.max(1),
-        }
+        Self { table: Mutex::default(), burst: burst.max(1.0), rate: rate.max(1e-6), capacity: capacity.max(1) }
     }
 
     /// `Err(retry_after)` while `peer` has no failures left.
@@ -91,49 +143,143 @@ impl FailureLimiter {
         self.record_failure_at(peer, Instant::now());
     }
 
-    /// Addresses tracked now.
+    /// Entries tracked now.
     pub fn tracked(&self) -> usize {
-        self.table.lock().len()
+        self.table.lock().entries.len()
+    }
+
+    fn wait_for(&self, tokens: f64) -> Duration {
+        Duration::from_secs_f64(((1.0 - tokens) / self.rate).max(0.001))
     }
 
     fn check_at(&self, peer: IpAddr, now: Instant) -> Result<(), Duration> {
         let table = self.table.lock();
-        let Some(bucket) = table.get(&Key::from(peer)) else { return Ok(()) };
-        let tokens = bucket.refilled(now, self.rate, self.burst);
-        if tokens >= 1.0 {
-            Ok(())
-        } else {
-            Err(Duration::from_secs_f64(((1.0 - tokens) / self.rate).max(0.001)))
+        let key = AddrKey::of(peer);
+        let tokens = [Some(key), key.network()]
+            .into_iter()
+            .flatten()
+            .filter_map(|k| table.entries.get(&k))
+            .map(|b| b.refilled(now, self.rate, self.burst))
+            .reduce(f64::min);
+        match tokens {
+            Some(t) if t >= 1.0 => Ok(()),
+            Some(t) => Err(self.wait_for(t)),
+            None => match table.saturated_until {
+                Some(until) if until > now => Err(until - now),
+                _ => Ok(()),
+            },
         }
     }
 
     fn record_failure_at(&self, peer: IpAddr, now: Instant) {
-        let key = Key::from(peer);
+        let key = AddrKey::of(peer);
         let mut table = self.table.lock();
-        if !table.contains_key(&key) && table.len() >= self.capacity {
-            // Forget addresses that have earned everything back, then, if
-            // still full, the one idle longest.
-            let (rate, burst) = (self.rate, self.burst);
-            table.retain(|_, b| b.refilled(now, rate, burst) < burst);
-            if table.len() >= self.capacity {
-                if let Some(oldest) = table.iter().min_by_key(|(_, b)| b.updated).map(|(k, _)| *k) {
-                    table.remove(&oldest);
+        let mut charged = false;
+        for k in [Some(key), key.network()].into_iter().flatten() {
+            if let Some(b) = table.entries.get_mut(&k) {
+                *b = self.spend(*b, 1.0, now);
+                charged = true;
+            }
+        }
+        if charged {
+            return;
+        }
+        if table.entries.len() >= self.capacity {
+            match self.make_room(&mut table, key, now) {
+                Room::Address => {}
+                Room::Merged(net) => {
+                    if let Some(b) = table.entries.get_mut(&net) {
+                        *b = self.spend(*b, 1.0, now);
+                    }
+                    return;
+                }
+                Room::None => {
+                    // Locked entries earn a failure back in 1/rate: then
+                    // they can be evicted and newcomers tracked again.
+                    table.saturated_until = Some(now + self.wait_for(0.0));
+                    return;
                 }
             }
         }
-        let bucket = table.entry(key).or_insert(Bucket { tokens: self.burst, updated: now });
-        let tokens = bucket.refilled(now, self.rate, self.burst);
-        *bucket = Bucket { tokens: (tokens - 1.0).max(0.0), updated: now };
+        table.saturated_until = None;
+        table.entries.insert(key, Bucket { tokens: self.burst - 1.0, updated: now });
     }
+
+    fn spend(&self, b: Bucket, n: f64, now: Instant) -> Bucket {
+        Bucket { tokens: (b.refilled(now, self.rate, self.burst) - n).max(0.0), updated: now }
+    }
+
+    /// Frees an entry for `key`, a newcomer, in a full table.
+    fn make_room(&self, table: &mut Table, key: AddrKey, now: Instant) -> Room {
+        let (rate, burst) = (self.rate, self.burst);
+        // Entries that earned everything back hold nothing worth keeping.
+        table.entries.retain(|_, b| b.refilled(now, rate, burst) < burst);
+        if table.entries.len() < self.capacity {
+            return Room::Address;
+        }
+        // The newcomer's network: its addresses become one entry carrying
+        // all their failures (so spraying a network locks all of it).
+        if let Some(net) = key.network() {
+            let members: Vec<AddrKey> = table.entries.keys().filter(|k| k.network() == Some(net)).copied().collect();
+            if !members.is_empty() {
+                let spent: f64 = members
+                    .iter()
+                    .filter_map(|k| table.entries.remove(k))
+                    .map(|b| burst - b.refilled(now, rate, burst))
+                    .sum();
+                table.entries.insert(net, Bucket { tokens: (burst - spent).max(0.0), updated: now });
+                return Room::Merged(net);
+            }
+        }
+        // Else the unlocked entry with the most failures left to make (the
+        // least suspect), merged into its network's entry if it has one so
+        // its failures still count. Never a locked one.
+        let victim = table
+            .entries
+            .iter()
+            .map(|(k, b)| (*k, b.refilled(now, rate, burst), b.updated))
+            .filter(|(_, tokens, _)| *tokens >= 1.0)
+            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.2.cmp(&a.2)));
+        let Some((victim, tokens, _)) = victim else { return Room::None };
+        table.entries.remove(&victim);
+        if let Some(net) = victim.network().filter(|n| table.entries.contains_key(n)) {
+            if let Some(b) = table.entries.get_mut(&net) {
+                *b = self.spend(*b, burst - tokens, now);
+            }
+        }
+        Room::Address
+    }
+}
+
+/// What [`FailureLimiter::make_room`] made.
+enum Room {
+    /// Room for the newcomer's own entry.
+    Address,
+    /// The newcomer's network has an entry now: charge that.
+    Merged(AddrKey),
+    /// Every entry is locked.
+    None,
 }
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
+    use std::net::Ipv4Addr;
+
     use super::*;
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
+    }
+
+    fn v4(n: u32) -> IpAddr {
+        IpAddr::from(Ipv4Addr::from(n))
+    }
+
+    fn lock(l: &FailureLimiter, peer: IpAddr, now: Instant) {
+        while l.check_at(peer, now).is_ok() {
+            l.record_failure_at(peer, now);
+        }
     }
 
     #[test]
@@ -170,14 +316,85 @@ mod tests {
         let l = FailureLimiter::new(2.0, 0.001, 8);
         let t0 = Instant::now();
         for i in 0..1000u32 {
-            let peer = IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + i));
-            l.record_failure_at(peer, t0 + Duration::from_millis(u64::from(i)));
+            l.record_failure_at(v4(0x0a00_0000 + (i << 8)), t0 + Duration::from_millis(u64::from(i)));
             assert!(l.tracked() <= 8);
         }
-        // The most recent offenders are still tracked.
-        l.record_failure_at(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + 999)), t0 + Duration::from_secs(2));
-        assert!(l
-            .check_at(IpAddr::from(std::net::Ipv4Addr::from(0x0a00_0000 + 999)), t0 + Duration::from_secs(2))
-            .is_err());
+    }
+
+    #[test]
+    fn a_locked_address_survives_a_spray_of_other_addresses() {
+        let l = FailureLimiter::new(10.0, 0.2, 64);
+        let t0 = Instant::now();
+        let locked = ip("192.0.2.1");
+        lock(&l, locked, t0);
+        // 4 500 addresses across 4 500 networks fail once each (the worst
+        // case: no two share a /24, so nothing merges).
+        for i in 0..4500u32 {
+            let at = t0 + Duration::from_micros(u64::from(i));
+            l.record_failure_at(v4(0x0b00_0000 + (i << 8)), at);
+            assert!(l.tracked() <= 64);
+        }
+        assert!(l.check_at(locked, t0 + Duration::from_millis(10)).is_err(), "the spray unlocked it");
+        // And spread over few networks (the e2e test's shape): merged.
+        let l = FailureLimiter::new(10.0, 0.2, 64);
+        lock(&l, locked, t0);
+        for i in 0..4500u32 {
+            l.record_failure_at(v4(0x7f01_0000 + i), t0 + Duration::from_micros(u64::from(i)));
+            assert!(l.tracked() <= 64);
+        }
+        assert!(l.check_at(locked, t0 + Duration::from_millis(10)).is_err());
+    }
+
+    #[test]
+    fn under_pressure_a_network_is_merged_into_one_entry() {
+        let l = FailureLimiter::new(10.0, 0.2, 8);
+        let t0 = Instant::now();
+        // Eight addresses of one /24 fill the table; a ninth merges them.
+        for i in 1..=9u32 {
+            l.record_failure_at(v4(0x0a00_0100 + i), t0);
+        }
+        assert_eq!(l.tracked(), 1, "one entry for 10.0.1.0/24");
+        // Nine failures made: one more locks every address of the /24.
+        assert!(l.check_at(ip("10.0.1.200"), t0).is_ok());
+        l.record_failure_at(ip("10.0.1.200"), t0);
+        assert!(l.check_at(ip("10.0.1.77"), t0).is_err());
+        assert!(l.check_at(ip("10.0.2.1"), t0).is_ok(), "another /24");
+    }
+
+    #[test]
+    fn a_full_table_of_locked_entries_refuses_unknown_addresses_for_a_while() {
+        let l = FailureLimiter::new(2.0, 1.0, 4);
+        let t0 = Instant::now();
+        for i in 0..4u32 {
+            lock(&l, v4(0x0a00_0000 + (i << 8)), t0);
+        }
+        let stranger = ip("10.9.9.9");
+        assert!(l.check_at(stranger, t0).is_ok());
+        l.record_failure_at(stranger, t0);
+        assert_eq!(l.tracked(), 4);
+        assert!(l.check_at(stranger, t0).is_err(), "not tracked, so refused while the table is saturated");
+        for i in 0..4u32 {
+            assert!(l.check_at(v4(0x0a00_0000 + (i << 8)), t0).is_err(), "locked entries stay");
+        }
+        // Once locked entries earned a failure back, strangers are tracked again.
+        let later = t0 + Duration::from_millis(1100);
+        assert!(l.check_at(stranger, later).is_ok());
+        l.record_failure_at(stranger, later);
+        assert!(l.check_at(stranger, later).is_ok(), "tracked with one failure left");
+        assert!(l.tracked() <= 4);
+    }
+
+    #[test]
+    fn kinds_are_counted_apart() {
+        let limits = AuthLimits::default();
+        let peer = ip("10.0.0.1");
+        while limits.failed(Credential::Admin, peer).is_ok() {}
+        while limits.failed(Credential::ApiKey, peer).is_ok() {}
+        assert!(limits.of(Credential::Admin).check(peer).is_err());
+        assert!(limits.of(Credential::ApiKey).check(peer).is_err());
+        assert!(limits.of(Credential::NodeRegistration).check(peer).is_ok());
+        assert_eq!(limits.of(Credential::NodeRegistration).tracked(), 0);
+        // A refused attempt counts nothing more.
+        assert!(limits.failed(Credential::Admin, peer).is_err());
     }
 }
