@@ -19,7 +19,12 @@ use std::{
 use iop_core::wire::pb;
 use serde_json::json;
 
-use crate::{attack::*, harness::*, hostile_peers::try_register, pki::*};
+use crate::{
+    attack::*,
+    harness::*,
+    hostile_peers::{closed_within, try_register},
+    pki::*,
+};
 
 fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(a, b, c, d))
@@ -156,6 +161,29 @@ fn silent_connections_from_many_addresses_make_way_for_a_node() {
     assert!(pressure >= 16, "{pressure}");
     drop(squatters);
     assert_served_quickly(edge.http, "m");
+}
+
+#[test]
+fn a_silent_node_connection_gives_its_slot_back_at_the_first_bytes_deadline() {
+    let edge = Edge::start(&pool_config_with(
+        "",
+        "handshake_timeout_sec = 2\nfirst_bytes_timeout_ms = 300",
+        &[mock_node("n1", 8, 0, 3, 0)],
+        &[mock_model("m", &["n1"], "")],
+        "",
+    ));
+    let started = Instant::now();
+    let mut silent = TcpStream::connect(edge.nodes).unwrap();
+    let mut spoke = TcpStream::connect(edge.nodes).unwrap();
+    // The first byte of a frame's length, and nothing more.
+    spoke.write_all(&[0]).unwrap();
+    assert!(closed_within(&mut silent, Duration::from_millis(1500)), "a silent connection was kept");
+    let took = started.elapsed();
+    assert!(took >= Duration::from_millis(250), "closed after {took:?}, before its first-bytes deadline");
+    // One that spoke has the whole handshake deadline.
+    assert!(!closed_within(&mut spoke, Duration::from_millis(800)), "closed at the first-bytes deadline");
+    assert!(closed_within(&mut spoke, Duration::from_secs(3)), "kept past the handshake deadline");
+    assert!(metric(&edge, "iop_edge_connection_limits_total{listener=\"node\",action=\"first_bytes_timeout\"}") >= 1);
 }
 
 const API_KEY: &str = "sk-limits-5d1c";
@@ -456,11 +484,7 @@ fn a_tls_handshake_flood_from_one_address_is_limited_on_the_client_listener() {
     // Concurrency: 10 connections from a fresh address that never start
     // their handshake; 4 are held, the rest closed at once.
     let mut silent: Vec<TcpStream> = (0..10).map(|_| connect_from(v4(127, 0, 0, 3), edge.http)).collect();
-    let closed = silent
-        .iter_mut()
-        .map(|s| crate::hostile_peers::closed_within(s, Duration::from_millis(300)))
-        .filter(|c| *c)
-        .count();
+    let closed = silent.iter_mut().map(|s| closed_within(s, Duration::from_millis(300))).filter(|c| *c).count();
     assert_eq!(closed, 6, "with 4 handshakes allowed at once per address");
 }
 
