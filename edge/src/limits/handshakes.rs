@@ -5,15 +5,15 @@
 //! against the total and are never closed here.
 //!
 //! Admission never refuses a newcomer while an unproven handshake could
-//! make room: an address at its cap (`max_handshakes_per_address`) closes
-//! its own oldest; an address that already holds some may not take the
-//! last `handshake_reserve` slots (it closes its own oldest instead); an
-//! address that holds none takes a free slot, and when there is none it
-//! closes the oldest unproven handshake of anyone. Oldest *silent* ones (no
-//! byte received yet) go first, then the oldest that spoke but is still
-//! unproven. A node sends its first frame (or its TLS ClientHello) at once
-//! and is proven about a round trip after accept, so squatters are what
-//! gets closed.
+//! make room. An address at its cap (`max_handshakes_per_address`) closes
+//! its own oldest. Otherwise a free slot is taken, except the last
+//! `handshake_reserve` ones, which only an address holding none may take;
+//! without a slot to take, room is made: the oldest *silent* handshake (no
+//! byte received yet) of anyone is closed, else the oldest that spoke but
+//! is still unproven (the newcomer's own address's when it holds some, so
+//! it never grows into the reserve). A node sends its first frame (or its
+//! TLS ClientHello) at once and is proven about a round trip after accept:
+//! its links are the newest entries, so squatters are what gets closed.
 //!
 //! Handshakes run on whichever core accepted them and are closed from
 //! whichever core admits the newcomer: each entry has a [`SharedCancel`]
@@ -51,13 +51,13 @@ impl From<&HandshakeSettings> for HandshakeLimits {
     }
 }
 
-/// Why a handshake was closed to admit a newcomer.
+/// Whose handshake was closed to admit a newcomer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Eviction {
-    /// The newcomer's address was at its cap or would have entered the
-    /// reserve: its own oldest went.
+    /// One of the newcomer's own address (at its cap, or making room
+    /// rather than entering the reserve).
     SameAddress,
-    /// No slot was free: the oldest unproven handshake of another address went.
+    /// Another address's: no slot was free for the newcomer.
     Pressure,
 }
 
@@ -160,19 +160,24 @@ impl HandshakeTable {
         let total = inner.entries.len() + self.proven.held();
         let own = inner.by_addr.get(&key).map_or(0, Vec::len);
         let victim = if own >= limits.per_address.max(1) {
-            inner.oldest_of(key).map(|id| (id, Eviction::SameAddress))
+            inner.oldest_of(key)
         } else if total < limits.max.saturating_sub(limits.reserve) || (own == 0 && total < limits.max) {
             None
-        } else if own > 0 {
-            // Not into the reserve: an address that holds some makes its own room.
-            inner.oldest_of(key).map(|id| (id, Eviction::SameAddress))
         } else {
-            match inner.oldest() {
-                Some(id) => Some((id, Eviction::Pressure)),
+            // Room is made, not taken: the oldest silent handshake of anyone
+            // goes (a newcomer's links are the newest); with none silent, an
+            // address that holds some gives up its own oldest (it may not
+            // grow into the reserve), one that holds none the oldest anywhere.
+            let fallback = if own > 0 { inner.oldest_of(key) } else { inner.oldest() };
+            match inner.silent.first().copied().or(fallback) {
+                Some(id) => Some(id),
                 None => return Err(Full),
             }
         };
-        let closed = victim.and_then(|(id, why)| inner.remove(id).map(|e| (e.close, why)));
+        let closed = victim.and_then(|id| inner.remove(id)).map(|e| {
+            let why = if e.key == key { Eviction::SameAddress } else { Eviction::Pressure };
+            (e.close, why)
+        });
         let id = inner.next;
         inner.next += 1;
         let close = SharedCancel::new();
@@ -293,6 +298,22 @@ mod tests {
         let d = t.admit(ip("10.0.0.4"), limits).unwrap();
         assert_eq!(d.evicted, Some(Eviction::Pressure));
         assert!(a3.slot.closed().is_cancelled() && !a[1].slot.closed().is_cancelled());
+        assert_eq!(t.in_progress(), 4);
+    }
+
+    #[test]
+    fn a_nodes_second_link_closes_a_squatter_not_its_first_link() {
+        // Every slot held by silent squatters from as many addresses.
+        let t = HandshakeTable::new();
+        let limits = HandshakeLimits { max: 4, per_address: 8, reserve: 1 };
+        let squat: Vec<_> = (1..=4).map(|i| t.admit(ip(&format!("10.0.1.{i}")), limits).unwrap().slot).collect();
+        // A node's two links arrive together; the first is still silent
+        // (its task has not run yet) when the second is admitted.
+        let link0 = t.admit(ip("10.0.0.1"), limits).unwrap();
+        let link1 = t.admit(ip("10.0.0.1"), limits).unwrap();
+        assert_eq!((link0.evicted, link1.evicted), (Some(Eviction::Pressure), Some(Eviction::Pressure)));
+        assert!(!link0.slot.closed().is_cancelled() && !link1.slot.closed().is_cancelled());
+        assert!(squat[0].closed().is_cancelled() && squat[1].closed().is_cancelled());
         assert_eq!(t.in_progress(), 4);
     }
 
