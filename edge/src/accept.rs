@@ -18,6 +18,11 @@ pub struct Gate {
     pub refused_log: &'static LogThrottle,
     /// One line per interval when accept fails (descriptors exhausted).
     pub failed_log: &'static LogThrottle,
+    /// Let the connection just served run before the next accept: with
+    /// epoll an accept finds a backlog without waiting, and a burst (a
+    /// node's links) would otherwise all be admitted before any of them
+    /// has spoken, counting against its address at once.
+    pub yield_after_accept: bool,
 }
 
 /// Why an accepted connection is closed at once.
@@ -68,7 +73,12 @@ pub async fn accept_loop<T>(
         };
         match accepted {
             Ok((stream, peer)) => match admit(peer) {
-                Ok(held) => serve(stream, peer, held),
+                Ok(held) => {
+                    serve(stream, peer, held);
+                    if gate.yield_after_accept {
+                        iop_core::rt::yield_now().await;
+                    }
+                }
                 Err(Refused { key, limit }) => {
                     drop(stream);
                     if let Some(more) = gate.refused_log.allow() {
@@ -76,7 +86,7 @@ pub async fn accept_loop<T>(
                             limit,
                             %peer,
                             refused_since_last_report = more + 1,
-                            "{} refused: {} reached; closing new connections at once",
+                            "{} limit ({}) reached; refusing new connections",
                             gate.what,
                             key
                         );

@@ -131,7 +131,7 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT_SEC: u64 = 10;
 /// Default `node_listener.max_handshakes`.
 pub const DEFAULT_MAX_HANDSHAKES: usize = 64;
 /// Default `node_listener.max_handshakes_per_address`.
-pub const DEFAULT_HANDSHAKES_PER_ADDRESS: usize = 8;
+pub const DEFAULT_HANDSHAKES_PER_ADDRESS: usize = 16;
 /// Default `node_listener.first_bytes_timeout_ms`.
 pub const DEFAULT_FIRST_BYTES_TIMEOUT_MS: u64 = 2000;
 /// Smallest default `http.max_inflight_body_bytes` (16 MiB per core).
@@ -710,7 +710,7 @@ provider = "local"
             HandshakeSettings {
                 timeout: Duration::from_secs(10),
                 max_pending: 64,
-                per_address: 8,
+                per_address: 16,
                 reserve: 16,
                 first_bytes_timeout: Duration::from_secs(2),
             }
@@ -1086,7 +1086,7 @@ heartbeat_wait_ms = 25
             HandshakeSettings {
                 timeout: Duration::from_secs(3),
                 max_pending: 5,
-                per_address: 8,
+                per_address: 16,
                 reserve: 1,
                 first_bytes_timeout: Duration::from_secs(2),
             }

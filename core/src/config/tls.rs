@@ -44,7 +44,7 @@ pub struct TlsHandshakeLimits {
 /// `[http.tls]` defaults: room for a client pool behind one address.
 pub const HTTP_TLS_HANDSHAKES: TlsHandshakeLimits = TlsHandshakeLimits { concurrent: 32, per_sec: 64 };
 /// `[node_listener.tls]` defaults: a node opens one link per worker thread.
-pub const NODE_TLS_HANDSHAKES: TlsHandshakeLimits = TlsHandshakeLimits { concurrent: 8, per_sec: 16 };
+pub const NODE_TLS_HANDSHAKES: TlsHandshakeLimits = TlsHandshakeLimits { concurrent: 16, per_sec: 32 };
 /// Largest accepted value of either limit.
 pub const MAX_TLS_HANDSHAKE_LIMIT: u32 = 1_000_000;
 

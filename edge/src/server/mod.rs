@@ -30,7 +30,12 @@ static FAILED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
 /// per address as its limits allow; on shutdown the listener is dropped, so
 /// new clients are refused at once.
 pub async fn accept_loop(worker: Rc<Worker>, listener: monoio::net::TcpListener) {
-    let gate = Gate { what: "client connection", refused_log: &REFUSED_LOG, failed_log: &FAILED_LOG };
+    let gate = Gate {
+        what: "client connection",
+        refused_log: &REFUSED_LOG,
+        failed_log: &FAILED_LOG,
+        yield_after_accept: false,
+    };
     let admit = |peer: std::net::SocketAddr| {
         let limit = worker.max_connections();
         let slot =

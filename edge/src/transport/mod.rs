@@ -104,7 +104,12 @@ static FAILED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
 /// otherwise it is closed at accept. Sessions outlive a shutdown (runs in
 /// flight finish), so this loop does too.
 pub async fn accept_loop(worker: Rc<Worker>, listener: monoio::net::TcpListener) {
-    let gate = crate::accept::Gate { what: "node connection", refused_log: &REFUSED_LOG, failed_log: &FAILED_LOG };
+    let gate = crate::accept::Gate {
+        what: "node connection",
+        refused_log: &REFUSED_LOG,
+        failed_log: &FAILED_LOG,
+        yield_after_accept: true,
+    };
     let admit = |peer: std::net::SocketAddr| {
         let (limits, tls_limits) = {
             let cfg = worker.config.borrow();
