@@ -231,19 +231,27 @@ impl FailureLimiter {
                 return Room::Merged(net);
             }
         }
-        // Else the unlocked entry with the most failures left to make (the
-        // least suspect), merged into its network's entry if it has one so
-        // its failures still count. Never a locked one.
-        let victim = table
+        // Else unlocked entries, those with the most failures left to make
+        // (the least suspect) first, a sixteenth of the table at once so a
+        // stream of new addresses pays one scan per batch, each merged into
+        // its network's entry when it has one so its failures still count.
+        // Never a locked one.
+        let mut unlocked: Vec<(f64, AddrKey)> = table
             .entries
             .iter()
-            .map(|(k, b)| (*k, b.refilled(now, rate, burst), b.updated))
-            .filter(|(_, tokens, _)| *tokens >= 1.0)
-            .max_by(|a, b| a.1.total_cmp(&b.1).then(b.2.cmp(&a.2)));
-        let Some((victim, tokens, _)) = victim else { return Room::None };
-        table.entries.remove(&victim);
-        if let Some(net) = victim.network().filter(|n| table.entries.contains_key(n)) {
-            if let Some(b) = table.entries.get_mut(&net) {
+            .map(|(k, b)| (b.refilled(now, rate, burst), *k))
+            .filter(|(tokens, _)| *tokens >= 1.0)
+            .collect();
+        if unlocked.is_empty() {
+            return Room::None;
+        }
+        let n = (self.capacity / 16).clamp(1, unlocked.len());
+        if n < unlocked.len() {
+            unlocked.select_nth_unstable_by(n - 1, |a, b| b.0.total_cmp(&a.0));
+        }
+        for (tokens, victim) in unlocked.into_iter().take(n) {
+            table.entries.remove(&victim);
+            if let Some(b) = victim.network().and_then(|net| table.entries.get_mut(&net)) {
                 *b = self.spend(*b, burst - tokens, now);
             }
         }

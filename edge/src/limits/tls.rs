@@ -117,20 +117,28 @@ impl TlsLimiter {
         Ok(TlsTicket { limiter: self.clone(), key })
     }
 
-    /// Frees an entry: idle ones that earned everything back, else the idle
-    /// one with the most handshakes left. Never one with a handshake in
-    /// progress (its ticket would give back what a newcomer counts).
+    /// Frees entries: idle ones that earned everything back, and if that is
+    /// not an eighth of the table, the idle ones with the most handshakes
+    /// left until it is (so a stream of new addresses pays one scan per
+    /// eighth of the table, not one per address). Never one with a
+    /// handshake in progress (its ticket would give back what a newcomer
+    /// counts). False when nothing could be freed.
     fn make_room(&self, table: &mut HashMap<AddrKey, Entry>, rate: f64, now: Instant) -> bool {
         table.retain(|_, e| e.live > 0 || e.refilled(now, rate) < rate);
-        if table.len() < self.capacity {
-            return true;
+        let target = self.capacity - (self.capacity / 8).max(1);
+        if table.len() > target {
+            let mut idle: Vec<(f64, AddrKey)> =
+                table.iter().filter(|(_, e)| e.live == 0).map(|(k, e)| (e.refilled(now, rate), *k)).collect();
+            let n = (table.len() - target).min(idle.len());
+            if n > 0 && n < idle.len() {
+                // The n with the most tokens left first.
+                idle.select_nth_unstable_by(n - 1, |a, b| b.0.total_cmp(&a.0));
+            }
+            for (_, k) in idle.iter().take(n) {
+                table.remove(k);
+            }
         }
-        let victim = table
-            .iter()
-            .filter(|(_, e)| e.live == 0)
-            .max_by(|a, b| a.1.refilled(now, rate).total_cmp(&b.1.refilled(now, rate)))
-            .map(|(k, _)| *k);
-        victim.is_some_and(|k| table.remove(&k).is_some())
+        table.len() < self.capacity
     }
 }
 
