@@ -6,13 +6,15 @@
 //! address spent its budget. So the tables bound what guessing costs (one
 //! comparison and an answer, logs throttled) without ever locking out a
 //! peer that holds the secret, and they may fail closed under pressure.
+//! They do not make a right guess slower: credentials must be long and
+//! random.
 //!
 //! Each address (an [`AddrKey`]) has a token bucket of failures. The table
 //! is bounded and cannot be flushed by spraying addresses: when it is full,
 //! entries that earned everything back go first; then the newcomer's
 //! network (IPv4 /24, IPv6 /48) is merged into one entry carrying the
-//! failures of all its addresses; then the unlocked entry with the most
-//! failures left to make goes. A locked entry is never evicted: with
+//! failures of all its addresses; then unlocked entries with the most
+//! failures left to make go (a batch). A locked entry is never evicted: with
 //! nothing else to evict, addresses the table does not know are refused
 //! too until locked entries earn a failure back.
 
