@@ -44,6 +44,13 @@ impl Slots {
         }
     }
 
+    /// Takes a slot whatever is held (for something already counted
+    /// elsewhere, moving under this count).
+    pub fn acquire(&self) -> SlotGuard {
+        self.held.fetch_add(1, Ordering::AcqRel);
+        SlotGuard { held: self.held.clone() }
+    }
+
     /// Slots held now.
     pub fn held(&self) -> usize {
         self.held.load(Ordering::Acquire)

@@ -33,7 +33,9 @@ pub enum EdgeEvent {
     /// A registration was refused.
     RegistrationRefused {
         /// `unknown_token`, `duplicate_connection`, `config_build_failed`,
-        /// `protocol`, `rate_limited`, `identity_mismatch` or `tls_handshake`.
+        /// `protocol`, `too_many_failed_registrations` (a wrong token from
+        /// an address past its failed registrations; at most one event per
+        /// 10 s), `identity_mismatch` or `tls_handshake`.
         refusal: &'static str,
         /// Node id when known (duplicate), else empty.
         node: String,

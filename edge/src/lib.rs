@@ -6,12 +6,14 @@
 //!   which connection generation owns each node.
 //! - [`dispatch`]: model → node, run submission and the run event stream.
 //! - [`server`] + [`surface`]: HTTP/1.1 connections and the OpenAI surface.
+//! - [`accept`] + [`limits`]: what an unauthenticated peer may hold or try
+//!   (handshake slots, TLS handshakes, failed credentials), per address.
 
 pub mod accept;
-pub mod auth_limit;
 pub mod dispatch;
 pub mod events;
 pub mod leases;
+pub mod limits;
 pub mod metrics;
 pub mod payload;
 pub mod pool;

@@ -36,9 +36,13 @@ pub struct Shared {
     /// `http.max_connections` when the config leaves it unset.
     pub default_max_connections: usize,
     /// Node connections that have not yet completed the handshake.
-    pub node_handshakes: Slots,
-    /// Failed credential checks per client/node address.
-    pub auth_failures: crate::auth_limit::FailureLimiter,
+    pub handshakes: Arc<crate::limits::handshakes::HandshakeTable>,
+    /// Failed credential checks per address, one table per kind of credential.
+    pub auth: crate::limits::failures::AuthLimits,
+    /// TLS handshakes per address on the client listener.
+    pub http_tls_limit: Arc<crate::limits::tls::TlsLimiter>,
+    /// TLS handshakes per address on the node listener.
+    pub node_tls_limit: Arc<crate::limits::tls::TlsLimiter>,
     /// TLS of the client listener (`[http.tls]`), reloaded on SIGHUP.
     pub http_tls: Option<iop_core::net::tls::ServerTls>,
     /// TLS of the node listener (`[node_listener.tls]`), reloaded on SIGHUP.

@@ -120,8 +120,14 @@ impl EdgeHandle {
         if config.embedded_node != boot.embedded_node {
             tracing::warn!("`embedded_node` differs from the running one; it applies after a restart");
         }
-        if config.http.tls != boot.http.tls || config.node_tls != boot.node_tls {
-            tracing::warn!("TLS files or settings differ from the running ones; they apply after a restart (the running files are read again now)");
+        // Handshake limits apply at once; which files (or none) only on a restart.
+        let same = |a: &Option<iop_core::config::ListenerTls>, b: &Option<iop_core::config::ListenerTls>| match (a, b) {
+            (Some(a), Some(b)) => a.same_files(b),
+            (None, None) => true,
+            _ => false,
+        };
+        if !same(&config.http.tls, &boot.http.tls) || !same(&config.node_tls, &boot.node_tls) {
+            tracing::warn!("TLS files differ from the running ones; they apply after a restart (the running files are read again now)");
         }
         // Certificates first: a renewed certificate that does not load
         // leaves everything as it was.
@@ -262,8 +268,10 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         draining: Default::default(),
         connections: Default::default(),
         default_max_connections,
-        node_handshakes: Default::default(),
-        auth_failures: Default::default(),
+        handshakes: Default::default(),
+        auth: Default::default(),
+        http_tls_limit: Default::default(),
+        node_tls_limit: Default::default(),
         http_tls,
         node_tls,
         leases,

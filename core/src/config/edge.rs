@@ -103,14 +103,29 @@ pub struct HttpSettings {
 pub struct HandshakeSettings {
     /// Register and ready must both complete within this after accept.
     pub timeout: Duration,
-    /// Node connections in the handshake at once on the edge; more are
-    /// closed at accept.
+    /// Node connections in the handshake at once on the edge.
     pub max_pending: usize,
+    /// Handshakes from one address (IPv6: one /64) that have not presented
+    /// a valid token yet, at once; a newcomer past it closes that
+    /// address's oldest.
+    pub per_address: usize,
+    /// Of `max_pending`, the slots only an address with no handshake in
+    /// progress may take: one address never gets them all.
+    pub reserve: usize,
+    /// A connection that sends nothing for this long after accept is
+    /// closed (a node sends its first frame, or its TLS ClientHello, at once).
+    pub first_bytes_timeout: Duration,
 }
 
 impl Default for HandshakeSettings {
     fn default() -> Self {
-        Self { timeout: Duration::from_secs(DEFAULT_HANDSHAKE_TIMEOUT_SEC), max_pending: DEFAULT_MAX_HANDSHAKES }
+        Self {
+            timeout: Duration::from_secs(DEFAULT_HANDSHAKE_TIMEOUT_SEC),
+            max_pending: DEFAULT_MAX_HANDSHAKES,
+            per_address: DEFAULT_HANDSHAKES_PER_ADDRESS,
+            reserve: DEFAULT_MAX_HANDSHAKES / 4,
+            first_bytes_timeout: Duration::from_millis(DEFAULT_FIRST_BYTES_TIMEOUT_MS),
+        }
     }
 }
 
@@ -148,6 +163,10 @@ pub const DEFAULT_PROBE_TIMEOUT_MS: u64 = 1_000;
 pub const DEFAULT_HANDSHAKE_TIMEOUT_SEC: u64 = 10;
 /// Default `node_listener.max_handshakes`.
 pub const DEFAULT_MAX_HANDSHAKES: usize = 64;
+/// Default `node_listener.max_handshakes_per_address`.
+pub const DEFAULT_HANDSHAKES_PER_ADDRESS: usize = 16;
+/// Default `node_listener.first_bytes_timeout_ms`.
+pub const DEFAULT_FIRST_BYTES_TIMEOUT_MS: u64 = 2000;
 /// Smallest default `http.max_inflight_body_bytes` (16 MiB per core).
 pub const DEFAULT_INFLIGHT_BODY_BYTES: usize = 16 << 20;
 
@@ -295,7 +314,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
                 Some(n) => Some(check::range_usize("http.max_connections", Some(n), 1, 1, 10_000_000)?),
             },
             max_inflight_body_bytes: 0,
-            tls: super::tls::listener("http.tls", http.tls, false)?,
+            tls: super::tls::listener("http.tls", http.tls, false, super::HTTP_TLS_HANDSHAKES)?,
         };
         // A body the limit allows must fit in the per-core budget.
         let max_inflight_body_bytes = check::range_usize(
@@ -341,39 +360,10 @@ impl TryFrom<RawEdge> for EdgeConfig {
         };
         let (node_listen, node_handshake, node_tls, link_probe) = match raw.node_listener {
             Some(l) => {
-                let link_probe = LinkProbe {
-                    silence: check::millis(
-                        "node_listener.suspect_after_ms",
-                        l.suspect_after_ms,
-                        DEFAULT_SUSPECT_AFTER_MS,
-                        1,
-                        3_600_000,
-                    )?,
-                    answer_within: check::millis(
-                        "node_listener.probe_timeout_ms",
-                        l.probe_timeout_ms,
-                        DEFAULT_PROBE_TIMEOUT_MS,
-                        1,
-                        3_600_000,
-                    )?,
-                };
-                let tls = super::tls::listener("node_listener.tls", l.tls, true)?;
+                let link_probe = link_probe(&l)?;
+                let handshake = handshake_settings(&l)?;
+                let tls = super::tls::listener("node_listener.tls", l.tls, true, super::NODE_TLS_HANDSHAKES)?;
                 let listen = check::socket_addr("node_listener.listen", l.listen)?;
-                let handshake = HandshakeSettings {
-                    timeout: check::secs(
-                        "node_listener.handshake_timeout_sec",
-                        l.handshake_timeout_sec,
-                        DEFAULT_HANDSHAKE_TIMEOUT_SEC,
-                        1,
-                    )?,
-                    max_pending: check::range_usize(
-                        "node_listener.max_handshakes",
-                        l.max_handshakes,
-                        DEFAULT_MAX_HANDSHAKES,
-                        1,
-                        1_000_000,
-                    )?,
-                };
                 (Some(listen), handshake, tls, link_probe)
             }
             None if embedded_node.is_some() => (None, HandshakeSettings::default(), None, LinkProbe::default()),
@@ -422,6 +412,53 @@ impl TryFrom<RawEdge> for EdgeConfig {
             testing,
         })
     }
+}
+
+/// `[node_listener]`'s probe of silent links.
+fn link_probe(l: &raw::RawNodeListener) -> Result<LinkProbe, ConfigError> {
+    let silence =
+        check::millis("node_listener.suspect_after_ms", l.suspect_after_ms, DEFAULT_SUSPECT_AFTER_MS, 1, 3_600_000)?;
+    let answer_within =
+        check::millis("node_listener.probe_timeout_ms", l.probe_timeout_ms, DEFAULT_PROBE_TIMEOUT_MS, 1, 3_600_000)?;
+    Ok(LinkProbe { silence, answer_within })
+}
+
+/// `[node_listener]`'s handshake limits.
+fn handshake_settings(l: &raw::RawNodeListener) -> Result<HandshakeSettings, ConfigError> {
+    let timeout =
+        check::secs("node_listener.handshake_timeout_sec", l.handshake_timeout_sec, DEFAULT_HANDSHAKE_TIMEOUT_SEC, 1)?;
+    let max_pending =
+        check::range_usize("node_listener.max_handshakes", l.max_handshakes, DEFAULT_MAX_HANDSHAKES, 1, 1_000_000)?;
+    let per_address = check::range_usize(
+        "node_listener.max_handshakes_per_address",
+        l.max_handshakes_per_address,
+        DEFAULT_HANDSHAKES_PER_ADDRESS,
+        1,
+        1_000_000,
+    )?;
+    // Below max_handshakes, so an address holding none always finds room.
+    let reserve = check::range_usize(
+        "node_listener.handshake_reserve",
+        l.handshake_reserve,
+        max_pending / 4,
+        0,
+        max_pending - 1,
+    )?;
+    let key = "node_listener.first_bytes_timeout_ms";
+    let timeout_ms = u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX);
+    let first_bytes_timeout = match l.first_bytes_timeout_ms {
+        // Within the handshake's own deadline (which is at least a second).
+        None => Duration::from_millis(DEFAULT_FIRST_BYTES_TIMEOUT_MS.min(timeout_ms)),
+        Some(ms) if ms > timeout_ms => {
+            return Err(ConfigError::invalid(
+                key,
+                ms,
+                format!("must be at most node_listener.handshake_timeout_sec ({timeout_ms} ms)"),
+            ))
+        }
+        ms => check::millis(key, ms, DEFAULT_FIRST_BYTES_TIMEOUT_MS, 1, timeout_ms)?,
+    };
+    Ok(HandshakeSettings { timeout, max_pending, per_address, reserve, first_bytes_timeout })
 }
 
 fn node_entry(i: usize, raw: RawNode) -> Result<NodeEntry, ConfigError> {
@@ -605,6 +642,7 @@ fn upstream_model(key: &str, value: Option<String>, name: &str) -> Result<String
 mod tests {
     use super::*;
     use crate::config::provider::{MockSettings, ProviderKind, UpstreamUrl};
+    use crate::config::ListenerTls;
 
     fn no_env(_: &str) -> Option<String> {
         None
@@ -711,7 +749,17 @@ provider = "local"
         assert_eq!(c.http.max_connections, None);
         assert_eq!(c.http.max_inflight_body_bytes, 16 << 20);
         assert_eq!(c.node_listen, Some("127.0.0.1:7070".parse().unwrap()));
-        assert_eq!(c.node_handshake, HandshakeSettings { timeout: Duration::from_secs(10), max_pending: 64 });
+        assert_eq!(
+            c.node_handshake,
+            HandshakeSettings {
+                timeout: Duration::from_secs(10),
+                max_pending: 64,
+                per_address: 16,
+                reserve: 16,
+                first_bytes_timeout: Duration::from_secs(2),
+            }
+        );
+        assert_eq!(c.node_handshake, HandshakeSettings::default());
         assert_eq!(c.embedded_node, None);
         let p = &c.nodes[0].providers[0];
         assert_eq!((p.capacity.get(), p.long_capacity, p.max_concurrency()), (64, 0, 64));
@@ -1077,13 +1125,84 @@ heartbeat_wait_ms = 25
         let with = |line: &str| ("[node_listener]", format!("[node_listener]\n{line}"));
         let c =
             ok(&BASE.replacen("[node_listener]", "[node_listener]\nhandshake_timeout_sec = 3\nmax_handshakes = 5", 1));
-        assert_eq!(c.node_handshake, HandshakeSettings { timeout: Duration::from_secs(3), max_pending: 5 });
+        assert_eq!(
+            c.node_handshake,
+            HandshakeSettings {
+                timeout: Duration::from_secs(3),
+                max_pending: 5,
+                per_address: 16,
+                reserve: 1,
+                first_bytes_timeout: Duration::from_secs(2),
+            }
+        );
+        let c = ok(&BASE.replacen(
+            "[node_listener]",
+            "[node_listener]\nmax_handshakes = 100\nmax_handshakes_per_address = 3\nhandshake_reserve = 0\n\
+             first_bytes_timeout_ms = 250",
+            1,
+        ));
+        let h = c.node_handshake;
+        assert_eq!((h.max_pending, h.per_address, h.reserve), (100, 3, 0));
+        assert_eq!(h.first_bytes_timeout, Duration::from_millis(250));
+        // The first bytes' default stays within a shorter handshake deadline.
+        let c = ok(&BASE.replacen("[node_listener]", "[node_listener]\nhandshake_timeout_sec = 1", 1));
+        assert_eq!(c.node_handshake.first_bytes_timeout, Duration::from_secs(1));
+
         rejects(
             &[with("handshake_timeout_sec = 0").as_ref_pair()],
             "node_listener.handshake_timeout_sec",
             "at least 1",
         );
         rejects(&[with("max_handshakes = 0").as_ref_pair()], "node_listener.max_handshakes", "at least 1");
+        let per = "node_listener.max_handshakes_per_address";
+        rejects(&[with("max_handshakes_per_address = 0").as_ref_pair()], per, "value `0`: must be at least 1");
+        rejects(&[with("max_handshakes_per_address = 1000001").as_ref_pair()], per, "must be at most 1000000");
+        let reserve = "node_listener.handshake_reserve";
+        rejects(&[with("handshake_reserve = 64").as_ref_pair()], reserve, "value `64`: must be at most 63");
+        rejects(&[with("max_handshakes = 4\nhandshake_reserve = 4").as_ref_pair()], reserve, "must be at most 3");
+        rejects(&[with("handshake_reserve = -1").as_ref_pair()], reserve, "-1");
+        let first = "node_listener.first_bytes_timeout_ms";
+        rejects(&[with("first_bytes_timeout_ms = 0").as_ref_pair()], first, "value `0`: must be at least 1");
+        rejects(
+            &[with("first_bytes_timeout_ms = 10001").as_ref_pair()],
+            first,
+            "value `10001`: must be at most node_listener.handshake_timeout_sec (10000 ms)",
+        );
+        rejects(&[with("handshake_timeout_sec = 1\nfirst_bytes_timeout_ms = 1500").as_ref_pair()], first, "(1000 ms)");
+    }
+
+    #[test]
+    fn tls_handshake_limits() {
+        let http = "listen = \"127.0.0.1:8080\"\n";
+        let node = "listen = \"127.0.0.1:7070\"\n";
+        let files = "cert = \"/c\"\nkey = \"/k\"\n";
+        let c = ok(&BASE.replacen(http, &format!("{http}[http.tls]\n{files}"), 1).replacen(
+            node,
+            &format!("{node}[node_listener.tls]\n{files}"),
+            1,
+        ));
+        assert_eq!(c.http.tls.unwrap().handshakes, crate::config::HTTP_TLS_HANDSHAKES);
+        assert_eq!(c.node_tls.unwrap().handshakes, crate::config::NODE_TLS_HANDSHAKES);
+        let c = ok(&BASE.replacen(
+            node,
+            &format!("{node}[node_listener.tls]\n{files}max_handshakes_per_address = 2\nhandshakes_per_sec_per_address = 5\n"),
+            1,
+        ));
+        let t = c.node_tls.unwrap();
+        assert_eq!(t.handshakes, crate::config::TlsHandshakeLimits { concurrent: 2, per_sec: 5 });
+        // Only the files decide whether a reload needs a restart.
+        let other = ListenerTls { handshakes: crate::config::HTTP_TLS_HANDSHAKES, ..t.clone() };
+        assert!(t.same_files(&other) && t != other);
+        assert!(!t.same_files(&ListenerTls { client_ca: Some("/ca".into()), ..t.clone() }));
+
+        for (section, anchor) in [("http.tls", http), ("node_listener.tls", node)] {
+            let patch = |line: &str| (anchor, format!("{anchor}[{section}]\n{files}{line}\n"));
+            for key in ["max_handshakes_per_address", "handshakes_per_sec_per_address"] {
+                let full = format!("{section}.{key}");
+                rejects(&[patch(&format!("{key} = 0")).as_ref_pair()], &full, "value `0`: must be at least 1");
+                rejects(&[patch(&format!("{key} = 1000001")).as_ref_pair()], &full, "must be at most 1000000");
+            }
+        }
     }
 
     #[test]

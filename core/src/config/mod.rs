@@ -23,4 +23,4 @@ pub use node::{NodeConfig, ReconnectPolicy, DEFAULT_STREAM_COALESCE};
 pub use provider::{MockSettings, ProviderEntry, ProviderKind, UpstreamUrl};
 pub use secret::Secret;
 pub use testing::TestingSettings;
-pub use tls::{EdgeTls, ListenerTls};
+pub use tls::{EdgeTls, ListenerTls, TlsHandshakeLimits, HTTP_TLS_HANDSHAKES, NODE_TLS_HANDSHAKES};

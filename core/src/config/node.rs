@@ -265,6 +265,10 @@ mod tests {
         rejects(&format!("{BASE}reconnect = 5\n"), "reconnect", "invalid type");
         rejects(&format!("{BASE}[testing]\nheartbeat_wait_ms = 0\n"), "testing.heartbeat_wait_ms", "at least 1");
         rejects("edge = 7070\ntoken = \"t\"\n", "edge", "invalid type");
+        for key in ["max_handshakes_per_address", "handshakes_per_sec_per_address"] {
+            let text = format!("{BASE}[edge_tls]\n{key} = 4\n");
+            rejects(&text, &format!("edge_tls.{key}"), "is a key of the edge's listeners");
+        }
     }
 
     #[test]

@@ -100,6 +100,8 @@ pub(crate) struct RawTls {
     pub client_ca: Option<String>,
     pub ca: Option<String>,
     pub server_name: Option<String>,
+    pub max_handshakes_per_address: Option<u64>,
+    pub handshakes_per_sec_per_address: Option<u64>,
 }
 
 /// `[node_listener]`.
@@ -109,6 +111,9 @@ pub(crate) struct RawNodeListener {
     pub listen: Option<String>,
     pub handshake_timeout_sec: Option<u64>,
     pub max_handshakes: Option<u64>,
+    pub max_handshakes_per_address: Option<u64>,
+    pub handshake_reserve: Option<u64>,
+    pub first_bytes_timeout_ms: Option<u64>,
     pub suspect_after_ms: Option<u64>,
     pub probe_timeout_ms: Option<u64>,
     pub tls: Option<RawTls>,

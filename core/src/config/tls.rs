@@ -17,7 +17,36 @@ pub struct ListenerTls {
     /// PEM CA bundle client certificates must chain to (mutual TLS); only
     /// on the node listener.
     pub client_ca: Option<PathBuf>,
+    /// Handshakes one address may start and hold.
+    pub handshakes: TlsHandshakeLimits,
 }
+
+impl ListenerTls {
+    /// Whether `other` names the same files (the limits may differ: they
+    /// apply at once on a reload, the files only after a restart).
+    pub fn same_files(&self, other: &ListenerTls) -> bool {
+        (&self.cert, &self.key, &self.client_ca) == (&other.cert, &other.key, &other.client_ca)
+    }
+}
+
+/// Per-address limits on a listener's TLS handshakes: each costs the edge
+/// about a millisecond of CPU, before anything is authenticated. An address
+/// is one IPv4 address or one IPv6 /64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TlsHandshakeLimits {
+    /// Handshakes in progress at once (`max_handshakes_per_address`).
+    pub concurrent: u32,
+    /// Handshakes started per second, in bursts of as many
+    /// (`handshakes_per_sec_per_address`).
+    pub per_sec: u32,
+}
+
+/// `[http.tls]` defaults: room for a client pool behind one address.
+pub const HTTP_TLS_HANDSHAKES: TlsHandshakeLimits = TlsHandshakeLimits { concurrent: 32, per_sec: 64 };
+/// `[node_listener.tls]` defaults: a node opens one link per worker thread.
+pub const NODE_TLS_HANDSHAKES: TlsHandshakeLimits = TlsHandshakeLimits { concurrent: 16, per_sec: 32 };
+/// Largest accepted value of either limit.
+pub const MAX_TLS_HANDSHAKE_LIMIT: u32 = 1_000_000;
 
 /// How a node reaches its edge over TLS (`[edge_tls]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -40,11 +69,13 @@ fn path(key: String, value: Option<String>) -> Result<PathBuf, ConfigError> {
     }
 }
 
-/// `[<section>]` of a listener; `client_ca` only where `allow_client_ca`.
+/// `[<section>]` of a listener; `client_ca` only where `allow_client_ca`;
+/// handshake limits default to `defaults`.
 pub(crate) fn listener(
     section: &str,
     raw: Option<RawTls>,
     allow_client_ca: bool,
+    defaults: TlsHandshakeLimits,
 ) -> Result<Option<ListenerTls>, ConfigError> {
     let Some(raw) = raw else { return Ok(None) };
     if raw.server_name.is_some() {
@@ -66,10 +97,27 @@ pub(crate) fn listener(
         }
         v => Some(path(format!("{section}.client_ca"), v)?),
     };
+    let handshakes = TlsHandshakeLimits {
+        concurrent: super::raw::check::range_u32(
+            &format!("{section}.max_handshakes_per_address"),
+            raw.max_handshakes_per_address,
+            defaults.concurrent,
+            1,
+            MAX_TLS_HANDSHAKE_LIMIT,
+        )?,
+        per_sec: super::raw::check::range_u32(
+            &format!("{section}.handshakes_per_sec_per_address"),
+            raw.handshakes_per_sec_per_address,
+            defaults.per_sec,
+            1,
+            MAX_TLS_HANDSHAKE_LIMIT,
+        )?,
+    };
     Ok(Some(ListenerTls {
         cert: path(format!("{section}.cert"), raw.cert)?,
         key: path(format!("{section}.key"), raw.key)?,
         client_ca,
+        handshakes,
     }))
 }
 
@@ -81,6 +129,14 @@ pub(crate) fn edge(raw: Option<RawTls>) -> Result<Option<EdgeTls>, ConfigError> 
             "edge_tls.client_ca",
             "is a key of the edge's [node_listener.tls]; the node trusts `ca`",
         ));
+    }
+    for (key, value) in [
+        ("max_handshakes_per_address", raw.max_handshakes_per_address),
+        ("handshakes_per_sec_per_address", raw.handshakes_per_sec_per_address),
+    ] {
+        if value.is_some() {
+            return Err(ConfigError::key(format!("edge_tls.{key}"), "is a key of the edge's listeners"));
+        }
     }
     let identity = match (raw.cert, raw.key) {
         (None, None) => None,

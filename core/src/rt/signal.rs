@@ -1,13 +1,20 @@
-//! Single-thread signals for tasks on one reactor: a cancel flag a task can
-//! await, and a notify that wakes one waiting task.
+//! Signals for tasks: on one reactor, a cancel flag a task can await and a
+//! notify that wakes one waiting task; across reactors, a cancel flag that
+//! another core raises ([`SharedCancel`]).
 
 use std::{
     cell::{Cell, RefCell},
     future::{poll_fn, Future},
     pin::Pin,
     rc::Rc,
+    sync::{
+        atomic::{AtomicBool, Ordering},
+        Arc,
+    },
     task::{Context, Poll, Waker},
 };
+
+use atomic_waker::AtomicWaker;
 
 /// A cancellation flag shared by the tasks of one core. Cloning shares it.
 #[derive(Clone, Default)]
@@ -167,10 +174,80 @@ impl LocalNotify {
     }
 }
 
+/// A cancellation flag any thread may raise, awaited by one task (on
+/// whichever core owns it): monoio's `sync` feature makes its waker callable
+/// from another thread. Cloning shares it.
+#[derive(Clone, Default, Debug)]
+pub struct SharedCancel {
+    inner: Arc<SharedInner>,
+}
+
+#[derive(Default, Debug)]
+struct SharedInner {
+    cancelled: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl SharedCancel {
+    /// A flag not yet raised.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Raises the flag and wakes the waiting task, if any. Idempotent.
+    pub fn cancel(&self) {
+        if !self.inner.cancelled.swap(true, Ordering::AcqRel) {
+            self.inner.waker.wake();
+        }
+    }
+
+    /// Whether the flag is raised.
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancelled.load(Ordering::Acquire)
+    }
+
+    /// Resolves once the flag is raised. One waiter at a time: a second
+    /// task awaiting the same flag would take the first one's waker.
+    pub async fn cancelled(&self) {
+        poll_fn(|cx| {
+            if self.is_cancelled() {
+                return Poll::Ready(());
+            }
+            self.inner.waker.register(cx.waker());
+            // Raised between the check and the registration: seen now.
+            if self.is_cancelled() {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
+        })
+        .await
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_cancel_wakes_a_task_from_another_thread() {
+        let flag = SharedCancel::new();
+        let raiser = flag.clone();
+        crate::rt::block_on_current(async move {
+            let t = std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                raiser.cancel();
+                raiser.cancel();
+            });
+            flag.cancelled().await;
+            assert!(flag.is_cancelled());
+            // Raised already: resolves at once.
+            flag.cancelled().await;
+            t.join().unwrap();
+        })
+        .unwrap();
+    }
 
     #[test]
     fn waiters_are_only_the_live_ones() {

@@ -76,6 +76,13 @@ pub struct CoreMetrics {
     pub recovery_results: HashMap<&'static str, u64>,
     /// Node links that became suspect (silent, a probe unanswered).
     pub links_suspect: u64,
+    /// Failed credential checks counted, by kind of credential.
+    pub auth_failures: HashMap<&'static str, u64>,
+    /// Attempts refused for their address's failures, by kind of credential.
+    pub auth_refused: HashMap<&'static str, u64>,
+    /// Connections closed by a per-address or handshake limit, by
+    /// (listener, what closed it).
+    pub conn_limits: HashMap<(&'static str, &'static str), u64>,
 }
 
 impl CoreMetrics {
@@ -98,6 +105,9 @@ impl CoreMetrics {
         merge_map(&mut self.recovery_eligibility, &other.recovery_eligibility);
         merge_map(&mut self.recovery_results, &other.recovery_results);
         self.links_suspect += other.links_suspect;
+        merge_map(&mut self.auth_failures, &other.auth_failures);
+        merge_map(&mut self.auth_refused, &other.auth_refused);
+        merge_map(&mut self.conn_limits, &other.conn_limits);
     }
 }
 
@@ -193,6 +203,25 @@ pub fn recovery_result(result: &'static str) {
     with(|m| *m.recovery_results.entry(result).or_default() += 1);
 }
 
+/// Records a failed credential check of `kind` (`node_registration`,
+/// `admin`, `api_key`).
+pub fn auth_failure(kind: &'static str) {
+    with(|m| *m.auth_failures.entry(kind).or_default() += 1);
+}
+
+/// Records an attempt refused for its address's failed `kind` checks.
+pub fn auth_refused(kind: &'static str) {
+    with(|m| *m.auth_refused.entry(kind).or_default() += 1);
+}
+
+/// Records a connection of `listener` (`node`, `http`) closed by a limit:
+/// `action` is one of `evicted_same_address`, `evicted_under_pressure`,
+/// `refused_full`, `first_bytes_timeout`, `tls_rate`, `tls_concurrency`,
+/// `tls_table_full`.
+pub fn conn_limit(listener: &'static str, action: &'static str) {
+    with(|m| *m.conn_limits.entry((listener, action)).or_default() += 1);
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
@@ -213,5 +242,30 @@ mod tests {
         a.merge(&b);
         assert_eq!(a.gaps[0].count(), 3);
         assert_eq!(a.models["m"].by_status, vec![(200, 3), (503, 1)]);
+    }
+
+    #[test]
+    fn limit_counters_merge_and_render() {
+        let mut a = CoreMetrics::default();
+        let mut b = CoreMetrics::default();
+        a.auth_failures.insert("admin", 2);
+        b.auth_failures.insert("admin", 1);
+        b.auth_refused.insert("node_registration", 4);
+        b.conn_limits.insert(("node", "evicted_under_pressure"), 5);
+        a.merge(&b);
+        let config = iop_core::config::EdgeConfig::from_toml(
+            "[http]\nlisten = \"127.0.0.1:0\"\n[node_listener]\nlisten = \"127.0.0.1:0\"\n[[nodes]]\nid = \"n\"\n\
+             token = \"t\"\n[[nodes.providers]]\nid = \"p\"\nkind = \"mock\"\n[[models]]\nname = \"m\"\nprovider = \"p\"\n",
+            &|_| None,
+        )
+        .unwrap();
+        let view = crate::pool::PoolView::build(&config, None);
+        let text = render::render(&a, &render::Gauges { config: &config, view: &view, nodes: &[], reconnects: &[] });
+        assert!(text.contains("iop_edge_auth_failures_total{credential=\"admin\"} 3"), "{text}");
+        assert!(text.contains("iop_edge_auth_refused_total{credential=\"node_registration\"} 4"), "{text}");
+        assert!(
+            text.contains("iop_edge_connection_limits_total{listener=\"node\",action=\"evicted_under_pressure\"} 5"),
+            "{text}"
+        );
     }
 }

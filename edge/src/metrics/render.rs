@@ -130,8 +130,46 @@ pub fn render(m: &CoreMetrics, g: &Gauges<'_>) -> String {
     );
     let _ = writeln!(out, "iop_edge_link_suspect_total {}", m.links_suspect);
 
+    limits(&mut out, m);
     gauges(&mut out, g);
     out
+}
+
+/// The per-address limits' counters.
+fn limits(out: &mut String, m: &CoreMetrics) {
+    head(
+        out,
+        "iop_edge_auth_failures_total",
+        "counter",
+        "Failed credential checks counted against their address, by kind of credential.",
+    );
+    let mut fs: Vec<_> = m.auth_failures.iter().collect();
+    fs.sort();
+    for (kind, n) in fs {
+        let _ = writeln!(out, "iop_edge_auth_failures_total{{credential=\"{kind}\"}} {n}");
+    }
+    head(
+        out,
+        "iop_edge_auth_refused_total",
+        "counter",
+        "Attempts with a wrong credential refused because their address failed too often, by kind.",
+    );
+    let mut rs: Vec<_> = m.auth_refused.iter().collect();
+    rs.sort();
+    for (kind, n) in rs {
+        let _ = writeln!(out, "iop_edge_auth_refused_total{{credential=\"{kind}\"}} {n}");
+    }
+    head(
+        out,
+        "iop_edge_connection_limits_total",
+        "counter",
+        "Connections closed by a handshake or per-address limit, by listener and what closed them.",
+    );
+    let mut cs: Vec<_> = m.conn_limits.iter().collect();
+    cs.sort();
+    for ((listener, action), n) in cs {
+        let _ = writeln!(out, "iop_edge_connection_limits_total{{listener=\"{listener}\",action=\"{action}\"}} {n}");
+    }
 }
 
 fn gauges(out: &mut String, g: &Gauges<'_>) {

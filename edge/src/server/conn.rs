@@ -27,7 +27,7 @@ use super::{
     body::{Body, BodyPermit},
     reader::ReadSide,
 };
-use crate::{shared::ActiveRequest, surface, worker::Worker};
+use crate::{limits::tls::TlsTicket, shared::ActiveRequest, surface, worker::Worker};
 
 const READ_RESERVE: usize = 16 * 1024;
 /// Room for a request head: most fit; an idle connection holds only this.
@@ -152,8 +152,15 @@ struct Timeouts {
 }
 
 /// Serves one client connection until it closes or must be closed. `_slot`
-/// counts it against `http.max_connections` while it lives.
-pub async fn serve(worker: Rc<Worker>, tcp: TcpStream, peer: std::net::SocketAddr, _slot: SlotGuard) {
+/// counts it against `http.max_connections` while it lives; `tls_ticket`
+/// counts its TLS handshake against its address until the handshake ends.
+pub async fn serve(
+    worker: Rc<Worker>,
+    tcp: TcpStream,
+    peer: std::net::SocketAddr,
+    _slot: SlotGuard,
+    tls_ticket: Option<TlsTicket>,
+) {
     let _ = tcp.set_nodelay(true);
     let (limits, timeouts, access_log) = {
         let cfg = worker.config.borrow();
@@ -181,6 +188,7 @@ pub async fn serve(worker: Rc<Worker>, tcp: TcpStream, peer: std::net::SocketAdd
             Err(_) => return handshake_failed(peer, "timed out"),
         },
     };
+    drop(tls_ticket);
     let (rd, wr) = stream.into_split();
     let mut conn = Conn {
         rd: ReadSide::new(rd),

@@ -12,29 +12,49 @@ use std::{rc::Rc, time::Duration};
 pub use body::{Body, BodyBudget, BodyPermit};
 pub use conn::{Conn, Responder};
 pub use exchange::{Exchange, Finish};
-use iop_core::limits::LogThrottle;
+use iop_core::{config::HTTP_TLS_HANDSHAKES, limits::LogThrottle};
 pub use reader::ReadSide;
 pub use watch::{with_disconnect_watch, STREAM_WATCH, WHOLE_WATCH};
 
-use crate::{accept::Gate, worker::Worker};
+use crate::{
+    accept::{Gate, Refused},
+    worker::Worker,
+};
 
 /// One warning per interval for floods of refused or failed accepts.
 static REFUSED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
 static FAILED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
 
 /// Accepts client connections on this core, at most `http.max_connections`
-/// open on the edge; on shutdown the listener is dropped, so new clients
-/// are refused at once.
+/// open on the edge, and with `[http.tls]` at most as many TLS handshakes
+/// per address as its limits allow; on shutdown the listener is dropped, so
+/// new clients are refused at once.
 pub async fn accept_loop(worker: Rc<Worker>, listener: monoio::net::TcpListener) {
     let gate = Gate {
         what: "client connection",
-        key: "http.max_connections",
-        slots: worker.shared.connections.clone(),
         refused_log: &REFUSED_LOG,
         failed_log: &FAILED_LOG,
+        yield_after_accept: false,
     };
-    let serve = |stream, peer, slot| {
-        monoio::spawn(conn::serve(worker.clone(), stream, peer, slot));
+    let admit = |peer: std::net::SocketAddr| {
+        let limit = worker.max_connections();
+        let slot =
+            worker.shared.connections.try_acquire(limit).ok_or(Refused { key: "http.max_connections", limit })?;
+        let tls = match &worker.shared.http_tls {
+            None => None,
+            Some(_) => {
+                let limits = worker.config.borrow().http.tls.as_ref().map_or(HTTP_TLS_HANDSHAKES, |t| t.handshakes);
+                let ticket = worker.shared.http_tls_limit.admit(peer.ip(), limits).map_err(|why| {
+                    crate::metrics::conn_limit("http", why.label());
+                    Refused::tls("http.tls", why, limits)
+                })?;
+                Some(ticket)
+            }
+        };
+        Ok((slot, tls))
     };
-    crate::accept::accept_loop(listener, Some(&worker.stop), &gate, || worker.max_connections(), serve).await;
+    let serve = |stream, peer, (slot, tls)| {
+        monoio::spawn(conn::serve(worker.clone(), stream, peer, slot, tls));
+    };
+    crate::accept::accept_loop(listener, Some(&worker.stop), &gate, admit, serve).await;
 }

@@ -1,15 +1,16 @@
 //! Client API keys on `/v1`: with any `[[api_keys]]` configured, every
 //! request needs one (`Authorization: Bearer <key>` or `x-api-key`). The
 //! key is looked up by its SHA-256 and never logged (its name and a short
-//! fingerprint are). Failed attempts are limited per client address, as
-//! the admin API's are; a valid key never touches that limit.
+//! fingerprint are). Failed attempts are limited per client address, in a
+//! table of their own ([`crate::limits::failures`]); a valid key never
+//! touches that limit.
 
 use std::{rc::Rc, sync::Arc};
 
 use iop_core::http::RequestHead;
 
 use super::openai::error;
-use crate::{pool::keys::KeyState, server::Conn, worker::Worker};
+use crate::{limits::failures::Credential, pool::keys::KeyState, server::Conn, worker::Worker};
 
 /// The presented key: `Authorization: Bearer …` first, else `x-api-key`.
 fn presented(head: &RequestHead) -> Option<&[u8]> {
@@ -45,18 +46,23 @@ pub async fn authenticate(
         return Ok(Some(k));
     }
     // Only a failed check touches the per-address limit (it takes a lock):
-    // a valid key is never slowed, guessing is.
-    let limiter = &worker.shared.auth_failures;
-    if let Err(wait) = limiter.check(conn.peer.ip()) {
-        let retry = wait.as_secs().max(1).to_string();
-        let msg = "too many requests with an invalid API key from this address; retry later";
-        return Err(Box::pin(respond(conn, head, 429, msg, "rate_limit_exceeded", Some(&retry), keep)).await);
+    // a valid key is never slowed nor refused, guessing is.
+    match worker.shared.auth.failed(Credential::ApiKey, conn.peer.ip()) {
+        Ok(()) => {
+            // Never the key itself, nor its hash.
+            tracing::debug!(peer = %conn.peer, "request with an unknown API key");
+            Err(Box::pin(respond(conn, head, 401, "invalid API key", "invalid_api_key", None, keep)).await)
+        }
+        Err(wait) => {
+            let retry = wait.as_secs().max(1).to_string();
+            let msg = "invalid API key, and too many requests with an invalid API key from this address; retry later";
+            Err(Box::pin(respond(conn, head, 429, msg, TOO_MANY_KEY_FAILURES, Some(&retry), keep)).await)
+        }
     }
-    limiter.record_failure(conn.peer.ip());
-    // Never the key itself, nor its hash.
-    tracing::debug!(peer = %conn.peer, "request with an unknown API key");
-    Err(Box::pin(respond(conn, head, 401, "invalid API key", "invalid_api_key", None, keep)).await)
 }
+
+/// Error code of the 429 a wrong API key gets past its address's budget.
+pub const TOO_MANY_KEY_FAILURES: &str = "too_many_failed_api_keys";
 
 /// An error answer in the client's dialect: Anthropic's shape for a
 /// client that speaks it, else OpenAI's (`retry_after` in seconds on 429).

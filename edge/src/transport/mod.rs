@@ -9,9 +9,9 @@ mod suspect;
 
 use std::{rc::Rc, time::Duration};
 
-use iop_core::{exec::ExecEvent, limits::LogThrottle, tunnel::TunnelItem, wire::pb};
+use iop_core::{config::NODE_TLS_HANDSHAKES, exec::ExecEvent, limits::LogThrottle, tunnel::TunnelItem, wire::pb};
 
-use crate::worker::Worker;
+use crate::{accept::Refused, limits::handshakes::HandshakeLimits, worker::Worker};
 
 pub use events::{channel, cost_of, Queued, StreamRx, StreamTx, Undelivered, RUN_EVENT_CAPACITY};
 pub use runs::{Failing, Routed, RunTable};
@@ -118,21 +118,47 @@ pub enum SessionCmd {
 static REFUSED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
 static FAILED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
 
-/// Accepts node connections on this core. At most
-/// `node_listener.max_handshakes` connections may be in the handshake at
-/// once on the edge; more are closed at accept. Sessions outlive a
-/// shutdown (runs in flight finish), so this loop does too.
+/// Accepts node connections on this core. Each takes a handshake slot
+/// ([`crate::limits::handshakes`]: per address, with a reserve, closing the
+/// oldest silent handshake rather than refusing a newcomer) and, with
+/// `[node_listener.tls]`, a place in its address's TLS handshake limits;
+/// otherwise it is closed at accept. Sessions outlive a shutdown (runs in
+/// flight finish), so this loop does too.
 pub async fn accept_loop(worker: Rc<Worker>, listener: monoio::net::TcpListener) {
     let gate = crate::accept::Gate {
-        what: "node handshake",
-        key: "node_listener.max_handshakes",
-        slots: worker.shared.node_handshakes.clone(),
+        what: "node connection",
         refused_log: &REFUSED_LOG,
         failed_log: &FAILED_LOG,
+        yield_after_accept: true,
     };
-    let limit = || worker.config.borrow().node_handshake.max_pending;
-    let serve = |stream, peer, slot| {
-        monoio::spawn(session::serve(worker.clone(), stream, peer, slot));
+    let admit = |peer: std::net::SocketAddr| {
+        let (limits, tls_limits) = {
+            let cfg = worker.config.borrow();
+            (HandshakeLimits::from(&cfg.node_handshake), cfg.node_tls.as_ref().map(|t| t.handshakes))
+        };
+        // TLS first: a refused newcomer closes nobody's handshake.
+        let tls = match &worker.shared.node_tls {
+            None => None,
+            Some(_) => {
+                let limits = tls_limits.unwrap_or(NODE_TLS_HANDSHAKES);
+                let ticket = worker.shared.node_tls_limit.admit(peer.ip(), limits).map_err(|why| {
+                    crate::metrics::conn_limit("node", why.label());
+                    Refused::tls("node_listener.tls", why, limits)
+                })?;
+                Some(ticket)
+            }
+        };
+        let admitted = worker.shared.handshakes.admit(peer.ip(), limits).map_err(|_| {
+            crate::metrics::conn_limit("node", "refused_full");
+            Refused { key: "node_listener.max_handshakes", limit: limits.max }
+        })?;
+        if let Some(evicted) = admitted.evicted {
+            crate::metrics::conn_limit("node", evicted.label());
+        }
+        Ok(session::Admission { slot: admitted.slot, tls })
     };
-    crate::accept::accept_loop(listener, None, &gate, limit, serve).await;
+    let serve = |stream, peer, admission| {
+        monoio::spawn(session::serve(worker.clone(), stream, peer, admission));
+    };
+    crate::accept::accept_loop(listener, None, &gate, admit, serve).await;
 }

@@ -23,6 +23,7 @@ use super::{
 };
 use crate::{
     events::EdgeEvent,
+    limits::{failures::Credential, handshakes::HandshakeSlot, tls::TlsTicket},
     payload::node_payload,
     registry::{DisconnectOutcome, Generation, LinkId, ReadyOutcome, RegisterRefusal},
     worker::{CoreMsg, NodeRoute, Worker},
@@ -37,7 +38,8 @@ const HARD_LIMIT: usize = 64 * 1024 * 1024;
 /// not make the edge buffer `max_frame_bytes`.
 pub const PREAUTH_MAX_FRAME: usize = 64 * 1024;
 
-/// One warning per interval while an address is refused for its failures.
+/// One warning (and event) per interval while an address is refused for
+/// its failed registrations.
 static RATE_LIMITED_LOG: LogThrottle = LogThrottle::new(std::time::Duration::from_secs(10));
 
 fn envelope(correlation_id: u64, body: Body) -> Envelope {
@@ -61,6 +63,8 @@ pub struct Arrival {
     pub deadline: Instant,
     /// Its place among the handshakes in progress.
     pub handshake: SlotGuard,
+    /// The node its token names.
+    pub node: String,
 }
 
 /// The edge core a node's link `index` is served on: links of one node go
@@ -73,18 +77,75 @@ pub fn link_core(node_id: &str, index: u32, workers: usize) -> usize {
     ((start % workers + u64::from(index) % workers) % workers) as usize
 }
 
+/// What a node connection was admitted with at accept.
+pub struct Admission {
+    /// Its place among the handshakes in progress.
+    pub slot: HandshakeSlot,
+    /// On a TLS listener, its TLS handshake's place in its address's limits.
+    pub tls: Option<TlsTicket>,
+}
+
 /// Serves one accepted node connection: reads its `RegisterRequest` and
 /// refuses it, or serves it on the core its link belongs on (handing it
-/// over when that is another core). `handshake` counts it against
-/// `node_listener.max_handshakes` until it is ready; register and ready
-/// must both happen within `node_listener.handshake_timeout_sec`.
-pub async fn serve(worker: Rc<Worker>, tcp: TcpStream, peer: SocketAddr, handshake: SlotGuard) {
-    let _ = tcp.set_nodelay(true);
-    let (max_frame, handshake_timeout) = {
-        let cfg = worker.config.borrow();
-        (cfg.max_frame_bytes, cfg.node_handshake.timeout)
+/// over when that is another core). Until its token is accepted it may be
+/// closed from any core to admit a newcomer (`admission.slot`); after that
+/// its slot counts against `node_listener.max_handshakes` until it is
+/// ready. Register and ready must both happen within
+/// `node_listener.handshake_timeout_sec`.
+pub async fn serve(worker: Rc<Worker>, tcp: TcpStream, peer: SocketAddr, admission: Admission) {
+    let close = admission.slot.closed().clone();
+    // Boxed: the pre-registration states (TLS among them) stay out of the
+    // session's future.
+    let arrival = monoio::select! {
+        a = Box::pin(preauth(&worker, tcp, peer, admission)) => a,
+        _ = close.cancelled() => {
+            tracing::debug!(%peer, "unregistered node connection closed to admit a newer one");
+            None
+        }
     };
-    let deadline = Instant::now() + handshake_timeout;
+    let Some(arrival) = arrival else { return };
+    let target = link_core(&arrival.node, arrival.request.link, worker.shared.workers);
+    if target == worker.index {
+        serve_arrival(worker, arrival).await;
+    } else if let Err(e) = worker.shared.inboxes[target].try_send(CoreMsg::AdoptLink(Box::new(arrival))) {
+        // The other core is gone or swamped: serve the link here instead.
+        let arrival = match e {
+            mailbox::SendError::Full(CoreMsg::AdoptLink(a)) | mailbox::SendError::Closed(CoreMsg::AdoptLink(a)) => a,
+            _ => return,
+        };
+        tracing::debug!(node = %arrival.node, target, "link handover refused; serving it here");
+        serve_arrival(worker, *arrival).await;
+    }
+}
+
+/// Everything before the connection is a registering link: its first
+/// bytes within `node_listener.first_bytes_timeout_ms`, TLS, a
+/// `RegisterRequest` with a configured node's token (and, in managed mode,
+/// that node's certificate). Refusals are answered (when the peer said
+/// something) and closed; None then.
+async fn preauth(worker: &Rc<Worker>, tcp: TcpStream, peer: SocketAddr, admission: Admission) -> Option<Arrival> {
+    let Admission { slot, tls: tls_ticket } = admission;
+    let _ = tcp.set_nodelay(true);
+    let (max_frame, settings) = {
+        let cfg = worker.config.borrow();
+        (cfg.max_frame_bytes, cfg.node_handshake)
+    };
+    let deadline = Instant::now() + settings.timeout;
+    // A node sends its first frame (or its ClientHello) at once: a silent
+    // connection gives its slot back long before the handshake deadline.
+    // Readiness only: nothing is read, so nothing is lost when it times out.
+    match iop_core::rt::time::timeout(settings.first_bytes_timeout, tcp.readable(false)).await {
+        Ok(Ok(())) => slot.spoke(),
+        Ok(Err(e)) => {
+            tracing::debug!(%peer, error = %e, "node connection failed before sending anything");
+            return None;
+        }
+        Err(_) => {
+            crate::metrics::conn_limit("node", "first_bytes_timeout");
+            tracing::debug!(%peer, "node connection sent nothing in time; closed");
+            return None;
+        }
+    }
     let stream = match &worker.shared.node_tls {
         None => Stream::Plain(tcp),
         // Boxed: only TLS links carry the handshake's state.
@@ -94,38 +155,34 @@ pub async fn serve(worker: Rc<Worker>, tcp: TcpStream, peer: SocketAddr, handsha
                 // A certificate of another CA, an expired one, none where
                 // one is required: counted like a bad token.
                 tracing::info!(%peer, error = %e, "node TLS handshake failed");
-                worker.shared.auth_failures.record_failure(peer.ip());
+                let _ = worker.shared.auth.failed(Credential::NodeRegistration, peer.ip());
                 worker.shared.events.publish(EdgeEvent::RegistrationRefused {
                     refusal: "tls_handshake",
                     node: String::new(),
                     peer: peer.to_string(),
                 });
-                return;
+                return None;
             }
             Err(_) => {
                 tracing::info!(%peer, "node TLS handshake timed out");
-                return;
+                return None;
             }
         },
     };
+    drop(tls_ticket);
     let mut reader = FrameReader::new(stream, PREAUTH_MAX_FRAME.min(max_frame), BytesMut::new());
-    let Some((correlation_id, request)) = first_frame(&worker, &mut reader, peer, deadline).await else { return };
+    let (correlation_id, request) = first_frame(worker, &mut reader, peer, deadline).await?;
     let (mut stream, leftover) = reader.into_parts();
+    // The token first (constant time): a right one never meets the
+    // failure limit, whatever else its address did.
     let node = worker.config.borrow().node_by_token(&request.token).map(|n| n.id.clone());
     let Some(node) = node else {
-        worker.shared.auth_failures.record_failure(peer.ip());
-        tracing::warn!(%peer, reason = %RegisterRefusal::UnknownToken, "node registration refused");
-        worker.shared.events.publish(EdgeEvent::RegistrationRefused {
-            refusal: "unknown_token",
-            node: String::new(),
-            peer: peer.to_string(),
-        });
-        let resp = refusal(pb::RegisterRefusal::UnknownToken, RegisterRefusal::UnknownToken.to_string());
+        let resp = unknown_token(worker, peer);
         answer_and_close(&mut stream, correlation_id, resp).await;
-        return;
+        return None;
     };
-    if let Some(why) = identity_refusal(&worker, &stream, &node) {
-        worker.shared.auth_failures.record_failure(peer.ip());
+    if let Some(why) = identity_refusal(worker, &stream, &node) {
+        let _ = worker.shared.auth.failed(Credential::NodeRegistration, peer.ip());
         tracing::warn!(%peer, node = %node, reason = %why, "node registration refused");
         worker.shared.events.publish(EdgeEvent::RegistrationRefused {
             refusal: "identity_mismatch",
@@ -134,33 +191,54 @@ pub async fn serve(worker: Rc<Worker>, tcp: TcpStream, peer: SocketAddr, handsha
         });
         let resp = refusal(pb::RegisterRefusal::IdentityMismatch, why.to_string());
         answer_and_close(&mut stream, correlation_id, resp).await;
-        return;
+        return None;
     }
+    // Proven: never closed for a newcomer from here on. None when it was
+    // closed for one an instant ago.
+    let handshake = slot.proven()?;
     let stream = match stream.detach() {
         Ok(s) => s,
         Err(e) => {
             tracing::warn!(%peer, error = %e, "could not release a node connection");
-            return;
+            return None;
         }
     };
-    let arrival = Arrival { stream, leftover, request, correlation_id, peer, deadline, handshake };
-    let target = link_core(&node, arrival.request.link, worker.shared.workers);
-    if target == worker.index {
-        serve_arrival(worker, arrival).await;
-    } else if let Err(e) = worker.shared.inboxes[target].try_send(CoreMsg::AdoptLink(Box::new(arrival))) {
-        // The other core is gone or swamped: serve the link here instead.
-        let arrival = match e {
-            mailbox::SendError::Full(CoreMsg::AdoptLink(a)) | mailbox::SendError::Closed(CoreMsg::AdoptLink(a)) => a,
-            _ => return,
-        };
-        tracing::debug!(node = %node, target, "link handover refused; serving it here");
-        serve_arrival(worker, *arrival).await;
+    Some(Arrival { stream, leftover, request, correlation_id, peer, deadline, handshake, node })
+}
+
+/// The answer to a token no node has: counted against the address's
+/// failed registrations, or, past that budget, a refusal that says so.
+fn unknown_token(worker: &Worker, peer: SocketAddr) -> pb::RegisterResponse {
+    match worker.shared.auth.failed(Credential::NodeRegistration, peer.ip()) {
+        Ok(()) => {
+            tracing::warn!(%peer, reason = %RegisterRefusal::UnknownToken, "node registration refused");
+            worker.shared.events.publish(EdgeEvent::RegistrationRefused {
+                refusal: "unknown_token",
+                node: String::new(),
+                peer: peer.to_string(),
+            });
+            refusal(pb::RegisterRefusal::UnknownToken, RegisterRefusal::UnknownToken.to_string())
+        }
+        Err(wait) => {
+            if let Some(more) = RATE_LIMITED_LOG.allow() {
+                tracing::warn!(%peer, refused_since_last_report = more + 1, "node registration refused: too many failed node registrations from this address");
+                worker.shared.events.publish(EdgeEvent::RegistrationRefused {
+                    refusal: "too_many_failed_registrations",
+                    node: String::new(),
+                    peer: peer.to_string(),
+                });
+            }
+            let reason = format!(
+                "unknown token, and too many failed node registrations from this address; retry in {} s",
+                wait.as_secs().max(1)
+            );
+            refusal(pb::RegisterRefusal::RateLimited, reason)
+        }
     }
 }
 
-/// Reads the first frame within `deadline`: a `RegisterRequest` from an
-/// address that has not spent its failure budget, or the connection is
-/// answered (when it said something) and closed.
+/// Reads the first frame within `deadline`: a `RegisterRequest`, or the
+/// connection is answered (when it said something) and closed.
 async fn first_frame(
     worker: &Rc<Worker>,
     reader: &mut FrameReader<Stream>,
@@ -192,21 +270,6 @@ async fn first_frame(
         answer_and_close(reader.io_mut(), cid, resp).await;
         return None;
     };
-    // Past its failure budget an address is refused before the token is compared.
-    if let Err(wait) = worker.shared.auth_failures.check(peer.ip()) {
-        if let Some(more) = RATE_LIMITED_LOG.allow() {
-            tracing::warn!(%peer, refused_since_last_report = more + 1, "node registration refused: too many failed registrations from this address");
-            worker.shared.events.publish(EdgeEvent::RegistrationRefused {
-                refusal: "rate_limited",
-                node: String::new(),
-                peer: peer.to_string(),
-            });
-        }
-        let reason = format!("too many failed registrations from this address; retry in {} s", wait.as_secs().max(1));
-        let resp = refusal(pb::RegisterRefusal::RateLimited, reason);
-        answer_and_close(reader.io_mut(), cid, resp).await;
-        return None;
-    }
     Some((cid, req))
 }
 
@@ -224,7 +287,7 @@ async fn answer_and_close(stream: &mut Stream, correlation_id: u64, resp: pb::Re
 
 /// Serves a registering link on this core to its end.
 pub async fn serve_arrival(worker: Rc<Worker>, arrival: Arrival) {
-    let Arrival { stream, leftover, request, correlation_id, peer, deadline, handshake } = arrival;
+    let Arrival { stream, leftover, request, correlation_id, peer, deadline, handshake, node: _ } = arrival;
     let stream = match stream.adopt() {
         Ok(s) => s,
         Err(e) => {
@@ -343,7 +406,7 @@ fn register(
         Err(refused) => {
             let (kind, label, node) = match &refused {
                 RegisterRefusal::UnknownToken => {
-                    worker.shared.auth_failures.record_failure(peer.ip());
+                    let _ = worker.shared.auth.failed(Credential::NodeRegistration, peer.ip());
                     (pb::RegisterRefusal::UnknownToken, "unknown_token", String::new())
                 }
                 RegisterRefusal::Duplicate(n) => {

@@ -13,6 +13,7 @@ mod commands;
 mod errors;
 mod faults;
 mod hostile_http;
+mod hostile_limits;
 mod hostile_peers;
 mod leases;
 mod lifecycle;

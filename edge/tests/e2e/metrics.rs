@@ -128,6 +128,20 @@ fn metrics_and_access_log_name_only_closed_sets_and_never_a_secret() {
             ],
         ),
         ("result", &["answered", "failed"]),
+        ("credential", &["node_registration", "admin", "api_key"]),
+        ("listener", &["node", "http"]),
+        (
+            "action",
+            &[
+                "evicted_same_address",
+                "evicted_under_pressure",
+                "refused_full",
+                "first_bytes_timeout",
+                "tls_rate",
+                "tls_concurrency",
+                "tls_table_full",
+            ],
+        ),
     ];
     let mut names = HashSet::new();
     for (name, labels) in samples(&text) {
@@ -161,6 +175,8 @@ fn metrics_and_access_log_name_only_closed_sets_and_never_a_secret() {
     ] {
         assert!(names.contains(expected), "no {expected} in:\n{text}");
     }
+    // The request without the admin token above.
+    assert!(text.contains(r#"iop_edge_auth_failures_total{credential="admin"} 1"#), "{text}");
     assert!(text.contains(r#"iop_edge_requests_total{model="m",status="200"} 3"#), "{text}");
     assert!(text.contains(r#"iop_edge_requests_total{model="o",status="200"} 2"#), "{text}");
     assert!(text.contains(r#"iop_edge_requests_total{model="m",status="500"} 1"#), "{text}");

@@ -17,6 +17,7 @@ use std::rc::Rc;
 use iop_core::http::RequestHead;
 
 use crate::{
+    limits::failures::Credential,
     server::{Body, Conn},
     surface::openai::error,
     worker::Worker,
@@ -37,39 +38,42 @@ pub fn is_admin_path(path: &str) -> bool {
     path == "/admin" || path.starts_with("/admin/")
 }
 
-/// Checks the admin token of a request, failures limited per client
-/// address ([`crate::auth_limit`]: past the limit every attempt gets 429
-/// before the token is compared). `Ok(true)`: granted; `Ok(false)`: no
-/// admin token is configured; `Err(keep)`: answered (401 or 429).
+/// Checks the admin token of a request. The token is compared first (in
+/// constant time): the right one is always granted. A wrong one counts
+/// against its address's failed admin authentications
+/// ([`crate::limits::failures`]: apart from node registrations and API
+/// keys); past that budget it gets 429 instead of 401. `Ok(true)`:
+/// granted; `Ok(false)`: no admin token is configured; `Err(keep)`:
+/// answered (401 or 429).
 pub async fn check_token(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, keep: bool) -> Result<bool, bool> {
     let token = worker.config.borrow().admin_token.clone();
-    let limiter = &worker.shared.auth_failures;
-    if token.is_some() {
-        if let Err(wait) = limiter.check(conn.peer.ip()) {
-            let retry = wait.as_secs().max(1).to_string();
-            let msg = "too many failed admin authentications from this address; retry later";
-            let extra = [("retry-after", retry.as_str())];
-            return Err(respond_error(conn, 429, msg, Some("rate_limited"), &extra, keep).await);
-        }
-    }
     match auth::authorize(token.as_ref(), head.header("authorization")) {
         Auth::Granted => Ok(true),
         Auth::Disabled => Ok(false),
-        Auth::Denied => {
-            limiter.record_failure(conn.peer.ip());
-            // Never log the presented credential.
-            tracing::debug!(path = %error::clip(head.path()), peer = %conn.peer, "admin request without a valid token");
-            let challenge = [("www-authenticate", "Bearer")];
-            let msg = "a valid admin token is required: send `Authorization: Bearer <admin_token>`";
-            Err(respond_error(conn, 401, msg, Some("invalid_admin_token"), &challenge, keep).await)
-        }
+        Auth::Denied => match worker.shared.auth.failed(Credential::Admin, conn.peer.ip()) {
+            Ok(()) => {
+                // Never log the presented credential.
+                tracing::debug!(path = %error::clip(head.path()), peer = %conn.peer, "admin request without a valid token");
+                let challenge = [("www-authenticate", "Bearer")];
+                let msg = "a valid admin token is required: send `Authorization: Bearer <admin_token>`";
+                Err(respond_error(conn, 401, msg, Some("invalid_admin_token"), &challenge, keep).await)
+            }
+            Err(wait) => {
+                let retry = wait.as_secs().max(1).to_string();
+                let msg = "invalid admin token, and too many failed admin authentications from this address; \
+                           retry later";
+                let extra = [("retry-after", retry.as_str())];
+                Err(respond_error(conn, 429, msg, Some(TOO_MANY_ADMIN_FAILURES), &extra, keep).await)
+            }
+        },
     }
 }
 
-/// Handles one `/admin` request; returns whether the connection may be kept.
-/// Failed token checks are limited per client address
-/// ([`crate::auth_limit`]): past the limit every attempt gets 429 before
-/// the token is compared.
+/// Error code of the 429 a wrong admin token gets past its address's budget.
+pub const TOO_MANY_ADMIN_FAILURES: &str = "too_many_failed_admin_authentications";
+
+/// Handles one `/admin` request; returns whether the connection may be kept
+/// (the token is checked by [`check_token`]).
 pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, body: Body) -> bool {
     let keep = head.keep_alive;
     match check_token(worker, conn, head, keep).await {
