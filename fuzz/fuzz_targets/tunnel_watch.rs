@@ -6,8 +6,9 @@
 //! bit 1: hide the usage-only event.
 //! Invariants: never panics; without hiding, the relayed bytes are the
 //! input byte for byte; with hiding, they are a subsequence of whole events
-//! (never more bytes than came); pushing in chunks gives the same bytes and
-//! usage as pushing all at once.
+//! (never more bytes than came); pushing in chunks gives the same bytes,
+//! usage and end (the terminal event seen in both or neither) as pushing
+//! all at once; only an SSE stream has a terminal event.
 #![no_main]
 
 use iop_fuzz::{chunks, params};
@@ -18,12 +19,15 @@ fuzz_target!(|input: &[u8]| {
     let Some(([flags, seed], data)) = params::<2>(input) else { return };
     let ct: &[u8] = if flags & 1 == 1 { b"text/event-stream; charset=utf-8" } else { b"application/json" };
     let hide = flags & 2 == 2;
-    let (whole, usage) = tunnel_watch(ct, hide, &[data]);
+    let (whole, usage, ended) = tunnel_watch(ct, hide, &[data]);
     if hide && flags & 1 == 1 {
         assert!(whole.len() <= data.len(), "relayed more than came");
     } else {
         assert_eq!(whole, data, "not byte for byte");
     }
+    assert!(flags & 1 == 1 || ended.is_none(), "a JSON body has no terminal event");
     let pieces = chunks(seed, data);
-    assert_eq!(tunnel_watch(ct, hide, &pieces), (whole, usage), "chunked differs from whole");
+    let (chunked, chunked_usage, chunked_ended) = tunnel_watch(ct, hide, &pieces);
+    assert_eq!((chunked, chunked_usage), (whole, usage), "chunked differs from whole");
+    assert_eq!(chunked_ended.is_some(), ended.is_some(), "the end seen in one feed and not the other");
 });

@@ -30,5 +30,6 @@ mod secrets;
 mod slow_readers;
 mod stall;
 mod suspect;
+mod terminal;
 mod tls;
 mod tunnel;

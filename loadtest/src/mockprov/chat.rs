@@ -105,6 +105,8 @@ pub struct Plan {
     pub abort_after: Option<u64>,
     /// Go silent after this many counted units (streams).
     pub stall_after: Option<u64>,
+    /// Never end the stream's body.
+    pub hold_open: bool,
     /// Answer with this error status instead.
     pub error_status: Option<u16>,
     /// Content tokens are padded to at least this many bytes.
@@ -204,6 +206,7 @@ pub fn plan(body: &[u8], config: &MockConfig, seq: u64, created: u64) -> Result<
         interval: k.interval,
         abort_after: k.abort_after,
         stall_after: k.stall_after,
+        hold_open: k.hold_open,
         error_status: k.error_status,
         token_bytes: k.token_bytes,
         hangup: k.hangup,
@@ -247,6 +250,7 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
                 interval: plan.interval,
                 abort_after: plan.abort_after,
                 stall_after: plan.stall_after,
+                hold_open: plan.hold_open,
             },
             script: Box::new(chat_stream::ChatScript::new(plan)),
         })

@@ -173,7 +173,17 @@ impl Conn {
                         break (head, raw.filter(|r| r.len() == consumed));
                     }
                     Ok(None) => {
-                        if self.reader.read_more(&mut self.inbuf).await? == 0 {
+                        let idle = self.inbuf.is_empty().then_some(self.ctx.config.keepalive_timeout_ms).flatten();
+                        let read = match idle {
+                            // Waiting for the next request: a server's keep-alive
+                            // timeout closes an idle connection.
+                            Some(ms) => match self.wait(Duration::from_millis(ms)).await {
+                                Waited::Slept => return Ok(()),
+                                Waited::Read(read) => read?,
+                            },
+                            None => self.reader.read_more(&mut self.inbuf).await?,
+                        };
+                        if read == 0 {
                             return Ok(());
                         }
                     }

@@ -69,7 +69,9 @@ llama.cpp's \"Loading model\") until set back to ok.
 Per request, a \"mock\" object in the JSON body overrides the flags: tokens,
 token_interval_ms, ttft_ms, error_status, abort_after, stall_after (a stream
 goes silent after that many content chunks, its connection open, until the
-client leaves), reasoning, token_bytes, tool_calls, tool_name, refusal,
+client leaves), hold_open (a stream sends everything, its terminal event
+included, but never ends its body: the connection stays open until the
+client leaves, counted as an early close), reasoning, token_bytes, tool_calls, tool_name, refusal,
 logprobs, hangup (read the request, close without answering) and tag (a
 label for /closes). Unknown keys are refused
 with a 400.";
@@ -126,6 +128,10 @@ pub struct MockConfig {
     /// Attach logprobs to every chat content token, asked for or not.
     #[arg(long)]
     pub logprobs: bool,
+    /// Close a connection that has waited this long for its next request
+    /// (a server's keep-alive timeout; default: never).
+    #[arg(long)]
+    pub keepalive_timeout_ms: Option<u64>,
     /// Do not record exchanges for /last and /log (load tests).
     #[arg(long)]
     pub no_record: bool,
@@ -154,6 +160,7 @@ impl MockConfig {
             tool_name: None,
             refusal: None,
             logprobs: false,
+            keepalive_timeout_ms: None,
             no_record: false,
             tls_cert: None,
             tls_key: None,

@@ -287,6 +287,7 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
                 interval: k.interval,
                 abort_after: k.abort_after,
                 stall_after: k.stall_after,
+                hold_open: k.hold_open,
             },
             script: Box::new(OllamaScript { plan, step: 0 }),
         })

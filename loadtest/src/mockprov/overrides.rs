@@ -29,6 +29,9 @@ pub struct MockOverrides {
     /// Go silent after this many content chunks of a stream (the
     /// connection stays open, nothing more is sent until the client leaves).
     pub stall_after: Option<u64>,
+    /// Send the whole stream, terminal event included, but never end the
+    /// body: the connection stays open until the client leaves.
+    pub hold_open: Option<bool>,
     /// Reasoning tokens before the content.
     pub reasoning: Option<u64>,
     /// Pad every content token to at least this many bytes.
@@ -75,6 +78,8 @@ pub struct Knobs {
     pub abort_after: Option<u64>,
     /// Go silent after this many content chunks (streams).
     pub stall_after: Option<u64>,
+    /// Never end a stream's body (streams).
+    pub hold_open: bool,
     /// Answer with this error status.
     pub error_status: Option<u16>,
     /// Content tokens are padded to at least this many bytes.
@@ -121,6 +126,7 @@ impl Knobs {
             interval: Duration::from_millis(o.token_interval_ms.unwrap_or(config.token_interval_ms)),
             abort_after: o.abort_after.or(config.abort_after),
             stall_after: o.stall_after,
+            hold_open: o.hold_open.unwrap_or(false),
             error_status,
             token_bytes: usize::try_from(o.token_bytes.unwrap_or(config.token_bytes).min(64 << 20)).unwrap_or(0),
             hangup: o.hangup.unwrap_or(false),

@@ -207,6 +207,19 @@ impl Conn {
         if !head_written {
             head(self);
         }
+        if s.timing.hold_open {
+            // Everything sent but the body's end: a server that keeps the
+            // stream open past its terminal event, until the client leaves.
+            let id = self.finish_record(true);
+            if self.flush().await.is_err() {
+                self.mark_incomplete(id);
+                return Err(Gone);
+            }
+            Stats::bump(&self.ctx.stats.streams_completed);
+            loop {
+                self.pause(STALL_PAUSE).await?;
+            }
+        }
         write_last_chunk(&mut self.out);
         let id = self.finish_record(true);
         if self.flush().await.is_err() {

@@ -90,6 +90,8 @@ pub struct Timing {
     pub abort_after: Option<u64>,
     /// Go silent after this many counted steps, until the client leaves.
     pub stall_after: Option<u64>,
+    /// After the last frame, never end the body, until the client leaves.
+    pub hold_open: bool,
 }
 
 /// A streamed answer.

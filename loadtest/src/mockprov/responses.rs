@@ -185,8 +185,9 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
         Err(e) => return reply::bad_request(Flavor::OpenAi, &e),
     };
     if let Some(early) = reply::early_reply(Flavor::OpenAi, plan.knobs.hangup, plan.knobs.error_status, &plan.model) {
-        return early;
+        return early.tagged(plan.knobs.tag.clone());
     }
+    let tag = plan.knobs.tag.clone();
     let k = &plan.knobs;
     let action = if plan.stream {
         Action::Stream(Stream {
@@ -198,6 +199,7 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
                 interval: k.interval,
                 abort_after: k.abort_after,
                 stall_after: k.stall_after,
+                hold_open: k.hold_open,
             },
             script: Box::new(ResponseScript { plan, step: 0, seq: 0 }),
         })
@@ -207,7 +209,7 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
         whole.abort = k.abort_after.is_some_and(|n| n <= plan.tokens);
         Action::Whole(whole)
     };
-    Reply::new(Flavor::OpenAi, action)
+    Reply::new(Flavor::OpenAi, action).tagged(tag)
 }
 
 /// The streamed events. Steps: 0 lead (created, in_progress), 1 item added,

@@ -80,7 +80,7 @@ impl OpenAiCompatAdapter {
         // answer, the usual case without streaming), the answer goes as one
         // item: one frame instead of three, and a single client write.
         let mut arrived = 0;
-        while out.len() < MAX_PARTS && arrived < MAX_WHOLE_BYTES {
+        while out.len() < MAX_PARTS && arrived < MAX_WHOLE_BYTES && !watch.ended() {
             match resp.chunk_ready() {
                 Ok(Some(chunk)) => {
                     arrived += chunk.len();
@@ -90,7 +90,11 @@ impl OpenAiCompatAdapter {
                 Err(e) => return Err(broke(e)),
             }
         }
-        if resp.is_done() && arrived <= MAX_WHOLE_BYTES {
+        if watch.ended() {
+            end_after_terminal(&mut resp, &spec.id);
+        }
+        // Whole: the body ended, or its terminal event arrived.
+        if (resp.is_done() || watch.ended()) && arrived <= MAX_WHOLE_BYTES {
             let usage = watch.finish(&mut out);
             out.retain(|p| !p.is_empty());
             sink.send(TunnelItem::Whole(Box::new(Whole { status, headers, body: out, usage }))).await?;
@@ -98,7 +102,7 @@ impl OpenAiCompatAdapter {
         }
         sink.send(TunnelItem::Start { status, headers }).await?;
         send_parts(sink, &mut out).await?;
-        loop {
+        while !watch.ended() {
             match resp.chunk().await {
                 Ok(Some(chunk)) => watch.push(chunk, &mut out),
                 Ok(None) => break,
@@ -106,7 +110,8 @@ impl OpenAiCompatAdapter {
             }
             // What that read brought beyond the first chunk goes in the same
             // item: one frame, one client write (bounded).
-            while out.len() < MAX_PARTS && out.iter().map(Bytes::len).sum::<usize>() < MAX_PARTS_BYTES {
+            while out.len() < MAX_PARTS && out.iter().map(Bytes::len).sum::<usize>() < MAX_PARTS_BYTES && !watch.ended()
+            {
                 match resp.chunk_ready() {
                     Ok(Some(chunk)) => watch.push(chunk, &mut out),
                     Ok(None) => break,
@@ -115,10 +120,29 @@ impl OpenAiCompatAdapter {
             }
             send_parts(sink, &mut out).await?;
         }
+        if watch.ended() && !resp.is_done() {
+            end_after_terminal(&mut resp, &spec.id);
+        }
         let usage = watch.finish(&mut out);
         send_parts(sink, &mut out).await?;
         sink.send(TunnelItem::End { usage }).await?;
         Ok(())
+    }
+}
+
+/// The answer's terminal event went by: the body's end (the last chunk
+/// marker) is taken when it already arrived, so the connection goes back to
+/// the pool; a provider that keeps the body open past the terminal event is
+/// not waited for, and its connection is closed, never reused (dropping an
+/// unfinished response shuts it down).
+fn end_after_terminal(resp: &mut crate::upstream::Response, id: &str) {
+    // Only framing is expected here; anything else is not relayed.
+    let mut extra = 0;
+    while let Ok(Some(chunk)) = resp.chunk_ready() {
+        extra += chunk.len();
+    }
+    if !resp.is_done() || extra > 0 {
+        tracing::debug!(tunnel = %id, extra, done = resp.is_done(), "provider sent past the terminal event; its connection is closed");
     }
 }
 
@@ -152,7 +176,7 @@ mod tests {
     use super::*;
     use crate::run::SinkClosed;
     use crate::upstream::{
-        test_server::{sse_chunked_open, with_body, Event, Reply, TestServer},
+        test_server::{sse_chunked, sse_chunked_open, with_body, Event, Reply, TestServer},
         UpstreamClient,
     };
 
@@ -306,6 +330,34 @@ mod tests {
         assert!(body_of(&items).starts_with(b"data: "));
         let Some(TunnelItem::Error(f)) = items.last() else { panic!("{items:?}") };
         assert_eq!((f.code, f.status), (codes::UPSTREAM_PROTOCOL, 502));
+    }
+
+    #[test]
+    fn the_answer_ends_at_its_terminal_event_and_an_open_connection_is_not_reused() {
+        let usage = r#"{"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":1}}"#;
+        let events = [r#"{"choices":[{"delta":{"content":"a"}}]}"#, usage, "[DONE]"];
+        // Kept open after [DONE]; then one that ends its body properly.
+        let server = TestServer::start(vec![Reply::keep(sse_chunked_open(&events)), Reply::keep(sse_chunked(&events))]);
+        let a = adapter(&server, Duration::from_secs(30));
+        let started = std::time::Instant::now();
+        let items = run(&a, spec(b"{}", true));
+        assert!(started.elapsed() < Duration::from_secs(5), "waited for the provider: {:?}", started.elapsed());
+        let body = String::from_utf8(body_of(&items)).unwrap();
+        assert!(body.ends_with("data: [DONE]\n\n") && !body.contains("usage"), "{body}");
+        let usage_of = |items: &[TunnelItem]| match items.last() {
+            Some(TunnelItem::End { usage }) => *usage,
+            Some(TunnelItem::Whole(w)) => w.usage,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(usage_of(&items).map(|u| u.input_tokens), Some(2));
+        assert_eq!(a.client().idle_connections("127.0.0.1", server.addr.port()), 0, "the open connection was parked");
+        // The provider saw the node leave.
+        assert_eq!(server.next_event(), Event::Accepted(0));
+        assert!(matches!(server.next_event(), Event::Request { conn: 0, .. }));
+        // A body that ends is read to its end: the connection is kept.
+        let items = run(&a, spec(b"{}", false));
+        assert_eq!(usage_of(&items).map(|u| u.output_tokens), Some(1));
+        assert_eq!(a.client().idle_connections("127.0.0.1", server.addr.port()), 1);
     }
 
     #[test]

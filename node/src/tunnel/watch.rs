@@ -1,6 +1,8 @@
 //! Watches a provider's answer while the tunnel relays it: finds the usage
-//! the provider reported (in an SSE stream or a JSON body) and, when the
-//! edge asked, leaves the usage-only SSE event out of the relayed bytes.
+//! the provider reported (in an SSE stream or a JSON body), notices the
+//! stream's terminal event (after which the answer is over, whether or not
+//! the provider closes) and, when the edge asked, leaves the usage-only SSE
+//! event out of the relayed bytes.
 //! Sans-IO. Relayed bytes are slices of the chunks read from the provider;
 //! only an event split across two reads is copied (once, to look at it).
 
@@ -43,6 +45,8 @@ pub struct BodyWatch {
     json: Vec<Bytes>,
     json_len: usize,
     usage: Option<Usage>,
+    /// A terminal event was seen (SSE).
+    ended: bool,
 }
 
 impl BodyWatch {
@@ -72,7 +76,16 @@ impl BodyWatch {
             json: Vec::new(),
             json_len: 0,
             usage: None,
+            ended: false,
         }
+    }
+
+    /// Whether the stream's terminal event went by: `data: [DONE]` (chat
+    /// and completions), `response.completed`/`.failed`/`.incomplete`
+    /// (Responses), `message_stop` (Messages). Nothing the provider sends
+    /// after it belongs to the answer.
+    pub fn ended(&self) -> bool {
+        self.ended
     }
 
     /// Takes one chunk of the body; appends to `out` what to relay now.
@@ -225,6 +238,9 @@ impl BodyWatch {
     /// Looks at one complete event; false when it is the usage-only event
     /// to leave out.
     fn inspect(&mut self, event: &[u8]) -> bool {
+        if is_terminal(event) {
+            self.ended = true;
+        }
         if !mentions_usage(event) {
             return true;
         }
@@ -237,6 +253,45 @@ impl BodyWatch {
             None => true,
         }
     }
+}
+
+/// Event names that end a stream (Responses, Messages).
+const TERMINAL_EVENTS: [&[u8]; 4] =
+    [b"response.completed", b"response.failed", b"response.incomplete", b"message_stop"];
+
+/// Whether `event` (one complete SSE event) ends its stream: a `data:
+/// [DONE]` line, an `event:` name of [`TERMINAL_EVENTS`], or, in an event
+/// without a name, data whose leading `type` member is one of them (how a
+/// Responses or Messages event reads when the server leaves the name out).
+fn is_terminal(event: &[u8]) -> bool {
+    let mut named = false;
+    let mut rest = event;
+    while !rest.is_empty() {
+        let end = memchr::memchr2(b'\r', b'\n', rest).unwrap_or(rest.len());
+        let line = &rest[..end];
+        rest = rest.get(end + 1..).unwrap_or_default();
+        if let Some(name) = line.strip_prefix(b"event:") {
+            named = true;
+            let name = name.strip_prefix(b" ").unwrap_or(name);
+            if TERMINAL_EVENTS.contains(&name) {
+                return true;
+            }
+        } else if let Some(data) = line.strip_prefix(b"data:") {
+            let data = data.strip_prefix(b" ").unwrap_or(data);
+            if data == b"[DONE]" {
+                return true;
+            }
+            if !named {
+                if let Some(after) = data.trim_ascii_start().strip_prefix(br#"{"type":""#) {
+                    let name = after.split(|&b| b == b'"').next().unwrap_or_default();
+                    if after.len() > name.len() && TERMINAL_EVENTS.contains(&name) {
+                        return true;
+                    }
+                }
+            }
+        }
+    }
+    false
 }
 
 /// Whether `event` may carry usage: it has a `"usage"` key whose value is
@@ -514,6 +569,57 @@ mod tests {
         );
         let (body, usage) = run("plain error", "text/plain", true, &[3]);
         assert_eq!((body, usage), (b"plain error".to_vec(), None));
+    }
+
+    #[test]
+    fn terminal_events_of_each_dialect() {
+        for terminal in [
+            "data: [DONE]\n\n",
+            "data:[DONE]\r\n\r\n",
+            "event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{}}\n\n",
+            "event: response.failed\ndata: {}\n\n",
+            "event: response.incomplete\ndata: {}\n\n",
+            "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n",
+            "id: 7\ndata: {\"type\":\"response.completed\",\"sequence_number\":9}\n\n",
+            "data: {\"type\":\"message_stop\"}\n\n",
+        ] {
+            assert!(is_terminal(terminal.as_bytes()), "{terminal:?}");
+        }
+        for not in [
+            "data: {\"choices\":[{\"delta\":{\"content\":\"[DONE]\"}}]}\n\n",
+            "data: [DONE]x\n\n",
+            "event: response.output_text.delta\ndata: {\"type\":\"response.completed\"}\n\n",
+            "event: message_delta\ndata: {}\n\n",
+            "data: {\"type\":\"message_stop_x\"}\n\n",
+            "data: {\"type\":\"message_stop\n\n",
+            ": data: [DONE]\n\n",
+        ] {
+            assert!(!is_terminal(not.as_bytes()), "{not:?}");
+        }
+    }
+
+    #[test]
+    fn the_end_is_seen_at_every_split_and_only_at_the_terminal_event() {
+        let body = "event: response.created\ndata: {\"type\":\"response.created\"}\n\n\
+            event: response.completed\ndata: {\"type\":\"response.completed\"}\n\n";
+        for a in 0..body.len() {
+            let mut w = BodyWatch::new(Some(b"text/event-stream"), false);
+            let mut out = Vec::new();
+            w.push(Bytes::copy_from_slice(&body.as_bytes()[..a]), &mut out);
+            assert!(!w.ended(), "split {a}: ended early");
+            w.push(Bytes::copy_from_slice(&body.as_bytes()[a..]), &mut out);
+            assert!(w.ended(), "split {a}");
+        }
+        // The event's blank line completes it: not before.
+        let mut w = BodyWatch::new(Some(b"text/event-stream"), true);
+        w.push(Bytes::copy_from_slice(&STREAM.as_bytes()[..STREAM.len() - 1]), &mut Vec::new());
+        assert!(!w.ended());
+        w.push(Bytes::from_static(b"\n"), &mut Vec::new());
+        assert!(w.ended());
+        // A JSON body has no terminal event (its framing ends it).
+        let mut w = BodyWatch::new(Some(b"application/json"), false);
+        w.push(Bytes::from_static(b"data: [DONE]\n\n"), &mut Vec::new());
+        assert!(!w.ended());
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! Sending one request and reading its response over a pooled connection.
 
-use std::{fmt, rc::Rc};
+use std::{cell::Cell, fmt, rc::Rc, time::Duration};
 
 use bytes::{Bytes, BytesMut};
 use iop_core::net::{tls::ClientTls, Stream};
@@ -59,9 +59,38 @@ impl fmt::Debug for Request<'_> {
     }
 }
 
+/// How often parked connections are checked for a peer's close (one
+/// non-blocking peek each; the check runs only while some are parked).
+const SWEEP_EVERY: Duration = Duration::from_secs(1);
+
 struct Inner {
     cfg: ClientConfig,
     pool: Pool,
+    /// A sweep task is running (it ends once the pool is empty).
+    sweeping: Cell<bool>,
+}
+
+impl Inner {
+    /// Parks `stream` and makes sure a sweep task watches the pool.
+    fn park(self: &Rc<Self>, key: PoolKey, stream: Stream) {
+        self.pool.put(key, stream);
+        if !self.sweeping.replace(true) {
+            monoio::spawn(sweep(Rc::downgrade(self)));
+        }
+    }
+}
+
+/// Drops parked connections their peer closed, every [`SWEEP_EVERY`], until
+/// the pool is empty or the client is gone.
+async fn sweep(client: std::rc::Weak<Inner>) {
+    loop {
+        time::sleep(SWEEP_EVERY).await;
+        let Some(inner) = client.upgrade() else { return };
+        if inner.pool.sweep() == 0 {
+            inner.sweeping.set(false);
+            return;
+        }
+    }
 }
 
 /// HTTP/1.1 client with a keep-alive pool; clones share the pool. Pooled
@@ -106,7 +135,7 @@ impl UpstreamClient {
     /// A client with its own, empty pool.
     pub fn new(cfg: ClientConfig) -> Self {
         let pool = Pool::new(cfg.max_idle_per_host, cfg.idle_timeout);
-        Self { inner: Rc::new(Inner { cfg, pool }) }
+        Self { inner: Rc::new(Inner { cfg, pool, sweeping: Cell::new(false) }) }
     }
 
     /// The client's settings.
@@ -416,7 +445,7 @@ impl Response {
         let Some(stream) = self.conn.take() else { return };
         let reusable = self.head.keep_alive && self.buf.is_empty() && self.head.body != BodyKind::UntilClose;
         if reusable {
-            self.client.pool.put(self.key.clone(), stream);
+            self.client.park(self.key.clone(), stream);
         }
     }
 }
@@ -499,6 +528,33 @@ mod tests {
             .filter(|e| matches!(e, Event::Accepted(_)))
             .count();
         assert!(accepted >= 2, "a fresh connection was opened");
+    }
+
+    #[test]
+    fn a_parked_connection_the_upstream_closes_is_dropped_without_a_request() {
+        // Two connections parked: the server closes the first after its
+        // reply, keeps the second open.
+        let server = TestServer::start(vec![
+            Reply::close(with_body(200, "text/plain", "one")),
+            Reply::keep(with_body(200, "text/plain", "two")),
+        ]);
+        let port = server.addr.port();
+        let client = UpstreamClient::default();
+        let (parked, swept) = iop_core::rt::block_on_current(async {
+            let mut first = client.send(&get(port)).await.unwrap();
+            let mut second = client.send(&get(port)).await.unwrap();
+            first.read_to_end(64).await.unwrap();
+            second.read_to_end(64).await.unwrap();
+            let parked = client.idle_connections("127.0.0.1", port);
+            // No request follows: only the sweep can notice the close.
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            while client.idle_connections("127.0.0.1", port) > 1 && std::time::Instant::now() < deadline {
+                monoio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (parked, client.idle_connections("127.0.0.1", port))
+        })
+        .unwrap();
+        assert_eq!((parked, swept), (2, 1), "the closed connection was dropped, the open one kept");
     }
 
     #[test]

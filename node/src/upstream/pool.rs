@@ -98,6 +98,20 @@ impl Pool {
         queue.push_back(Idle { stream, since: now });
     }
 
+    /// Drops every parked connection that expired or that the peer closed
+    /// (or sent bytes on), so a closed connection does not sit in
+    /// CLOSE_WAIT until the next request to its host. Returns how many are
+    /// still parked.
+    pub(crate) fn sweep(&self) -> usize {
+        let mut idle = self.idle.borrow_mut();
+        let now = Instant::now();
+        idle.retain_mut(|(_, q)| {
+            q.retain(|c| now.saturating_duration_since(c.since) < self.idle_timeout && c.stream.idle_and_open());
+            !q.is_empty()
+        });
+        idle.iter().map(|(_, q)| q.len()).sum()
+    }
+
     /// Idle connections parked for `host:port`.
     pub(crate) fn idle_count(&self, host: &str, port: u16, tls: bool) -> usize {
         self.idle.borrow().iter().find(|(k, _)| k.is(host, port, tls)).map_or(0, |(_, q)| q.len())
