@@ -4,7 +4,8 @@
 //! Framing follows RFC 9112 strictly where lenience enables request
 //! smuggling: Content-Length must be digits (duplicates must agree), a message
 //! with both Content-Length and Transfer-Encoding is rejected, and chunk
-//! lines need CRLF.
+//! lines need CRLF. An HTTP/1.1 request needs exactly one valid `Host`; an
+//! absolute-form target is reduced to its path.
 
 pub mod chunked;
 pub mod client;
@@ -12,6 +13,7 @@ pub mod error;
 pub mod name;
 pub mod request;
 pub mod response;
+mod target;
 
 use std::mem::MaybeUninit;
 
