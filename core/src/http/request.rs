@@ -77,14 +77,16 @@ pub fn parse_request_head(buf: &mut BytesMut, limits: &Limits) -> Result<Option<
     if method.is_empty() || target.is_empty() {
         return Err(HttpError::Malformed("incomplete request line"));
     }
-    check_host(&headers, version)?;
-    to_origin_form(&mut target)?;
     let body = match explicit_framing(&headers, version)? {
         Some(BodyKind::Length(n)) if n > limits.max_body_bytes as u64 => return Err(HttpError::BodyTooLarge),
         Some(kind) => kind,
         // A request without framing has no body (RFC 9112 §6.3, rule 7).
         None => BodyKind::Empty,
     };
+    // After the framing: an oversized or smuggling request is told so
+    // (413, 501) whatever its Host.
+    check_host(&headers, version)?;
+    to_origin_form(&mut target)?;
     let keep_alive = keep_alive(&headers, version);
     let expect_continue =
         version >= 1 && list_values(&headers, "expect").any(|v| v.eq_ignore_ascii_case(b"100-continue"));
@@ -205,6 +207,9 @@ mod tests {
         let mut buf = BytesMut::from(&b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\n"[..]);
         let err = parse_request_head(&mut buf, &limits).unwrap_err();
         assert_eq!((err.clone(), err.status()), (HttpError::BodyTooLarge, 413));
+        // Found before a missing Host.
+        let mut buf = BytesMut::from(&b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n"[..]);
+        assert_eq!(parse_request_head(&mut buf, &limits), Err(HttpError::BodyTooLarge));
     }
 
     #[test]
