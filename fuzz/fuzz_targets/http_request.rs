@@ -3,9 +3,11 @@
 //!
 //! Input: `[head limit, header-count limit, body limit, split seed, bytes...]`.
 //! Invariants: never panics; `Ok(None)` leaves the buffer untouched and within
-//! the head limit; a parsed head respects every limit and is well formed; the
-//! decoded body never exceeds `max_body_bytes`; chunked feeding gives the
-//! same head, body, leftover and errors as feeding everything at once.
+//! the head limit; a parsed head respects every limit and is well formed (at
+//! most one `Host`, exactly one on HTTP/1.1; no `100-continue` on HTTP/1.0;
+//! an absolute-form target reduced to origin form); the decoded body never
+//! exceeds `max_body_bytes`; chunked feeding gives the same head, body,
+//! leftover and errors as feeding everything at once.
 #![no_main]
 
 use bytes::BytesMut;
@@ -53,6 +55,12 @@ fn check_head(h: &RequestHead, limits: &Limits) {
         assert_eq!(name.as_bytes(), &name.as_bytes().to_ascii_lowercase()[..], "header name not lower-cased");
         assert!(h.header(name.as_str()).is_some());
     }
+    // RFC 9112 §3.2: one Host at most, and one on HTTP/1.1.
+    let hosts = h.headers.iter().filter(|(n, _)| n == "host").count();
+    assert!(hosts <= 1 && (h.version == 0 || hosts == 1), "{hosts} host lines on HTTP/1.{}", h.version);
+    assert!(h.version == 1 || !h.expect_continue, "100-continue for HTTP/1.0");
+    let scheme = h.target.as_bytes().iter().take(8).map(u8::to_ascii_lowercase).collect::<Vec<u8>>();
+    assert!(!scheme.starts_with(b"http://") && !scheme.starts_with(b"https://"), "absolute-form kept: {}", h.target);
     match h.body {
         BodyKind::Length(n) => assert!(n <= limits.max_body_bytes as u64),
         BodyKind::UntilClose => panic!("request body delimited by close"),

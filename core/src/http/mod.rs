@@ -4,7 +4,9 @@
 //! Framing follows RFC 9112 strictly where lenience enables request
 //! smuggling: Content-Length must be digits (duplicates must agree), a message
 //! with both Content-Length and Transfer-Encoding is rejected, and chunk
-//! lines need CRLF.
+//! lines need CRLF. An HTTP/1.1 request needs exactly one valid `Host`; an
+//! absolute-form target is reduced to its path. A streamed response is
+//! chunked for HTTP/1.1 and close-delimited for HTTP/1.0 ([`StreamFraming`]).
 
 pub mod chunked;
 pub mod client;
@@ -12,6 +14,8 @@ pub mod error;
 pub mod name;
 pub mod request;
 pub mod response;
+pub mod stream;
+mod target;
 
 use std::mem::MaybeUninit;
 
@@ -26,6 +30,7 @@ pub use response::{
     begin_chunk, end_chunk, gather_chunk, gather_chunk_parts, reason_phrase, write_chunk, write_last_chunk,
     write_response_head, Framing,
 };
+pub use stream::StreamFraming;
 
 /// Size limits applied while parsing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

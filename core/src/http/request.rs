@@ -3,7 +3,9 @@
 use bytes::{Bytes, BytesMut};
 
 use super::{
-    explicit_framing, find_header, keep_alive, list_values, parse_head, BodyKind, HeaderName, HttpError, Limits,
+    explicit_framing, find_header, keep_alive, list_values, parse_head,
+    target::{check_host, to_origin_form},
+    BodyKind, HeaderName, HttpError, Limits,
 };
 
 /// A parsed request head. Header names are lower-cased.
@@ -11,7 +13,8 @@ use super::{
 pub struct RequestHead {
     /// Method, e.g. "GET".
     pub method: String,
-    /// Request target as sent (path and query).
+    /// Request target: as sent (path and query), but an absolute-form
+    /// `http(s)://authority/path?query` is reduced to `/path?query`.
     pub target: String,
     /// Minor version: 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub version: u8,
@@ -21,7 +24,8 @@ pub struct RequestHead {
     pub body: BodyKind,
     /// Whether the connection stays open after the response.
     pub keep_alive: bool,
-    /// `Expect: 100-continue` was sent.
+    /// `Expect: 100-continue` was sent on HTTP/1.1 (an HTTP/1.0 client must
+    /// never get a 100, RFC 9110 §10.1.1, so its `Expect` is ignored).
     pub expect_continue: bool,
 }
 
@@ -49,7 +53,9 @@ impl RequestHead {
 /// removed from `buf`. A head exceeding `limits.max_head_bytes` (complete or
 /// not) is `HeadTooLarge`; a Content-Length above `limits.max_body_bytes` is
 /// `BodyTooLarge`; conflicting/invalid Content-Length or Transfer-Encoding is
-/// `Malformed`/`UnsupportedTransferEncoding`.
+/// `Malformed`/`UnsupportedTransferEncoding`; so is (`Malformed`) an
+/// HTTP/1.1 request without `Host`, any with several or an invalid one, and
+/// an absolute-form target with an invalid authority (RFC 9112 §3.2).
 pub fn parse_request_head(buf: &mut BytesMut, limits: &Limits) -> Result<Option<RequestHead>, HttpError> {
     let parsed = parse_head(buf, limits, |storage, window| {
         let mut req = httparse::Request::new(&mut []);
@@ -65,7 +71,7 @@ pub fn parse_request_head(buf: &mut BytesMut, limits: &Limits) -> Result<Option<
             httparse::Status::Partial => httparse::Status::Partial,
         })
     })?;
-    let Some(((method, target, version), headers)) = parsed else {
+    let Some(((method, mut target, version), headers)) = parsed else {
         return Ok(None);
     };
     if method.is_empty() || target.is_empty() {
@@ -77,8 +83,13 @@ pub fn parse_request_head(buf: &mut BytesMut, limits: &Limits) -> Result<Option<
         // A request without framing has no body (RFC 9112 §6.3, rule 7).
         None => BodyKind::Empty,
     };
+    // After the framing: an oversized or smuggling request is told so
+    // (413, 501) whatever its Host.
+    check_host(&headers, version)?;
+    to_origin_form(&mut target)?;
     let keep_alive = keep_alive(&headers, version);
-    let expect_continue = list_values(&headers, "expect").any(|v| v.eq_ignore_ascii_case(b"100-continue"));
+    let expect_continue =
+        version >= 1 && list_values(&headers, "expect").any(|v| v.eq_ignore_ascii_case(b"100-continue"));
     Ok(Some(RequestHead { method, target, version, headers, body, keep_alive, expect_continue }))
 }
 
@@ -124,7 +135,7 @@ mod tests {
 
     #[test]
     fn pipelined_requests() {
-        let mut buf = BytesMut::from(&b"GET /a HTTP/1.1\r\n\r\nGET /b HTTP/1.0\r\n\r\n"[..]);
+        let mut buf = BytesMut::from(&b"GET /a HTTP/1.1\r\nHost: a\r\n\r\nGET /b HTTP/1.0\r\n\r\n"[..]);
         let a = parse_request_head(&mut buf, &Limits::default()).unwrap().unwrap();
         let b = parse_request_head(&mut buf, &Limits::default()).unwrap().unwrap();
         assert_eq!((a.path(), a.body, a.keep_alive), ("/a", BodyKind::Empty, true));
@@ -135,7 +146,7 @@ mod tests {
     #[test]
     fn expect_continue_and_chunked() {
         let mut buf = BytesMut::from(
-            &b"POST / HTTP/1.1\r\nExpect: 100-Continue\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"[..],
+            &b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-Continue\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n"[..],
         );
         let head = parse_request_head(&mut buf, &Limits::default()).unwrap().unwrap();
         assert!(head.expect_continue);
@@ -146,13 +157,13 @@ mod tests {
     #[test]
     fn head_limit_complete_and_trickled() {
         let limits = Limits { max_head_bytes: 64, ..Limits::default() };
-        let mut buf = BytesMut::from(&b"GET / HTTP/1.1\r\nx: "[..]);
+        let mut buf = BytesMut::from(&b"GET / HTTP/1.1\r\nHost: a\r\nx: "[..]);
         buf.extend_from_slice(&[b'a'; 80]);
         buf.extend_from_slice(b"\r\n\r\n");
         assert_eq!(parse_request_head(&mut buf, &limits), Err(HttpError::HeadTooLarge));
 
         // Endless header, never completed: refused once past the limit.
-        let mut buf = BytesMut::from(&b"GET / HTTP/1.1\r\nx: "[..]);
+        let mut buf = BytesMut::from(&b"GET / HTTP/1.1\r\nHost: a\r\nx: "[..]);
         let mut rejected = false;
         for _ in 0..100 {
             buf.extend_from_slice(b"a");
@@ -169,7 +180,7 @@ mod tests {
         assert!(rejected);
 
         // Exactly at the limit is fine.
-        let head = b"GET / HTTP/1.1\r\n\r\n";
+        let head = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n";
         let limits = Limits { max_head_bytes: head.len(), ..Limits::default() };
         assert!(parse_request_head(&mut BytesMut::from(&head[..]), &limits).unwrap().is_some());
     }
@@ -177,12 +188,12 @@ mod tests {
     #[test]
     fn header_count_limit() {
         let limits = Limits { max_headers: 2, ..Limits::default() };
-        let mut ok = BytesMut::from(&b"GET / HTTP/1.1\r\na: 1\r\nb: 2\r\n\r\n"[..]);
+        let mut ok = BytesMut::from(&b"GET / HTTP/1.1\r\nHost: a\r\nb: 2\r\n\r\n"[..]);
         assert!(parse_request_head(&mut ok, &limits).unwrap().is_some());
-        let mut bad = BytesMut::from(&b"GET / HTTP/1.1\r\na: 1\r\nb: 2\r\nc: 3\r\n\r\n"[..]);
+        let mut bad = BytesMut::from(&b"GET / HTTP/1.1\r\nHost: a\r\nb: 2\r\nc: 3\r\n\r\n"[..]);
         assert_eq!(parse_request_head(&mut bad, &limits), Err(HttpError::HeadTooLarge));
         let big = Limits { max_headers: 100, ..Limits::default() };
-        let mut many = BytesMut::from(&b"GET / HTTP/1.1\r\n"[..]);
+        let mut many = BytesMut::from(&b"GET / HTTP/1.0\r\n"[..]);
         for i in 0..90 {
             many.extend_from_slice(format!("h{i}: v\r\n").as_bytes());
         }
@@ -193,20 +204,23 @@ mod tests {
     #[test]
     fn body_limit_from_content_length() {
         let limits = Limits { max_body_bytes: 10, ..Limits::default() };
-        let mut buf = BytesMut::from(&b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n"[..]);
+        let mut buf = BytesMut::from(&b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 11\r\n\r\n"[..]);
         let err = parse_request_head(&mut buf, &limits).unwrap_err();
         assert_eq!((err.clone(), err.status()), (HttpError::BodyTooLarge, 413));
+        // Found before a missing Host.
+        let mut buf = BytesMut::from(&b"POST / HTTP/1.1\r\nContent-Length: 11\r\n\r\n"[..]);
+        assert_eq!(parse_request_head(&mut buf, &limits), Err(HttpError::BodyTooLarge));
     }
 
     #[test]
     fn smuggling_and_malformed() {
         let cases: &[(&[u8], u16)] = &[
-            (b"POST / HTTP/1.1\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
-            (b"POST / HTTP/1.1\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", 400),
-            (b"POST / HTTP/1.1\r\nContent-Length: -3\r\n\r\n", 400),
-            (b"POST / HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
+            (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
+            (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", 400),
+            (b"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -3\r\n\r\n", 400),
+            (b"POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n", 501),
             (b"POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", 400),
-            (b"GET / HTTP/1.1\r\nBad Header: x\r\n\r\n", 400),
+            (b"GET / HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n", 400),
             (b"GET / HTTP/2.0\r\n\r\n", 400),
             (b"GET\r\n\r\n", 400),
             (b"\x00\x01\x02\r\n\r\n", 400),
@@ -215,6 +229,71 @@ mod tests {
             let err = parse_request_head(&mut BytesMut::from(*input), &Limits::default()).unwrap_err();
             assert_eq!(err.status(), *status, "{input:?}: {err}");
         }
+    }
+
+    fn parse(input: &[u8]) -> Result<Option<RequestHead>, HttpError> {
+        parse_request_head(&mut BytesMut::from(input), &Limits::default())
+    }
+
+    #[test]
+    fn host_is_required_once_on_http_1_1() {
+        // RFC 9112 §3.2: 400 for a 1.1 request without Host, any request
+        // with two, and an invalid value.
+        for (input, why) in [
+            (&b"GET / HTTP/1.1\r\n\r\n"[..], "missing host"),
+            (b"GET / HTTP/1.1\r\nHost: a\r\nHost: a\r\n\r\n", "more than one host"),
+            (b"GET / HTTP/1.1\r\nHost: a\r\nX: 1\r\nhOST: b\r\n\r\n", "more than one host"),
+            (b"GET / HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", "more than one host"),
+            (b"GET / HTTP/1.1\r\nHost: a b\r\n\r\n", "invalid host"),
+            (b"GET / HTTP/1.1\r\nHost: a@b\r\n\r\n", "invalid host"),
+            (b"GET / HTTP/1.0\r\nHost: a:b\r\n\r\n", "invalid host"),
+        ] {
+            let err = parse(input).unwrap_err();
+            assert_eq!((err.clone(), err.status(), err.code()), (HttpError::Malformed(why), 400, "malformed_request"));
+        }
+        for ok in [
+            &b"GET / HTTP/1.0\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nHost: example:8080\r\n\r\n",
+            b"GET / HTTP/1.1\r\nHost: [::1]:80\r\n\r\n",
+            // Empty is valid: a target URI without an authority (RFC 9110 §7.2).
+            b"GET / HTTP/1.1\r\nHost:\r\n\r\n",
+        ] {
+            assert!(parse(ok).unwrap().is_some(), "{:?}", String::from_utf8_lossy(ok));
+        }
+    }
+
+    #[test]
+    fn absolute_form_is_routed_by_its_path() {
+        let head =
+            parse(b"POST http://example/v1/chat/completions?x=1 HTTP/1.1\r\nHost: other\r\n\r\n").unwrap().unwrap();
+        assert_eq!(
+            (head.target.as_str(), head.path(), head.query()),
+            ("/v1/chat/completions?x=1", "/v1/chat/completions", Some("x=1"))
+        );
+        let head = parse(b"GET HTTP://Example:80 HTTP/1.0\r\n\r\n").unwrap().unwrap();
+        assert_eq!((head.path(), head.query()), ("/", None));
+        // Origin form as sent.
+        let head = parse(b"GET /v1/models?a=b HTTP/1.1\r\nHost: a\r\n\r\n").unwrap().unwrap();
+        assert_eq!((head.target.as_str(), head.path()), ("/v1/models?a=b", "/v1/models"));
+        // The RFC still asks for Host on 1.1, and the authority must be a host.
+        assert_eq!(parse(b"GET http://example/ HTTP/1.1\r\n\r\n"), Err(HttpError::Malformed("missing host")));
+        assert_eq!(
+            parse(b"GET http://u@example/ HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Err(HttpError::Malformed("invalid target authority"))
+        );
+        assert_eq!(
+            parse(b"GET http:///a HTTP/1.1\r\nHost: a\r\n\r\n"),
+            Err(HttpError::Malformed("invalid target authority"))
+        );
+    }
+
+    #[test]
+    fn expect_continue_is_ignored_on_http_1_0() {
+        let head = parse(b"POST / HTTP/1.0\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n").unwrap().unwrap();
+        assert!(!head.expect_continue);
+        let head =
+            parse(b"POST / HTTP/1.1\r\nHost: a\r\nExpect: 100-continue\r\nContent-Length: 2\r\n\r\n").unwrap().unwrap();
+        assert!(head.expect_continue);
     }
 
     proptest! {

@@ -11,6 +11,10 @@ pub enum Framing {
     Length(usize),
     /// `Transfer-Encoding: chunked`.
     Chunked,
+    /// No framing header: the body ends when the connection closes (for
+    /// an HTTP/1.0 client, which cannot read chunked). Always written
+    /// with `Connection: close`.
+    Close,
 }
 
 /// Appends a status line, `headers`, the framing header and
@@ -18,7 +22,8 @@ pub enum Framing {
 ///
 /// CR and LF are stripped from names and values so that no header can be
 /// injected. No framing header is written for 1xx and 204 responses, which
-/// must not carry one (RFC 9110 §8.6).
+/// must not carry one (RFC 9110 §8.6). `Framing::Close` writes
+/// `Connection: close` whatever `keep_alive` says.
 pub fn write_response_head<V: AsRef<[u8]>>(
     out: &mut BytesMut,
     status: u16,
@@ -41,8 +46,10 @@ pub fn write_response_head<V: AsRef<[u8]>>(
                 out.extend_from_slice(b"\r\n");
             }
             Framing::Chunked => out.extend_from_slice(b"transfer-encoding: chunked\r\n"),
+            Framing::Close => {}
         }
     }
+    let keep_alive = keep_alive && framing != Framing::Close;
     out.extend_from_slice(if keep_alive { b"connection: keep-alive\r\n\r\n" } else { b"connection: close\r\n\r\n" });
 }
 

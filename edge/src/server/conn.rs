@@ -14,7 +14,7 @@ use std::{io, rc::Rc, sync::atomic::Ordering, time::Duration};
 use bytes::BytesMut;
 use iop_core::net::{Stream, WriteHalf};
 use iop_core::{
-    http::{self, BodyDecoder, BodyKind, Framing, HttpError, Limits, RequestHead},
+    http::{self, BodyDecoder, BodyKind, Framing, HttpError, Limits, RequestHead, StreamFraming},
     limits::SlotGuard,
 };
 use monoio::{
@@ -52,6 +52,9 @@ pub struct Conn {
     pub out: BytesMut,
     /// The current request is `HEAD`: responses carry their head only.
     pub head_only: bool,
+    /// How the current request's streamed answers are framed (by its HTTP
+    /// version: an HTTP/1.0 client gets raw bytes and a close).
+    pub stream_framing: StreamFraming,
     /// The client's address (for per-address limits and logs).
     pub peer: std::net::SocketAddr,
     /// What the current request did (its metrics and access-log line).
@@ -79,7 +82,13 @@ impl Conn {
     /// The writing side, apart from the read half (which a disconnect watch
     /// may hold meanwhile).
     pub fn responder(&mut self) -> Responder<'_> {
-        Responder { wr: &mut self.wr, out: &mut self.out, head_only: self.head_only, ex: &mut self.exchange }
+        Responder {
+            wr: &mut self.wr,
+            out: &mut self.out,
+            head_only: self.head_only,
+            stream_framing: self.stream_framing,
+            ex: &mut self.exchange,
+        }
     }
 
     /// Gives back buffer memory a large request or response left behind.
@@ -101,6 +110,8 @@ pub struct Responder<'a> {
     pub out: &'a mut BytesMut,
     /// Responses carry their head only.
     pub head_only: bool,
+    /// How a streamed answer is framed.
+    pub stream_framing: StreamFraming,
     /// The request's record (status, first byte).
     pub ex: &'a mut super::Exchange,
 }
@@ -196,6 +207,7 @@ pub async fn serve(
         buf: BytesMut::new(),
         out: BytesMut::new(),
         head_only: false,
+        stream_framing: StreamFraming::Chunked,
         peer,
         exchange: super::Exchange::default(),
     };
@@ -227,6 +239,7 @@ async fn requests(
             }
         };
         conn.head_only = head.method == "HEAD";
+        conn.stream_framing = StreamFraming::for_version(head.version);
         conn.exchange.begin(&head);
         let declared = match head.body {
             BodyKind::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
@@ -237,6 +250,7 @@ async fn requests(
             // Not read; drained so the client sees the 503.
             Err(e) => return fail(conn, e, declared, access_log).await,
         };
+        // Never set for HTTP/1.0, which must not get a 100 (RFC 9110 §10.1.1).
         if head.expect_continue && head.body != BodyKind::Empty {
             conn.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
             if conn.flush().await.is_err() {

@@ -15,6 +15,7 @@ mod faults;
 mod hostile_http;
 mod hostile_limits;
 mod hostile_peers;
+mod http_rfc;
 mod leases;
 mod lifecycle;
 mod links;

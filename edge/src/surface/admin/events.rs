@@ -17,7 +17,7 @@ use crate::{
 };
 use bytes::BytesMut;
 use iop_core::{
-    http::{self, Framing},
+    http,
     rt::{mailbox, signal::LocalCancel},
     sse,
 };
@@ -73,18 +73,20 @@ impl LagTracker {
 /// Serves the stream until it ends; the connection is never kept.
 pub async fn stream(worker: &Rc<Worker>, conn: &mut Conn) -> bool {
     let sub = worker.shared.events.subscribe(CAPACITY);
+    // Chunked, or raw for an HTTP/1.0 client (it closes either way).
+    let framing = conn.stream_framing;
     http::write_response_head(
         &mut conn.out,
         200,
         &[("content-type", "text/event-stream"), ("cache-control", "no-cache"), ("x-accel-buffering", "no")],
-        Framing::Chunked,
+        framing.framing(),
         false,
     );
     if conn.head_only {
         let _ = conn.flush().await;
         return false;
     }
-    http::write_chunk(&mut conn.out, CONNECTED);
+    framing.write(&mut conn.out, CONNECTED);
     if conn.flush().await.is_err() {
         return false;
     }
@@ -117,13 +119,13 @@ pub async fn stream(worker: &Rc<Worker>, conn: &mut Conn) -> bool {
                 }
             }
             Wake::Closed => {
-                http::write_chunk(&mut conn.out, &sse);
-                http::write_last_chunk(&mut conn.out);
+                framing.write(&mut conn.out, &sse);
+                framing.write_last(&mut conn.out);
                 let _ = conn.flush().await;
                 return false;
             }
         }
-        http::write_chunk(&mut conn.out, &sse);
+        framing.write(&mut conn.out, &sse);
         sse.clear();
         if conn.flush().await.is_err() {
             return false;

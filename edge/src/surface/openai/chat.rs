@@ -14,7 +14,7 @@ use std::{
 use bytes::BytesMut;
 use iop_core::{
     exec::{codes, ExecEvent, FailureSource, RunFailure},
-    http::{self, Framing},
+    http::{self, StreamFraming},
     wire::pb,
 };
 use monoio::io::AsyncWriteRentExt;
@@ -126,6 +126,7 @@ async fn stream(
 ) -> bool {
     // What a client has not read stays within the stream's window.
     run.credit_on_write();
+    let framing = conn.stream_framing;
     let Conn { rd, wr, buf, out, exchange, .. } = conn;
     let first = match with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, std::pin::pin!(run.next())).await {
         // The client is gone (dropping `run` cancels it on the node), or the run ended.
@@ -139,11 +140,12 @@ async fn stream(
     };
     // The head goes out now: no replay from here.
     chance.commit();
+    let keep = framing.keep_alive(keep);
     http::write_response_head(
         out,
         200,
         &[("content-type", "text/event-stream"), ("cache-control", "no-cache"), ("x-request-id", run.run_id())],
-        Framing::Chunked,
+        framing.framing(),
         keep,
     );
     exchange.status(200);
@@ -151,10 +153,10 @@ async fn stream(
     let enc = ChunkEncoder::new(&meta.id, meta.model(reported), meta.created);
     let mut render = StreamRender::new(enc, include_usage);
     // The first event is rendered here, so the body's state holds no event.
-    let chunk = http::begin_chunk(out);
+    let chunk = framing.begin(out);
     let ended = render.event(out, first);
     let mut clock = WriteClock::new(&mut exchange.first_byte, Some(crate::metrics::Path::Normalized));
-    let body = std::pin::pin!(stream_body(wr, out, run, &mut render, chunk, ended, write_timeout, &mut clock));
+    let body = std::pin::pin!(stream_body(wr, out, run, &mut render, framing, chunk, ended, write_timeout, &mut clock));
     match with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, body).await {
         Some(Ok(())) => keep,
         _ => false,
@@ -251,13 +253,15 @@ fn reserve_for(sse: &mut BytesMut, d: &iop_core::exec::Delta) {
 }
 
 /// Writes the chunk begun at `chunk` in `out` (ending the stream when
-/// `ended`), then the run's further events, batched per write.
+/// `terminal`), then the run's further events, batched per write, each
+/// framed under `framing`.
 #[allow(clippy::too_many_arguments)] // the stream's state, passed apart so none is held twice
 async fn stream_body<W: AsyncWriteRentExt>(
     wr: &mut W,
     out: &mut BytesMut,
     run: &mut RunStream,
     render: &mut StreamRender,
+    framing: StreamFraming,
     mut chunk: usize,
     mut terminal: bool,
     write_timeout: std::time::Duration,
@@ -271,9 +275,9 @@ async fn stream_body<W: AsyncWriteRentExt>(
             let Some(ev) = run.try_next() else { break };
             terminal = render.event(out, ev);
         }
-        http::end_chunk(out, chunk);
+        framing.end(out, chunk);
         if terminal {
-            http::write_last_chunk(out);
+            framing.write_last(out);
         }
         // A timed-out write closes the connection, so dropping it loses nothing.
         let Ok((res, mut written)) =
@@ -311,7 +315,7 @@ async fn stream_body<W: AsyncWriteRentExt>(
             }
         };
         // Rendered straight into the chunk (no staging buffer).
-        chunk = http::begin_chunk(out);
+        chunk = framing.begin(out);
         terminal = render.event(out, ev);
     }
 }

@@ -1,5 +1,6 @@
 //! Writes a tunnel's body to the client: the provider's bytes, framed
-//! (chunked, or under the provider's Content-Length), gathered from what is
+//! (chunked, under the provider's Content-Length, or for an HTTP/1.0
+//! client raw until the connection closes), gathered from what is
 //! queued into vectored writes. Body bytes are never copied: each chunk
 //! the node link decoded is written from the buffer it was read into.
 
@@ -8,7 +9,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use iop_core::{http, rt::gather::Gather, tunnel::TunnelItem};
+use iop_core::{http::StreamFraming, rt::gather::Gather, tunnel::TunnelItem};
 use monoio::io::AsyncWriteRent;
 
 use super::error;
@@ -114,8 +115,30 @@ impl Source for TunnelStream {
 pub enum Frame {
     /// `transfer-encoding: chunked`.
     Chunked,
+    /// Raw bytes ended by the connection's close (an HTTP/1.0 client).
+    Close,
     /// The provider's Content-Length: exactly this many bytes are left.
     Length(u64),
+}
+
+impl From<StreamFraming> for Frame {
+    fn from(s: StreamFraming) -> Self {
+        match s {
+            StreamFraming::Chunked => Frame::Chunked,
+            StreamFraming::Close => Frame::Close,
+        }
+    }
+}
+
+impl Frame {
+    /// The streamed framing, `None` under a Content-Length.
+    fn streamed(self) -> Option<StreamFraming> {
+        match self {
+            Frame::Chunked => Some(StreamFraming::Chunked),
+            Frame::Close => Some(StreamFraming::Close),
+            Frame::Length(_) => None,
+        }
+    }
 }
 
 /// How a relayed body ended.
@@ -171,26 +194,26 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
                     }
                 }
                 TunnelItem::End { .. } => {
-                    end = Some(match frame {
-                        Frame::Chunked => {
-                            out.put_with(http::write_last_chunk);
+                    end = Some(match frame.streamed() {
+                        Some(s) => {
+                            s.gather_last(out);
                             BodyEnd::Complete
                         }
-                        Frame::Length(0) => BodyEnd::Complete,
+                        None if *frame == Frame::Length(0) => BodyEnd::Complete,
                         // Fewer bytes than announced: the client must see a cut.
-                        Frame::Length(_) => BodyEnd::Broken,
+                        None => BodyEnd::Broken,
                     });
                     break;
                 }
                 TunnelItem::Error(f) => {
                     tracing::debug!(run = %src.id(), code = f.code, "tunnel failed mid-body");
-                    if sse && *frame == Frame::Chunked {
+                    if let (true, Some(s)) = (sse, frame.streamed()) {
                         // Said in the stream's own language, then a clean end,
                         // so an SDK raises instead of ending quietly.
                         let mut event = bytes::BytesMut::new();
                         iop_core::sse::write_event(&mut event, &error::failure_body(&f));
-                        http::gather_chunk(out, event.freeze());
-                        out.put_with(http::write_last_chunk);
+                        s.gather(out, event.freeze());
+                        s.gather_last(out);
                     }
                     end = Some(BodyEnd::Broken);
                     break;
@@ -224,21 +247,19 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
 /// chunk); false when the provider sent more than its Content-Length
 /// announced.
 fn append(out: &mut Gather, frame: &mut Frame, parts: &[bytes::Bytes]) -> bool {
-    match frame {
-        Frame::Chunked => {
-            http::gather_chunk_parts(out, parts);
-            true
+    let Frame::Length(left) = frame else {
+        if let Some(s) = frame.streamed() {
+            s.gather_parts(out, parts);
         }
-        Frame::Length(left) => {
-            let n: u64 = parts.iter().map(|p| p.len() as u64).sum();
-            if n > *left {
-                return false;
-            }
-            *left -= n;
-            for p in parts {
-                out.push(p.clone());
-            }
-            true
-        }
+        return true;
+    };
+    let n: u64 = parts.iter().map(|p| p.len() as u64).sum();
+    if n > *left {
+        return false;
     }
+    *left -= n;
+    for p in parts {
+        out.push(p.clone());
+    }
+    true
 }

@@ -103,9 +103,9 @@ async fn relay(
 ) -> bool {
     // One disconnect watch for the whole answer, status to last byte (each
     // watch is a read and its cancellation on the client's socket).
-    let head_only = conn.head_only;
+    let (head_only, stream_framing) = (conn.head_only, conn.stream_framing);
     let Conn { rd, wr, buf, out, exchange, .. } = conn;
-    let mut w = Responder { wr, out, head_only, ex: exchange };
+    let mut w = Responder { wr, out, head_only, stream_framing, ex: exchange };
     let answer = std::pin::pin!(answer(&mut w, stream, keep, write_timeout, chance));
     // None: the client left; dropping the stream cancels the tunnel.
     let watched = if streamed {
@@ -151,9 +151,9 @@ async fn answer(
         .find(|(n, _)| n == "content-length")
         .and_then(|(_, v)| std::str::from_utf8(v).ok()?.trim().parse::<u64>().ok());
     let sse = is_sse(&headers);
-    let (framing, mut frame) = match length {
-        Some(n) => (Framing::Length(usize::try_from(n).unwrap_or(usize::MAX)), Frame::Length(n)),
-        None => (Framing::Chunked, Frame::Chunked),
+    let (framing, mut frame, keep) = match length {
+        Some(n) => (Framing::Length(usize::try_from(n).unwrap_or(usize::MAX)), Frame::Length(n), keep),
+        None => (w.stream_framing.framing(), Frame::from(w.stream_framing), w.stream_framing.keep_alive(keep)),
     };
     let mut out = Gather::new();
     put_head(&mut out, status, &headers, stream.run_id(), framing, keep);
