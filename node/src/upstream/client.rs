@@ -84,7 +84,11 @@ impl Inner {
 /// the pool is empty or the client is gone.
 async fn sweep(client: std::rc::Weak<Inner>) {
     loop {
-        time::sleep(SWEEP_EVERY).await;
+        // monoio's own timer, not the per-core table (`rt::time`): a client
+        // can outlive the runtime that parked its connections (tests run
+        // one runtime after another on a thread), and this task with it; a
+        // table sleep in that task left the next runtime's timers stuck.
+        monoio::time::sleep(SWEEP_EVERY).await;
         let Some(inner) = client.upgrade() else { return };
         if inner.pool.sweep() == 0 {
             inner.sweeping.set(false);
