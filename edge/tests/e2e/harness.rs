@@ -133,6 +133,36 @@ impl MockProv {
     pub fn base_url(&self) -> String {
         format!("http://{}/v1", self.addr)
     }
+
+    /// The base URL a provider of `kind` is configured with (Ollama's has no `/v1`).
+    pub fn base_for(&self, kind: &str) -> String {
+        if kind == "ollama" {
+            format!("http://{}", self.addr)
+        } else {
+            self.base_url()
+        }
+    }
+
+    /// Waits until the mock saw the connection of the request tagged `tag`
+    /// closed before the answer's end (`GET /closes`).
+    pub fn wait_closed(&self, tag: &str) {
+        let needle = format!("\"tag\":\"{tag}\"");
+        eventually(Duration::from_secs(10), &format!("the provider connection of {tag} closed"), || {
+            let r = request(self.addr, "GET", "/closes", None, &[]);
+            String::from_utf8_lossy(&r.body).contains(&needle)
+        });
+    }
+}
+
+/// Edge config: node `n1` with one provider `up` of `kind` at `base`
+/// (`provider_extra`: more of its keys) and model `m` on it, named
+/// `upstream_model` upstream.
+pub fn one_provider_config(kind: &str, base: &str, provider_extra: &str, upstream_model: &str) -> String {
+    n1_header()
+        + &format!(
+            "[[nodes.providers]]\nid = \"up\"\nkind = \"{kind}\"\nbase_url = \"{base}\"\ncapacity = 8\n{provider_extra}\n\
+             [[models]]\nname = \"m\"\nnode = \"n1\"\nprovider = \"up\"\nupstream_model = \"{upstream_model}\"\n"
+        )
 }
 
 pub struct Edge {

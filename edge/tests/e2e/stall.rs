@@ -18,24 +18,8 @@ const PROBE_MS: u64 = 100;
 /// model) has a short stall timeout, and a node.
 fn setup(kind: &str, upstream_model: &str) -> (MockProv, Edge, Proc) {
     let mock = MockProv::start(&["--model", "mock-upstream"]);
-    let base = if kind == "ollama" { format!("http://{}", mock.addr) } else { mock.base_url() };
-    let config = n1_header()
-        + &format!(
-            r#"
-[[nodes.providers]]
-id = "up"
-kind = "{kind}"
-base_url = "{base}"
-capacity = 8
-response_stall_timeout_ms = {STALL_MS}
-health_probe_interval_ms = {PROBE_MS}
-[[models]]
-name = "m"
-node = "n1"
-provider = "up"
-upstream_model = "{upstream_model}"
-"#
-        );
+    let extra = format!("response_stall_timeout_ms = {STALL_MS}\nhealth_probe_interval_ms = {PROBE_MS}");
+    let config = one_provider_config(kind, &mock.base_for(kind), &extra, upstream_model);
     let edge = Edge::start(&config);
     let node = edge.node_with(NODE_TOKEN, "metrics_listen = \"127.0.0.1:0\"", &[]);
     edge.wait_nodes_ready(1);
@@ -68,21 +52,6 @@ fn stream_error(r: &Response) -> (usize, Value) {
     (chunks, err["error"].clone())
 }
 
-/// Waits until the mock saw the client of the request tagged `tag` close
-/// before the answer was complete (`GET /closes`).
-fn wait_closed(mock: &MockProv, tag: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let needle = format!("\"tag\":\"{tag}\"");
-    loop {
-        let r = request(mock.addr, "GET", "/closes", None, &[]);
-        if String::from_utf8_lossy(&r.body).contains(&needle) {
-            return;
-        }
-        assert!(Instant::now() < deadline, "the provider connection of {tag} was never closed");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Waits for the node's stall observation classified `classification`.
 fn wait_observation(node: &Proc, classification: &str) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -109,7 +78,7 @@ fn a_tunnel_stream_that_goes_silent_ends_with_one_stall_error_event() {
     assert!(took >= Duration::from_millis(STALL_MS), "ended after {took:?}");
     assert!(took < Duration::from_secs(5), "ended after {took:?}, not at the stall timeout");
     // The node closed the provider request, and its probe found the target listed.
-    wait_closed(&mock, "stalled-tunnel");
+    mock.wait_closed("stalled-tunnel");
     let line = wait_observation(&node, "request_stalled");
     assert!(!line.contains(&mock.addr.to_string()), "no provider address in the observation: {line}");
     edge.assert_idle();
@@ -210,7 +179,7 @@ fn a_normalized_stream_that_goes_silent_ends_with_one_stall_error_event() {
     assert!(chunks >= 2, "{chunks}");
     assert_eq!(err["code"], "response_stalled", "{err}");
     assert!(took < Duration::from_secs(5), "ended after {took:?}");
-    wait_closed(&mock, "stalled-ollama");
+    mock.wait_closed("stalled-ollama");
     wait_observation(&node, "request_stalled");
     edge.assert_idle();
 }

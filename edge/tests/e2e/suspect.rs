@@ -54,7 +54,11 @@ fn a_frozen_node_gets_no_new_work_and_takes_it_again_once_it_answers() {
     let frozen = Instant::now();
     let suspect = ev.wait("link_suspect", SECS5, |e| e["node"] == "n1");
     println!("n1 link {} suspect {:?} after SIGSTOP ({suspect})", suspect["link"], frozen.elapsed());
-    let snap = edge.wait_snapshot(SECS5, "n1 suspect", |s| node_of(s, "n1")["suspect"] == true);
+    // The node's flag and its provider's (published by the provider's
+    // owner core, a moment apart).
+    let snap = edge.wait_snapshot(SECS5, "n1 suspect", |s| {
+        node_of(s, "n1")["suspect"] == true && provider_of(s, "n1", "mock")["suspect"] == true
+    });
     println!("n1 suspect in the snapshot {:?} after SIGSTOP", frozen.elapsed());
     let p = provider_of(&snap, "n1", "mock");
     assert_eq!((&p["suspect"], &p["status"], &p["health"]), (&json!(true), &json!("unavailable"), &json!("online")));

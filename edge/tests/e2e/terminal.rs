@@ -17,37 +17,12 @@ const STALL_MS: u64 = 15_000;
 
 fn setup(kind: &str, mock_flags: &[&str]) -> (MockProv, Edge, Proc) {
     let mock = MockProv::start(mock_flags);
-    let base = if kind == "ollama" { format!("http://{}", mock.addr) } else { mock.base_url() };
-    let config = n1_header()
-        + &format!(
-            r#"
-[[nodes.providers]]
-id = "up"
-kind = "{kind}"
-base_url = "{base}"
-capacity = 8
-response_stall_timeout_ms = {STALL_MS}
-[[models]]
-name = "m"
-node = "n1"
-provider = "up"
-upstream_model = "mock"
-"#
-        );
+    let extra = format!("response_stall_timeout_ms = {STALL_MS}");
+    let config = one_provider_config(kind, &mock.base_for(kind), &extra, "mock");
     let edge = Edge::start(&config);
     let node = edge.node(NODE_TOKEN, &[]);
     edge.wait_nodes_ready(1);
     (mock, edge, node)
-}
-
-/// Waits until the mock saw the connection of the request tagged `tag`
-/// closed by the node (`GET /closes`).
-fn wait_closed(mock: &MockProv, tag: &str) {
-    let needle = format!("\"tag\":\"{tag}\"");
-    eventually(Duration::from_secs(3), &format!("the provider connection of {tag} closed"), || {
-        let r = request(mock.addr, "GET", "/closes", None, &[]);
-        String::from_utf8_lossy(&r.body).contains(&needle)
-    });
 }
 
 fn timed_post(edge: &Edge, path: &str, body: &Value) -> (Response, Duration) {
@@ -85,7 +60,7 @@ fn tunnelled_streams_end_at_their_terminal_event_though_the_provider_stays_open(
             assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{tag}: {text}");
         }
         // The node left the provider's open connection at once.
-        wait_closed(&mock, tag);
+        mock.wait_closed(tag);
     }
     // Every lease came back; the usage was still accounted.
     edge.assert_idle();
@@ -105,7 +80,7 @@ fn a_normalized_ollama_stream_ends_at_its_done_line_though_the_provider_stays_op
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert!(took < Duration::from_secs(2), "the answer ended after {took:?}");
     assert_eq!(r.sse_data().last().map(String::as_str), Some("[DONE]"));
-    wait_closed(&mock, "ollama");
+    mock.wait_closed("ollama");
     edge.assert_idle();
 }
 
