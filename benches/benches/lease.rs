@@ -20,8 +20,9 @@ use std::{
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use iop_core::{config::EdgeConfig, rt::mailbox};
 use iop_edge::{
+    link::{LinkRoute, NodeRoute},
+    mesh::CoreMsg,
     pool::{LeaseClass, PoolView, ResourceKey, Shard},
-    worker::{CoreMsg, LinkRoute, NodeRoute},
 };
 
 #[global_allocator]

@@ -286,7 +286,7 @@ struct Route {
 
 /// `f` of the node route `admitted` runs on: the one its lease carries,
 /// else this core's route to the node; `None` when there is neither.
-fn on_route<R>(worker: &Worker, admitted: &Admitted, f: impl FnOnce(&crate::worker::NodeRoute) -> R) -> Option<R> {
+fn on_route<R>(worker: &Worker, admitted: &Admitted, f: impl FnOnce(&crate::link::NodeRoute) -> R) -> Option<R> {
     match admitted.lease.route() {
         Some(route) => Some(f(route)),
         None => worker.routes.borrow().get(&*admitted.target.node).map(f),
@@ -308,7 +308,7 @@ pub fn generation_of(worker: &Worker, admitted: &Admitted) -> crate::registry::G
 fn route(worker: &Worker, admitted: &Admitted) -> Result<Route, DispatchError> {
     let node_id = admitted.target.node.clone();
     let turn = worker.next_link_turn();
-    let order = |r: &crate::worker::NodeRoute| -> Vec<mailbox::Sender<SessionCmd>> {
+    let order = |r: &crate::link::NodeRoute| -> Vec<mailbox::Sender<SessionCmd>> {
         r.order(worker.index, turn).into_iter().map(|l| l.session.clone()).collect()
     };
     let sessions = on_route(worker, admitted, order).unwrap_or_default();

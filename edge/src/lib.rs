@@ -2,6 +2,9 @@
 //! connections, and dispatches each request to a ready node.
 //!
 //! - [`start`] binds the listeners and starts one worker per core ([`worker`]).
+//! - [`mesh`]: the messages between cores, which core owns a resource or
+//!   serves a node's link, and [`mesh::post`]; [`link`]: how any core
+//!   reaches a ready node's links.
 //! - [`transport`]: node sessions (register → ready → runs), [`registry`]:
 //!   which connection generation owns each node.
 //! - [`dispatch`]: model → node, run submission and the run event stream.
@@ -14,6 +17,8 @@ pub mod dispatch;
 pub mod events;
 pub mod leases;
 pub mod limits;
+pub mod link;
+pub mod mesh;
 pub mod metrics;
 pub mod payload;
 pub mod pool;

@@ -93,7 +93,7 @@ pub async fn first_probe(worker: Rc<Worker>, key: ResourceKey, generation: Gener
 
 /// Asks the node over `link` to probe `target` of `key`'s provider; the
 /// health and observation number of a well-formed, exact answer.
-async fn ask(link: &crate::worker::LinkRoute, key: &ResourceKey, target: &str) -> Option<(ProviderHealth, u64)> {
+async fn ask(link: &crate::link::LinkRoute, key: &ResourceKey, target: &str) -> Option<(ProviderHealth, u64)> {
     let req = pb::NodeCommandRequest {
         kind: pb::NodeCommandKind::Capabilities as i32,
         adapter: key.provider.to_string(),

@@ -6,7 +6,7 @@ use std::{net::SocketAddr, sync::Arc};
 use iop_core::{config::EdgeConfig, limits::Slots, rt::mailbox};
 use parking_lot::Mutex;
 
-use crate::{registry::Registry, worker::CoreMsg};
+use crate::{mesh::CoreMsg, registry::Registry};
 
 /// Process-wide edge state.
 pub struct Shared {

@@ -16,10 +16,11 @@ use iop_core::{
 use parking_lot::Mutex;
 
 use crate::{
+    mesh::CoreMsg,
     pool::PoolView,
     registry::Registry,
     shared::Shared,
-    worker::{self, CoreMsg, Worker},
+    worker::{self, Worker},
 };
 
 /// Core inbox capacity (fences and config changes; small messages).

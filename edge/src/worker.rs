@@ -9,179 +9,18 @@ use std::{
 
 use iop_core::{
     config::EdgeConfig,
-    rt::{mailbox, oneshot::OneshotSender, signal::LocalCancel},
+    rt::{mailbox, signal::LocalCancel},
 };
 
 use crate::{
-    pool::{Lease, LeaseClass, PoolView, ResourceKey, ResourceLoad, Shard, Waiter},
+    link::NodeRoute,
+    mesh::CoreMsg,
+    pool::{PoolView, Shard},
     registry::Generation,
     server,
     shared::Shared,
     transport,
 };
-
-/// A ready node as seen by one core: the ready links of its generation.
-#[derive(Clone)]
-pub struct NodeRoute {
-    /// Generation the route belongs to.
-    pub generation: Generation,
-    /// Grows with every change of the link set (see [`crate::registry::LinkSet`]).
-    pub version: u64,
-    /// The ready links (at least one), by index.
-    pub links: Arc<[LinkRoute]>,
-}
-
-/// One ready link of a node.
-#[derive(Clone)]
-pub struct LinkRoute {
-    /// Link index.
-    pub index: u32,
-    /// Edge core hosting its session.
-    pub worker: usize,
-    /// Command mailbox of its session task.
-    pub session: mailbox::Sender<transport::SessionCmd>,
-    /// Set while the link does not answer: tried last.
-    pub suspicion: transport::Suspicion,
-}
-
-impl NodeRoute {
-    /// The route of `set`.
-    pub fn new(generation: Generation, set: crate::registry::LinkSet<transport::LinkHandle>) -> Self {
-        let links = set
-            .links
-            .into_iter()
-            .map(|l| LinkRoute {
-                index: l.index,
-                worker: l.worker,
-                session: l.handle.session,
-                suspicion: l.handle.suspicion,
-            })
-            .collect::<Vec<_>>()
-            .into();
-        Self { generation, version: set.version, links }
-    }
-
-    /// Whether this route supersedes `other` (a later generation, or a
-    /// later link set of the same one).
-    pub fn newer_than(&self, other: &NodeRoute) -> bool {
-        (self.generation, self.version) > (other.generation, other.version)
-    }
-
-    /// The links in the order a client on core `me` should try them: one on
-    /// `me` first (its stream then never crosses cores), then the others
-    /// from a position that rotates with `turn`, so runs spread over links;
-    /// suspect links after all of those (only a grant that raced the
-    /// suspicion reaches them).
-    pub fn order(&self, me: usize, turn: usize) -> Vec<&LinkRoute> {
-        let n = self.links.len();
-        let mut out: Vec<&LinkRoute> = Vec::with_capacity(n);
-        let answering = |l: &&LinkRoute| !l.suspicion.is_suspect();
-        let locals = self.links.iter().filter(|l| l.worker == me).filter(answering).count();
-        if locals > 0 {
-            out.extend(self.links.iter().filter(|l| l.worker == me).filter(answering).nth(turn % locals));
-        }
-        for suspect in [false, true] {
-            for i in 0..n {
-                let l = &self.links[(turn + i) % n];
-                if l.suspicion.is_suspect() == suspect && !out.iter().any(|o| o.index == l.index) {
-                    out.push(l);
-                }
-            }
-        }
-        out
-    }
-
-    /// Every link is suspect: the node takes no new dispatch.
-    pub fn all_suspect(&self) -> bool {
-        !self.links.is_empty() && self.links.iter().all(|l| l.suspicion.is_suspect())
-    }
-}
-
-/// Messages between cores.
-pub enum CoreMsg {
-    /// A node's generation became ready, or its ready links changed.
-    NodeReady {
-        /// Node id.
-        node_id: String,
-        /// How to reach it.
-        route: NodeRoute,
-    },
-    /// A node's connection `generation` ended.
-    NodeGone {
-        /// Node id.
-        node_id: String,
-        /// The generation that ended.
-        generation: Generation,
-    },
-    /// A link of this node became suspect or answered again: the owner of
-    /// each of its resources decides whether the node still takes work.
-    LinkSuspicion {
-        /// Node id.
-        node_id: String,
-    },
-    /// Try to take a lease on a resource this core owns.
-    Acquire {
-        /// Resource.
-        key: ResourceKey,
-        /// Pool.
-        class: LeaseClass,
-        /// Gets the lease, or None when there is no room.
-        reply: OneshotSender<Option<Lease>>,
-    },
-    /// Queue a waiter on a resource this core owns.
-    Wait {
-        /// Resource.
-        key: ResourceKey,
-        /// The shared waiter slot.
-        waiter: Arc<Waiter>,
-    },
-    /// A copy of this core's metrics, for a scrape.
-    Metrics {
-        /// Gets the copy.
-        reply: OneshotSender<crate::metrics::CoreMetrics>,
-    },
-    /// A health observation about a resource this core owns.
-    Health(Box<crate::pool::HealthReport>),
-    /// A lease of a fenced connection, to drop after the fence
-    /// ([`Lease::release_after_fence`]).
-    DropLease(Lease),
-    /// A lease on a resource this core owns ended.
-    Release {
-        /// Resource.
-        key: ResourceKey,
-        /// Pool.
-        class: LeaseClass,
-        /// The counters the lease was counted in: a lease from before its
-        /// resource was removed and re-added by a reload must not free the
-        /// new resource's capacity.
-        load: Arc<ResourceLoad>,
-    },
-    /// A waiter left; drop finished entries from the resource's queue.
-    Compact {
-        /// Resource.
-        key: ResourceKey,
-    },
-    /// Phase one of a live reload: stage `config` and ack on `ack`.
-    PrepareConfig {
-        /// New revision.
-        revision: u64,
-        /// The validated config.
-        config: Arc<EdgeConfig>,
-        /// Its pool view (counters of kept resources carried over).
-        pool: Arc<PoolView>,
-        /// Receives this core's index once staged.
-        ack: crossbeam_channel::Sender<usize>,
-    },
-    /// Phase two: switch to the staged config `revision`.
-    CommitConfig {
-        /// Revision to commit.
-        revision: u64,
-    },
-    /// Serve this registering node link here (its link belongs on this core).
-    AdoptLink(Box<transport::Arrival>),
-    /// Stop serving.
-    Shutdown,
-}
 
 /// A config staged by `PrepareConfig`: revision, config and its pool view.
 type Staged = (u64, Arc<EdgeConfig>, Arc<PoolView>);
@@ -395,41 +234,5 @@ pub async fn run(
     // leases and fences still apply until the process exits.
     while let Some(msg) = inbox.recv().await {
         worker.apply(msg);
-    }
-}
-
-#[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-mod tests {
-    use super::*;
-
-    fn link(index: u32, worker: usize, suspect: bool) -> LinkRoute {
-        let suspicion = transport::Suspicion::default();
-        suspicion.set(suspect);
-        LinkRoute { index, worker, session: mailbox::mailbox(1).0, suspicion }
-    }
-
-    fn order(route: &NodeRoute, me: usize, turn: usize) -> Vec<u32> {
-        route.order(me, turn).iter().map(|l| l.index).collect()
-    }
-
-    #[test]
-    fn routes_try_the_local_link_first_and_suspect_links_last() {
-        let route = |links: Vec<LinkRoute>| NodeRoute { generation: 1, version: 1, links: links.into() };
-        let r = route(vec![link(0, 0, false), link(1, 1, false), link(2, 0, false)]);
-        assert_eq!(order(&r, 1, 0), [1, 0, 2]);
-        assert_eq!(order(&r, 0, 1), [2, 1, 0]);
-        assert!(!r.all_suspect());
-        // The local link is suspect: the others first, it last.
-        let r = route(vec![link(0, 0, true), link(1, 1, false), link(2, 1, false)]);
-        assert_eq!(order(&r, 0, 0), [1, 2, 0]);
-        assert_eq!(order(&r, 0, 2), [2, 1, 0]);
-        assert!(!r.all_suspect());
-        // Every link suspect: all are still listed (a grant that raced the
-        // suspicion goes somewhere), and the node is suspect.
-        let r = route(vec![link(0, 0, true), link(1, 1, true)]);
-        assert_eq!(order(&r, 1, 0), [0, 1]);
-        assert!(r.all_suspect());
-        assert!(!route(vec![]).all_suspect());
     }
 }

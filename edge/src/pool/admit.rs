@@ -12,8 +12,11 @@ use std::{
 
 use iop_core::{config::ModelGroup, config::ModelTarget, rt::oneshot::oneshot};
 
-use super::{owner_of, Candidate, Lease, LeaseClass, LeastLoaded, ResourceKey, SelectionPolicy, Waiter, WaiterState};
-use crate::worker::{CoreMsg, Worker};
+use super::{Candidate, Lease, LeaseClass, LeastLoaded, ResourceKey, SelectionPolicy, Waiter, WaiterState};
+use crate::{
+    mesh::{owner_of, post, CoreMsg},
+    worker::Worker,
+};
 
 /// A request that holds capacity on one target.
 #[derive(Debug)]
@@ -163,13 +166,7 @@ impl Drop for WaitGuard<'_> {
             if owner == self.worker.index {
                 self.worker.shard.borrow_mut().compact(&key);
             } else {
-                let msg = CoreMsg::Compact { key };
-                if let Err(e) = self.worker.shared.inboxes[owner].try_send(msg) {
-                    let inbox = self.worker.shared.inboxes[owner].clone();
-                    monoio::spawn(async move {
-                        let _ = inbox.send(e.into_inner()).await;
-                    });
-                }
+                post(&self.worker.shared.inboxes[owner], CoreMsg::Compact { key });
             }
         }
     }

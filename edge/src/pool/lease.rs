@@ -3,10 +3,13 @@
 
 use std::sync::{atomic::Ordering, Arc};
 
-use iop_core::rt::mailbox::{self, SendError};
+use iop_core::rt::mailbox;
 
 use super::{LeaseClass, ResourceKey, ResourceLoad};
-use crate::worker::{CoreMsg, NodeRoute};
+use crate::{
+    link::NodeRoute,
+    mesh::{post, CoreMsg},
+};
 
 /// One unit of a resource's capacity, held by a run.
 pub struct Lease {
@@ -51,16 +54,7 @@ impl Lease {
     /// core (which keeps the overlay). Never blocks: with the owner's
     /// inbox full it is sent from a task of its own.
     pub fn report_health(&self, report: super::HealthReport) {
-        let owner = self.owner.clone();
-        match owner.try_send(CoreMsg::Health(Box::new(report))) {
-            Ok(()) => {}
-            Err(SendError::Full(msg)) => {
-                monoio::spawn(async move {
-                    let _ = owner.send(msg).await;
-                });
-            }
-            Err(SendError::Closed(_)) => {}
-        }
+        post(&self.owner, CoreMsg::Health(Box::new(report)));
     }
 
     /// Ends a lease of a connection just fenced: the owner core drops it
@@ -69,17 +63,9 @@ impl Lease {
     /// cores still see the resource online, and a waiter or a new request
     /// could be granted the dead connection.
     pub fn release_after_fence(self) {
+        // Shutting down (the inbox closed): dropped with the message, here.
         let owner = self.owner.clone();
-        match owner.try_send(CoreMsg::DropLease(self)) {
-            Ok(()) => {}
-            Err(SendError::Full(msg)) => {
-                monoio::spawn(async move {
-                    let _ = owner.send(msg).await;
-                });
-            }
-            // Shutting down: dropped with the message, here.
-            Err(SendError::Closed(_)) => {}
-        }
+        post(&owner, CoreMsg::DropLease(self));
     }
 }
 
@@ -101,17 +87,7 @@ impl Drop for Lease {
         if online && self.load.waiters.load(Ordering::SeqCst) == 0 {
             return;
         }
-        let msg = CoreMsg::Release { key: self.key.clone(), class: self.class, load: self.load.clone() };
-        match self.owner.try_send(msg) {
-            Ok(()) => {}
-            Err(SendError::Full(msg)) => {
-                // Never lose a release: wait for room off the caller's path.
-                let owner = self.owner.clone();
-                monoio::spawn(async move {
-                    let _ = owner.send(msg).await;
-                });
-            }
-            Err(SendError::Closed(_)) => {} // the edge is shutting down
-        }
+        // Never lose a release: `post` waits for room off the caller's path.
+        post(&self.owner, CoreMsg::Release { key: self.key.clone(), class: self.class, load: self.load.clone() });
     }
 }

@@ -3,7 +3,7 @@
 //!
 //! A resource is one provider on one node (`node_id + provider_id`). Its
 //! authoritative counters and its FIFO of waiters live on one owner core
-//! (`hash(key) % workers`, [`owner_of`]); other cores reach it by message.
+//! (`hash(key) % workers`, [`crate::mesh::owner_of`]); other cores reach it by message.
 //! Load is published through atomics ([`ResourceLoad`]) for selection and
 //! the snapshot. Capacity is released only by dropping a [`Lease`].
 
@@ -18,10 +18,7 @@ mod shard;
 mod tests;
 mod waiter;
 
-use std::{
-    hash::{DefaultHasher, Hash, Hasher},
-    sync::Arc,
-};
+use std::{hash::Hash, sync::Arc};
 
 pub use admit::{admit, AdmitError, Admitted};
 pub use lease::Lease;
@@ -65,13 +62,4 @@ pub enum LeaseClass {
     Normal,
     /// Prompt above it.
     Long,
-}
-
-/// The core owning `key`'s authoritative state. `DefaultHasher::new()` has
-/// fixed keys, so every core computes the same owner.
-pub fn owner_of(key: &ResourceKey, workers: usize) -> usize {
-    let mut h = DefaultHasher::new();
-    key.node.hash(&mut h);
-    key.provider.hash(&mut h);
-    (h.finish() % workers.max(1) as u64) as usize
 }

@@ -11,11 +11,12 @@ use iop_core::{config::EdgeConfig, rt::mailbox};
 
 use super::{
     overlay::{HealthState, Overlay},
-    owner_of, HealthReport, Lease, LeaseClass, Observed, PoolView, ResourceKey, ResourceLoad, Waiter,
+    HealthReport, Lease, LeaseClass, Observed, PoolView, ResourceKey, ResourceLoad, Waiter,
 };
 use crate::{
+    link::NodeRoute,
+    mesh::{owner_of, CoreMsg},
     registry::Generation,
-    worker::{CoreMsg, NodeRoute},
 };
 
 struct Resource {

@@ -22,12 +22,12 @@ use iop_core::{
 };
 
 use super::{
-    owner_of, HealthReport, Lease, LeaseClass, Observed, PoolView, ResourceKey, ResourceLoad, Shard, Source, Waiter,
-    WaiterState,
+    HealthReport, Lease, LeaseClass, Observed, PoolView, ResourceKey, ResourceLoad, Shard, Source, Waiter, WaiterState,
 };
 use crate::{
+    link::NodeRoute,
+    mesh::{owner_of, CoreMsg},
     registry::Generation,
-    worker::{CoreMsg, NodeRoute},
 };
 use iop_core::liveness::ProviderHealth;
 
@@ -72,7 +72,7 @@ fn key(node: &str, provider: &str) -> ResourceKey {
 /// A node route of `generation` with one link (its session mailbox is never read).
 fn route(generation: Generation) -> NodeRoute {
     let (session, _) = mailbox::mailbox(1);
-    let links = vec![crate::worker::LinkRoute { index: 0, worker: 0, session, suspicion: Default::default() }].into();
+    let links = vec![crate::link::LinkRoute { index: 0, worker: 0, session, suspicion: Default::default() }].into();
     NodeRoute { generation, version: 0, links }
 }
 
@@ -305,7 +305,7 @@ fn a_suspect_node_offers_no_capacity_and_keeps_its_queue() {
         let mut sim = Sim::new(&config(2, &[("n0", "p0", 1, 0)]));
         let k = key("n0", "p0");
         let (a, b) = (crate::transport::Suspicion::default(), crate::transport::Suspicion::default());
-        let link = |index, suspicion: &crate::transport::Suspicion| crate::worker::LinkRoute {
+        let link = |index, suspicion: &crate::transport::Suspicion| crate::link::LinkRoute {
             index,
             worker: 0,
             session: mailbox::mailbox(1).0,

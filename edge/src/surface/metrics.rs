@@ -8,9 +8,10 @@ use std::{rc::Rc, time::Duration};
 use iop_core::{http::RequestHead, rt::oneshot::oneshot};
 
 use crate::{
+    mesh::CoreMsg,
     metrics::{self, render::Gauges, CoreMetrics},
     server::Conn,
-    worker::{CoreMsg, Worker},
+    worker::Worker,
 };
 
 /// How long a core may take to hand over its counters.

@@ -15,7 +15,7 @@ use crate::{accept::Refused, limits::handshakes::HandshakeLimits, worker::Worker
 
 pub use events::{channel, cost_of, Queued, StreamRx, StreamTx, Undelivered, RUN_EVENT_CAPACITY};
 pub use runs::{Failing, Routed, RunTable};
-pub use session::{link_core, serve_arrival as session_serve_arrival, Arrival};
+pub use session::{serve_arrival as session_serve_arrival, Arrival};
 pub use suspect::Suspicion;
 
 /// Events of one run, delivered to the core serving its client.

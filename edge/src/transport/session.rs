@@ -24,9 +24,11 @@ use super::{
 use crate::{
     events::EdgeEvent,
     limits::{failures::Credential, handshakes::HandshakeSlot, tls::TlsTicket},
+    link::NodeRoute,
+    mesh::{link_core, CoreMsg},
     payload::node_payload,
     registry::{DisconnectOutcome, Generation, LinkId, ReadyOutcome, RegisterRefusal},
-    worker::{CoreMsg, NodeRoute, Worker},
+    worker::Worker,
 };
 
 /// Outbound bytes above which run producers would wait (the edge sends little).
@@ -65,16 +67,6 @@ pub struct Arrival {
     pub handshake: SlotGuard,
     /// The node its token names.
     pub node: String,
-}
-
-/// The edge core a node's link `index` is served on: links of one node go
-/// to consecutive cores from a start that depends on the node, so neither
-/// one core carries all of a node's traffic nor all nodes start on core 0.
-pub fn link_core(node_id: &str, index: u32, workers: usize) -> usize {
-    let start =
-        node_id.bytes().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3));
-    let workers = workers.max(1) as u64;
-    ((start % workers + u64::from(index) % workers) % workers) as usize
 }
 
 /// What a node connection was admitted with at accept.

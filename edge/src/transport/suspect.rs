@@ -26,7 +26,7 @@ use iop_core::{
     wire::pb::{self, envelope::Body, Envelope},
 };
 
-use crate::{events::EdgeEvent, worker::CoreMsg};
+use crate::{events::EdgeEvent, mesh::CoreMsg};
 
 /// Whether a link is suspect; shared by its session (which sets it) and
 /// every route that holds the link (which read it when dispatching).
