@@ -228,7 +228,7 @@ pub async fn run(
             return;
         }
     };
-    monoio::spawn(server::accept_loop(worker.clone(), http));
+    monoio::spawn(server::accept_loop(worker.clone(), http, crate::surface::Router));
     monoio::spawn(transport::accept_loop(worker.clone(), nodes));
     // Keeps serving the inbox after Shutdown: draining runs still release
     // leases and fences still apply until the process exits.

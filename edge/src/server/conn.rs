@@ -1,5 +1,5 @@
 //! One client connection: read a request within its deadlines, hand it to
-//! the surface, write the answer, repeat while keep-alive.
+//! the handler it was given, write the answer, repeat while keep-alive.
 //!
 //! Deadlines (all from `[http]`): a new connection must deliver its first
 //! head within `header_timeout` of being accepted; between requests the
@@ -23,11 +23,12 @@ use monoio::{
     time::Instant,
 };
 
+use super::Handler;
 use super::{
     body::{Body, BodyPermit},
     reader::ReadSide,
 };
-use crate::{limits::tls::TlsTicket, shared::ActiveRequest, surface, worker::Worker};
+use crate::{limits::tls::TlsTicket, shared::ActiveRequest, worker::Worker};
 
 const READ_RESERVE: usize = 16 * 1024;
 /// Room for a request head: most fit; an idle connection holds only this.
@@ -165,8 +166,9 @@ struct Timeouts {
 /// Serves one client connection until it closes or must be closed. `_slot`
 /// counts it against `http.max_connections` while it lives; `tls_ticket`
 /// counts its TLS handshake against its address until the handshake ends.
-pub async fn serve(
+pub async fn serve<H: Handler>(
     worker: Rc<Worker>,
+    handler: H,
     tcp: TcpStream,
     peer: std::net::SocketAddr,
     _slot: SlotGuard,
@@ -212,7 +214,7 @@ pub async fn serve(
         exchange: super::Exchange::default(),
     };
     let tls = worker.shared.http_tls.is_some();
-    requests(&worker, &mut conn, &limits, &timeouts, access_log, accepted).await;
+    requests(&worker, &handler, &mut conn, &limits, &timeouts, access_log, accepted).await;
     if tls {
         // The client learns the close was meant (close_notify), not a cut.
         let _ = iop_core::rt::time::timeout(LINGER_TIME, Box::pin(conn.wr.shutdown())).await;
@@ -220,8 +222,9 @@ pub async fn serve(
 }
 
 /// Reads and answers requests until the connection must close.
-async fn requests(
+async fn requests<H: Handler>(
     worker: &Rc<Worker>,
+    handler: &H,
     conn: &mut Conn,
     limits: &Limits,
     timeouts: &Timeouts,
@@ -235,7 +238,7 @@ async fn requests(
             Ok(None) => return,
             Err(e) => {
                 conn.exchange.begin_unread();
-                return fail(conn, e, 0, access_log).await;
+                return fail(conn, handler, e, 0, access_log).await;
             }
         };
         conn.head_only = head.method == "HEAD";
@@ -248,7 +251,7 @@ async fn requests(
         let permit = match reserve_body(worker, &head) {
             Ok(p) => p,
             // Not read; drained so the client sees the 503.
-            Err(e) => return fail(conn, e, declared, access_log).await,
+            Err(e) => return fail(conn, handler, e, declared, access_log).await,
         };
         // Never set for HTTP/1.0, which must not get a 100 (RFC 9110 §10.1.1).
         if head.expect_continue && head.body != BodyKind::Empty {
@@ -259,7 +262,7 @@ async fn requests(
         }
         let body = match read_body(conn, worker, &head, limits, permit, timeouts, read_deadline).await {
             Ok(body) => body,
-            Err(e) => return fail(conn, e, 0, access_log).await,
+            Err(e) => return fail(conn, handler, e, 0, access_log).await,
         };
         if conn.buf.is_empty() {
             // The request is read: its read buffer is not kept for the
@@ -269,7 +272,7 @@ async fn requests(
         let asked_keep_alive = head.keep_alive;
         let keep_alive = {
             let _active = ActiveRequest::new(&worker.shared);
-            surface::handle(worker, conn, head, body).await
+            handler.handle(worker, conn, head, body).await
         };
         conn.exchange.done(access_log);
         if !keep_alive || !asked_keep_alive || worker.shared.draining.load(Ordering::Acquire) {
@@ -302,7 +305,7 @@ enum ConnError {
 
 /// Answers what can be answered, then the connection closes (lingering:
 /// see [`linger`]). `unread` is what the client may still be sending.
-async fn fail(conn: &mut Conn, e: ConnError, unread: usize, access_log: bool) {
+async fn fail<H: Handler>(conn: &mut Conn, handler: &H, e: ConnError, unread: usize, access_log: bool) {
     let (status, message, code, extra): (u16, String, &str, &[(&str, &str)]) = match e {
         // Nothing was answered: no request to count.
         ConnError::Io => return,
@@ -316,7 +319,7 @@ async fn fail(conn: &mut Conn, e: ConnError, unread: usize, access_log: bool) {
         ),
     };
     conn.head_only = false;
-    let body = crate::surface::openai::error::body(status, &message, Some(code));
+    let body = handler.refusal_body(status, &message, code);
     let answered = conn.respond(status, "application/json", extra, &body, false).await.is_ok();
     conn.exchange.done(access_log);
     if answered {

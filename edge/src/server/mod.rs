@@ -1,5 +1,6 @@
 //! The client-facing HTTP/1.1 server: accept loop and connection handling.
-//! Parsing is `iop_core::http`; routing is in `surface`.
+//! Parsing is `iop_core::http`; what answers a request is the [`Handler`]
+//! the server is given (the API surfaces), which it does not know.
 
 mod body;
 mod conn;
@@ -7,12 +8,12 @@ mod exchange;
 mod reader;
 mod watch;
 
-use std::{rc::Rc, time::Duration};
+use std::{future::Future, rc::Rc, time::Duration};
 
 pub use body::{Body, BodyBudget, BodyPermit};
 pub use conn::{Conn, Responder};
 pub use exchange::{Exchange, Finish};
-use iop_core::{config::HTTP_TLS_HANDSHAKES, limits::LogThrottle};
+use iop_core::{config::HTTP_TLS_HANDSHAKES, http::RequestHead, limits::LogThrottle};
 pub use reader::ReadSide;
 pub use watch::{with_disconnect_watch, STREAM_WATCH, WHOLE_WATCH};
 
@@ -20,6 +21,23 @@ use crate::{
     accept::{Gate, Refused},
     worker::Worker,
 };
+
+/// What the server drives for each request it reads.
+pub trait Handler: Clone + 'static {
+    /// Answers one request; returns whether the connection may stay open.
+    fn handle<'a>(
+        &'a self,
+        worker: &'a Rc<Worker>,
+        conn: &'a mut Conn,
+        head: RequestHead,
+        body: Body,
+    ) -> impl Future<Output = bool> + 'a;
+
+    /// The JSON body refusing a request the server could not read
+    /// (unparsable, too large, too slow, no body budget), before any route
+    /// was chosen.
+    fn refusal_body(&self, status: u16, message: &str, code: &str) -> Vec<u8>;
+}
 
 /// One warning per interval for floods of refused or failed accepts.
 static REFUSED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
@@ -29,7 +47,7 @@ static FAILED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
 /// open on the edge, and with `[http.tls]` at most as many TLS handshakes
 /// per address as its limits allow; on shutdown the listener is dropped, so
 /// new clients are refused at once.
-pub async fn accept_loop(worker: Rc<Worker>, listener: monoio::net::TcpListener) {
+pub async fn accept_loop<H: Handler>(worker: Rc<Worker>, listener: monoio::net::TcpListener, handler: H) {
     let gate = Gate {
         what: "client connection",
         refused_log: &REFUSED_LOG,
@@ -54,7 +72,7 @@ pub async fn accept_loop(worker: Rc<Worker>, listener: monoio::net::TcpListener)
         Ok((slot, tls))
     };
     let serve = |stream, peer, (slot, tls)| {
-        monoio::spawn(conn::serve(worker.clone(), stream, peer, slot, tls));
+        monoio::spawn(conn::serve(worker.clone(), handler.clone(), stream, peer, slot, tls));
     };
     crate::accept::accept_loop(listener, Some(&worker.stop), &gate, admit, serve).await;
 }

@@ -12,9 +12,29 @@ use std::rc::Rc;
 use iop_core::http::RequestHead;
 
 use crate::{
-    server::{Body, Conn},
+    server::{self, Body, Conn},
     worker::Worker,
 };
+
+/// The surfaces as the HTTP server's handler.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Router;
+
+impl server::Handler for Router {
+    fn handle<'a>(
+        &'a self,
+        worker: &'a Rc<Worker>,
+        conn: &'a mut Conn,
+        head: RequestHead,
+        body: Body,
+    ) -> impl std::future::Future<Output = bool> + 'a {
+        handle(worker, conn, head, body)
+    }
+
+    fn refusal_body(&self, status: u16, message: &str, code: &str) -> Vec<u8> {
+        openai::error::body(status, message, Some(code))
+    }
+}
 
 /// `Allow` of the read-only routes.
 pub const ALLOW_GET: (&str, &str) = ("allow", "GET, HEAD");
