@@ -12,8 +12,9 @@ use iop_core::{
 };
 
 use crate::{
+    link::SessionCmd,
     pool::Admitted,
-    transport::{channel, cost_of, Failing, SessionCmd, StreamRx},
+    stream::{channel, cost_of, Failing, StreamRx},
     worker::Worker,
 };
 

@@ -27,6 +27,7 @@ pub mod registry;
 pub mod server;
 pub mod shared;
 mod start;
+pub mod stream;
 pub mod surface;
 pub mod transport;
 pub mod worker;

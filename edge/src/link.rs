@@ -1,12 +1,114 @@
 //! How any core reaches a ready node: its route (the ready links of its
-//! generation) and, per link, the core hosting the session and the
-//! session's command mailbox.
+//! generation) and, per link, the core hosting the session, the session's
+//! command mailbox, the commands it takes and whether the link is suspect.
 
-use std::sync::Arc;
+use std::sync::{
+    atomic::{AtomicBool, Ordering},
+    Arc,
+};
 
-use iop_core::rt::mailbox;
+use iop_core::{rt::mailbox, wire::pb};
 
-use crate::{registry::Generation, transport};
+use crate::{
+    registry::Generation,
+    stream::{RunEvents, TunnelEvents},
+};
+
+/// A ready link as the registry and the routes hold it: its session's
+/// command mailbox and whether it is suspect.
+#[derive(Clone)]
+pub struct LinkHandle {
+    /// The session's command mailbox.
+    pub session: iop_core::rt::mailbox::Sender<SessionCmd>,
+    /// Set while the link does not answer (see [`Suspicion`]).
+    pub suspicion: Suspicion,
+}
+
+impl crate::registry::LinkFlags for LinkHandle {
+    fn suspect(&self) -> bool {
+        self.suspicion.is_suspect()
+    }
+}
+
+/// Capacity of a session's command mailbox.
+pub const SESSION_CMD_CAPACITY: usize = 4096;
+
+/// Commands other cores send to a node session.
+pub enum SessionCmd {
+    /// Open a provider tunnel; its items go to `events`.
+    Tunnel {
+        /// The request as sent to the node (boxed: see `Run`).
+        req: Box<pb::ProviderTunnelRequest>,
+        /// Where the tunnel's items go.
+        events: TunnelEvents,
+        /// The tunnel's capacity, owned by the session like a run's.
+        lease: crate::pool::Lease,
+    },
+    /// Start a run; its events go to `events`.
+    Run {
+        /// The request as sent to the node (boxed: mailbox slots are
+        /// preallocated at the size of the largest command).
+        req: Box<pb::RunRequest>,
+        /// Where the run's events go.
+        events: RunEvents,
+        /// The run's capacity: the session owns it for the run's lifetime
+        /// and drops it when the run ends, however it ends.
+        lease: crate::pool::Lease,
+    },
+    /// The client's task took `bytes` (cost) of stream `id`: grant the
+    /// node that much more of its window.
+    Credit {
+        /// Run or tunnel id.
+        id: String,
+        /// Cost taken since the last grant.
+        bytes: u64,
+    },
+    /// Cancel a run or tunnel (client gone, deadline).
+    Cancel {
+        /// Run or tunnel id.
+        run_id: String,
+        /// Why, for the node's logs.
+        reason: &'static str,
+    },
+    /// Send a node command; the node's response goes to `reply` (dropped
+    /// when the session ends or has too many waiting).
+    Command {
+        /// The command.
+        req: pb::NodeCommandRequest,
+        /// Gets the response.
+        reply: iop_core::rt::oneshot::OneshotSender<pb::NodeCommandResponse>,
+    },
+    /// Push a changed node config (live reload).
+    Refresh {
+        /// The node's new config.
+        payload: pb::NodeConfigPayload,
+    },
+    /// Probe the link now (a sibling link of the same node went suspect:
+    /// a frozen process freezes every link, idle ones included).
+    Probe,
+    /// Close the connection (e.g. the node was removed from the config).
+    Close {
+        /// Logged close reason.
+        reason: String,
+    },
+}
+
+/// Whether a link is suspect; shared by its session (which sets it) and
+/// every route that holds the link (which read it when dispatching).
+#[derive(Debug, Clone, Default)]
+pub struct Suspicion(Arc<AtomicBool>);
+
+impl Suspicion {
+    /// The link did not answer a probe and has not spoken since.
+    pub fn is_suspect(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+
+    /// Sets the state; whether it changed.
+    pub(crate) fn set(&self, suspect: bool) -> bool {
+        self.0.swap(suspect, Ordering::AcqRel) != suspect
+    }
+}
 
 /// A ready node as seen by one core: the ready links of its generation.
 #[derive(Clone)]
@@ -27,14 +129,14 @@ pub struct LinkRoute {
     /// Edge core hosting its session.
     pub worker: usize,
     /// Command mailbox of its session task.
-    pub session: mailbox::Sender<transport::SessionCmd>,
+    pub session: mailbox::Sender<SessionCmd>,
     /// Set while the link does not answer: tried last.
-    pub suspicion: transport::Suspicion,
+    pub suspicion: Suspicion,
 }
 
 impl NodeRoute {
     /// The route of `set`.
-    pub fn new(generation: Generation, set: crate::registry::LinkSet<transport::LinkHandle>) -> Self {
+    pub fn new(generation: Generation, set: crate::registry::LinkSet<LinkHandle>) -> Self {
         let links = set
             .links
             .into_iter()
@@ -91,7 +193,7 @@ mod tests {
     use super::*;
 
     fn link(index: u32, worker: usize, suspect: bool) -> LinkRoute {
-        let suspicion = transport::Suspicion::default();
+        let suspicion = Suspicion::default();
         suspicion.set(suspect);
         LinkRoute { index, worker, session: mailbox::mailbox(1).0, suspicion }
     }

@@ -17,9 +17,9 @@ use serde::Deserialize;
 
 use crate::{
     events::EdgeEvent,
+    link::SessionCmd,
     pool::{HealthReport, Observed, ResourceKey, Source},
     registry::Generation,
-    transport::SessionCmd,
     worker::Worker,
 };
 

@@ -144,7 +144,7 @@ pub struct LinkStatus {
     pub worker: usize,
     /// Reported ready.
     pub ready: bool,
-    /// Ready but not answering (see `transport::Suspicion`).
+    /// Ready but not answering (see `link::Suspicion`).
     pub suspect: bool,
 }
 

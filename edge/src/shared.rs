@@ -13,7 +13,7 @@ pub struct Shared {
     /// Active configuration.
     pub config: Arc<EdgeConfig>,
     /// Authoritative node ownership.
-    pub registry: Mutex<Registry<crate::transport::LinkHandle>>,
+    pub registry: Mutex<Registry<crate::link::LinkHandle>>,
     /// Inbox of each worker core, by index.
     pub inboxes: Vec<mailbox::Sender<CoreMsg>>,
     /// Prefix making run ids unique across edge processes.

@@ -26,7 +26,7 @@ use crate::{
 type Staged = (u64, Arc<EdgeConfig>, Arc<PoolView>);
 
 /// A ready node link hosted by this core: its generation and command mailbox.
-pub type LocalSession = (Generation, mailbox::Sender<transport::SessionCmd>);
+pub type LocalSession = (Generation, mailbox::Sender<crate::link::SessionCmd>);
 
 /// A node link: node id and link index.
 pub type LinkKey = (String, u32);
@@ -192,11 +192,11 @@ impl Worker {
             match config.node(node_id) {
                 None => {
                     let reason = "node removed from the edge config".to_owned();
-                    let _ = session.try_send(transport::SessionCmd::Close { reason });
+                    let _ = session.try_send(crate::link::SessionCmd::Close { reason });
                 }
                 Some(entry) if old.node(node_id) != Some(entry) => {
                     let payload = crate::payload::node_payload(entry, rev, self.shared.leases.as_deref());
-                    if session.try_send(transport::SessionCmd::Refresh { payload }).is_err() {
+                    if session.try_send(crate::link::SessionCmd::Refresh { payload }).is_err() {
                         tracing::warn!(node = %node_id, "could not queue the config refresh for the node");
                     }
                 }

@@ -21,8 +21,9 @@ use iop_core::{
     wire::{self, pb, pb::envelope::Body},
 };
 use iop_edge::{
+    stream::{channel, TunnelReceiver},
     surface::openai::relay::{relay_body, BodyEnd, Frame, Source, WriteClock},
-    transport::{channel, RunTable, TunnelReceiver},
+    transport::RunTable,
 };
 use monoio::{
     buf::{IoBuf, IoVecBuf},

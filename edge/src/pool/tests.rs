@@ -304,8 +304,8 @@ fn a_suspect_node_offers_no_capacity_and_keeps_its_queue() {
     run(async {
         let mut sim = Sim::new(&config(2, &[("n0", "p0", 1, 0)]));
         let k = key("n0", "p0");
-        let (a, b) = (crate::transport::Suspicion::default(), crate::transport::Suspicion::default());
-        let link = |index, suspicion: &crate::transport::Suspicion| crate::link::LinkRoute {
+        let (a, b) = (crate::link::Suspicion::default(), crate::link::Suspicion::default());
+        let link = |index, suspicion: &crate::link::Suspicion| crate::link::LinkRoute {
             index,
             worker: 0,
             session: mailbox::mailbox(1).0,

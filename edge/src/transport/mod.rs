@@ -2,46 +2,19 @@
 //! handshake, and one session task per node connection.
 
 mod commands;
-mod events;
 pub mod runs;
 mod session;
 mod suspect;
 
 use std::{rc::Rc, time::Duration};
 
-use iop_core::{config::NODE_TLS_HANDSHAKES, exec::ExecEvent, limits::LogThrottle, tunnel::TunnelItem, wire::pb};
+use iop_core::{config::NODE_TLS_HANDSHAKES, limits::LogThrottle};
 
+use crate::link::{LinkHandle, SessionCmd, Suspicion, SESSION_CMD_CAPACITY};
 use crate::{accept::Refused, limits::handshakes::HandshakeLimits, worker::Worker};
 
-pub use events::{channel, cost_of, Queued, StreamRx, StreamTx, Undelivered, RUN_EVENT_CAPACITY};
-pub use runs::{Failing, Routed, RunTable};
+pub use runs::{Routed, RunTable};
 pub use session::{serve_arrival as session_serve_arrival, Arrival};
-pub use suspect::Suspicion;
-
-/// Events of one run, delivered to the core serving its client.
-pub type RunEvents = StreamTx<ExecEvent>;
-/// The client side of [`RunEvents`].
-pub type RunReceiver = StreamRx<ExecEvent>;
-/// Items of one tunnel, delivered to the core serving its client.
-pub type TunnelEvents = StreamTx<TunnelItem>;
-/// The client side of [`TunnelEvents`].
-pub type TunnelReceiver = StreamRx<TunnelItem>;
-
-/// A ready link as the registry and the routes hold it: its session's
-/// command mailbox and whether it is suspect.
-#[derive(Clone)]
-pub struct LinkHandle {
-    /// The session's command mailbox.
-    pub session: iop_core::rt::mailbox::Sender<SessionCmd>,
-    /// Set while the link does not answer (see [`Suspicion`]).
-    pub suspicion: Suspicion,
-}
-
-impl crate::registry::LinkFlags for LinkHandle {
-    fn suspect(&self) -> bool {
-        self.suspicion.is_suspect()
-    }
-}
 
 /// Frames a session routes before letting other tasks on its core (e.g. the
 /// clients consuming those events) run.
@@ -50,69 +23,6 @@ pub const FRAMES_PER_YIELD: u32 = 256;
 /// Frame bytes a session routes before letting other tasks on its core run
 /// (large frames reach this long before `FRAMES_PER_YIELD`).
 pub const BYTES_PER_YIELD: u64 = 1024 * 1024;
-
-/// Capacity of a session's command mailbox.
-pub const SESSION_CMD_CAPACITY: usize = 4096;
-
-/// Commands other cores send to a node session.
-pub enum SessionCmd {
-    /// Open a provider tunnel; its items go to `events`.
-    Tunnel {
-        /// The request as sent to the node (boxed: see `Run`).
-        req: Box<pb::ProviderTunnelRequest>,
-        /// Where the tunnel's items go.
-        events: TunnelEvents,
-        /// The tunnel's capacity, owned by the session like a run's.
-        lease: crate::pool::Lease,
-    },
-    /// Start a run; its events go to `events`.
-    Run {
-        /// The request as sent to the node (boxed: mailbox slots are
-        /// preallocated at the size of the largest command).
-        req: Box<pb::RunRequest>,
-        /// Where the run's events go.
-        events: RunEvents,
-        /// The run's capacity: the session owns it for the run's lifetime
-        /// and drops it when the run ends, however it ends.
-        lease: crate::pool::Lease,
-    },
-    /// The client's task took `bytes` (cost) of stream `id`: grant the
-    /// node that much more of its window.
-    Credit {
-        /// Run or tunnel id.
-        id: String,
-        /// Cost taken since the last grant.
-        bytes: u64,
-    },
-    /// Cancel a run or tunnel (client gone, deadline).
-    Cancel {
-        /// Run or tunnel id.
-        run_id: String,
-        /// Why, for the node's logs.
-        reason: &'static str,
-    },
-    /// Send a node command; the node's response goes to `reply` (dropped
-    /// when the session ends or has too many waiting).
-    Command {
-        /// The command.
-        req: pb::NodeCommandRequest,
-        /// Gets the response.
-        reply: iop_core::rt::oneshot::OneshotSender<pb::NodeCommandResponse>,
-    },
-    /// Push a changed node config (live reload).
-    Refresh {
-        /// The node's new config.
-        payload: pb::NodeConfigPayload,
-    },
-    /// Probe the link now (a sibling link of the same node went suspect:
-    /// a frozen process freezes every link, idle ones included).
-    Probe,
-    /// Close the connection (e.g. the node was removed from the config).
-    Close {
-        /// Logged close reason.
-        reason: String,
-    },
-}
 
 /// One warning per interval for floods of refused or failed node accepts.
 static REFUSED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));

@@ -9,46 +9,11 @@ use iop_core::{
     wire::pb,
 };
 
-use super::{Queued, RunEvents, StreamTx, TunnelEvents, Undelivered};
+use crate::stream::{Failing, RunEvents, StreamTx, TunnelEvents, Undelivered};
 use crate::{
     pool::{HealthReport, Lease, Source},
     registry::Generation,
 };
-
-/// An item that can also carry a failure (the terminal a stream gets when
-/// the edge ends it).
-pub trait Failing: Queued {
-    /// The error terminal for `f`.
-    fn failed(f: RunFailure) -> Self;
-    /// The failure this item ends the stream with, if it is one.
-    fn failure(&self) -> Option<&RunFailure>;
-}
-
-impl Failing for ExecEvent {
-    fn failed(f: RunFailure) -> Self {
-        ExecEvent::Error(f)
-    }
-
-    fn failure(&self) -> Option<&RunFailure> {
-        match self {
-            ExecEvent::Error(f) => Some(f),
-            _ => None,
-        }
-    }
-}
-
-impl Failing for TunnelItem {
-    fn failed(f: RunFailure) -> Self {
-        TunnelItem::Error(f)
-    }
-
-    fn failure(&self) -> Option<&RunFailure> {
-        match self {
-            TunnelItem::Error(f) => Some(f),
-            _ => None,
-        }
-    }
-}
 
 /// Where a stream's items go.
 enum Sink {
@@ -301,7 +266,7 @@ fn fail(sink: &Sink, f: RunFailure) {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::transport::channel;
+    use crate::stream::channel;
     use iop_core::flow::WINDOW_BYTES;
 
     #[test]

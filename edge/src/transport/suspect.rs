@@ -10,15 +10,7 @@
 //! here: closing stays the heartbeat's. A live node answers pings while its
 //! model prefills, so a long first token never makes a link suspect.
 
-use std::{
-    cell::Cell,
-    rc::Rc,
-    sync::{
-        atomic::{AtomicBool, Ordering},
-        Arc,
-    },
-    time::Instant,
-};
+use std::{cell::Cell, rc::Rc, time::Instant};
 
 use iop_core::{
     config::LinkProbe,
@@ -26,24 +18,7 @@ use iop_core::{
     wire::pb::{self, envelope::Body, Envelope},
 };
 
-use crate::{events::EdgeEvent, mesh::CoreMsg};
-
-/// Whether a link is suspect; shared by its session (which sets it) and
-/// every route that holds the link (which read it when dispatching).
-#[derive(Debug, Clone, Default)]
-pub struct Suspicion(Arc<AtomicBool>);
-
-impl Suspicion {
-    /// The link did not answer a probe and has not spoken since.
-    pub fn is_suspect(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-
-    /// Sets the state; whether it changed.
-    pub(crate) fn set(&self, suspect: bool) -> bool {
-        self.0.swap(suspect, Ordering::AcqRel) != suspect
-    }
-}
+use crate::{events::EdgeEvent, link::Suspicion, mesh::CoreMsg};
 
 /// What the watch of one link works with.
 pub(super) struct Watch {

@@ -21,7 +21,7 @@ use iop_core::{
 };
 
 use super::respond_error;
-use crate::{server::Conn, surface::openai::error, transport::SessionCmd, worker::Worker};
+use crate::{link::SessionCmd, server::Conn, surface::openai::error, worker::Worker};
 
 /// How long a node has to answer a command.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);

@@ -21,11 +21,55 @@ use std::{
 
 use bytes::Bytes;
 use iop_core::{
-    exec::{Delta, ExecEvent},
+    exec::{Delta, ExecEvent, RunFailure},
     flow,
     rt::mailbox,
     tunnel::TunnelItem,
 };
+
+/// An item that can also carry a failure (the terminal a stream gets when
+/// the edge ends it).
+pub trait Failing: Queued {
+    /// The error terminal for `f`.
+    fn failed(f: RunFailure) -> Self;
+    /// The failure this item ends the stream with, if it is one.
+    fn failure(&self) -> Option<&RunFailure>;
+}
+
+impl Failing for ExecEvent {
+    fn failed(f: RunFailure) -> Self {
+        ExecEvent::Error(f)
+    }
+
+    fn failure(&self) -> Option<&RunFailure> {
+        match self {
+            ExecEvent::Error(f) => Some(f),
+            _ => None,
+        }
+    }
+}
+
+impl Failing for TunnelItem {
+    fn failed(f: RunFailure) -> Self {
+        TunnelItem::Error(f)
+    }
+
+    fn failure(&self) -> Option<&RunFailure> {
+        match self {
+            TunnelItem::Error(f) => Some(f),
+            _ => None,
+        }
+    }
+}
+
+/// Events of one run, delivered to the core serving its client.
+pub type RunEvents = StreamTx<ExecEvent>;
+/// The client side of [`RunEvents`].
+pub type RunReceiver = StreamRx<ExecEvent>;
+/// Items of one tunnel, delivered to the core serving its client.
+pub type TunnelEvents = StreamTx<TunnelItem>;
+/// The client side of [`TunnelEvents`].
+pub type TunnelReceiver = StreamRx<TunnelItem>;
 
 /// Capacity of one stream's mailbox, in items: everything the window
 /// allows, plus room for the terminal (memory is allocated as it fills).
