@@ -1,7 +1,7 @@
 //! Capacity lease acquire and release on the owner core, as the edge does it
 //! for a request whose provider this core owns: `Shard::try_acquire`, the run,
 //! then dropping the `Lease` (which posts a `CoreMsg::Release` to the owner's
-//! inbox) and the owner applying it (`Shard::release`, as `Worker::apply`
+//! inbox) and the owner applying it (`Shard::release`, as `worker::apply`
 //! does). Baselines in the same group: the same bounded counter as an
 //! `AtomicU32` compare-and-swap loop and as a `parking_lot::Mutex<u32>`
 //! (neither queues waiters, tracks guards or publishes load).

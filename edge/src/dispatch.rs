@@ -12,10 +12,10 @@ use iop_core::{
 };
 
 use crate::{
+    ctx::Ctx,
     link::SessionCmd,
     pool::Admitted,
     stream::{channel, cost_of, Failing, StreamRx},
-    worker::Worker,
 };
 
 /// How long after a stream's deadline the edge gives up on it itself: the
@@ -287,7 +287,7 @@ struct Route {
 
 /// `f` of the node route `admitted` runs on: the one its lease carries,
 /// else this core's route to the node; `None` when there is neither.
-fn on_route<R>(worker: &Worker, admitted: &Admitted, f: impl FnOnce(&crate::link::NodeRoute) -> R) -> Option<R> {
+fn on_route<R>(worker: &Ctx, admitted: &Admitted, f: impl FnOnce(&crate::link::NodeRoute) -> R) -> Option<R> {
     match admitted.lease.route() {
         Some(route) => Some(f(route)),
         None => worker.routes.borrow().get(&*admitted.target.node).map(f),
@@ -297,16 +297,16 @@ fn on_route<R>(worker: &Worker, admitted: &Admitted, f: impl FnOnce(&crate::link
 /// Whether a link of the node `admitted` is for still takes runs. A grant
 /// can outlive its route: the capacity a dying link's runs freed may be
 /// granted through the node's last link just before that one goes too.
-pub fn reachable(worker: &Worker, admitted: &Admitted) -> bool {
+pub fn reachable(worker: &Ctx, admitted: &Admitted) -> bool {
     on_route(worker, admitted, |r| r.links.iter().any(|l| !l.session.is_closed())).unwrap_or(false)
 }
 
 /// The node connection generation `admitted` runs on (0: none ready).
-pub fn generation_of(worker: &Worker, admitted: &Admitted) -> crate::registry::Generation {
+pub fn generation_of(worker: &Ctx, admitted: &Admitted) -> crate::registry::Generation {
     on_route(worker, admitted, |r| r.generation).unwrap_or(0)
 }
 
-fn route(worker: &Worker, admitted: &Admitted) -> Result<Route, DispatchError> {
+fn route(worker: &Ctx, admitted: &Admitted) -> Result<Route, DispatchError> {
     let node_id = admitted.target.node.clone();
     let turn = worker.next_link_turn();
     let order = |r: &crate::link::NodeRoute| -> Vec<mailbox::Sender<SessionCmd>> {
@@ -347,7 +347,7 @@ impl Route {
 
     fn stream<T: Outcome>(
         self,
-        worker: &Worker,
+        worker: &Ctx,
         model: &str,
         rx: StreamRx<T>,
         session: mailbox::Sender<SessionCmd>,
@@ -378,7 +378,7 @@ impl Route {
 /// Submits `req` (run_id, adapter, target and deadline are filled in here)
 /// to the node the lease in `admitted` is for.
 pub fn submit(
-    worker: &Worker,
+    worker: &Ctx,
     model: &str,
     admitted: Admitted,
     mut req: pb::RunRequest,
@@ -400,7 +400,7 @@ pub fn submit(
 /// and the `headers` made for the tunnel id are filled in here) to the node
 /// the lease in `admitted` is for.
 pub fn submit_tunnel(
-    worker: &Worker,
+    worker: &Ctx,
     model: &str,
     admitted: Admitted,
     mut req: pb::ProviderTunnelRequest,

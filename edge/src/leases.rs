@@ -10,12 +10,13 @@ use iop_core::{
     wire::pb,
 };
 
-use crate::worker::Worker;
+use crate::ctx::ConfigCell;
 
 /// One link's lease issuing.
 pub struct LinkLeases {
     pub issuer: Arc<Issuer>,
-    pub worker: Rc<Worker>,
+    /// The config of the link's core (its providers' keys).
+    pub config: ConfigCell,
     pub node: String,
     pub generation: u64,
     /// The node's X25519 public key (from its registration).
@@ -54,7 +55,7 @@ impl LinkLeases {
     }
 
     fn seal(&self, b: &Binding<'_>) -> Option<pb::SealedLease> {
-        let config = self.worker.config.borrow();
+        let config = self.config.borrow();
         let entry = config.node(&self.node)?.providers.iter().find(|p| p.id == b.provider)?;
         let key = entry.api_key.as_ref()?;
         let scope = pb::LeaseScope {

@@ -13,6 +13,8 @@
 //!   (handshake slots, TLS handshakes, failed credentials), per address.
 
 pub mod accept;
+pub mod budget;
+pub mod ctx;
 pub mod dispatch;
 pub mod events;
 pub mod leases;

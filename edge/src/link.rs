@@ -110,6 +110,27 @@ impl Suspicion {
     }
 }
 
+/// A node connection that sent a valid `RegisterRequest`, ready to be
+/// served by the core its link belongs on.
+pub struct Arrival {
+    /// The connection (its read buffer empty: nothing past the request).
+    pub stream: iop_core::net::Detached,
+    /// Bytes read past the request.
+    pub leftover: bytes::BytesMut,
+    /// The request.
+    pub request: pb::RegisterRequest,
+    /// Its correlation id.
+    pub correlation_id: u64,
+    /// The node's address.
+    pub peer: std::net::SocketAddr,
+    /// When register and ready must both be done.
+    pub deadline: std::time::Instant,
+    /// Its place among the handshakes in progress.
+    pub handshake: iop_core::limits::SlotGuard,
+    /// The node its token names.
+    pub node: String,
+}
+
 /// A ready node as seen by one core: the ready links of its generation.
 #[derive(Clone)]
 pub struct NodeRoute {

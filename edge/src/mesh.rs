@@ -20,7 +20,6 @@ use crate::{
     link::NodeRoute,
     pool::{Lease, LeaseClass, PoolView, ResourceKey, ResourceLoad, Waiter},
     registry::Generation,
-    transport,
 };
 
 /// Messages between cores.
@@ -104,7 +103,7 @@ pub enum CoreMsg {
         revision: u64,
     },
     /// Serve this registering node link here (its link belongs on this core).
-    AdoptLink(Box<transport::Arrival>),
+    AdoptLink(Box<crate::link::Arrival>),
     /// Stop serving.
     Shutdown,
 }

@@ -16,11 +16,11 @@ use iop_core::{
 use serde::Deserialize;
 
 use crate::{
+    ctx::Ctx,
     events::EdgeEvent,
     link::SessionCmd,
     pool::{HealthReport, Observed, ResourceKey, Source},
     registry::Generation,
-    worker::Worker,
 };
 
 /// How long a probe answer is waited for: the node's probe is bounded by
@@ -29,7 +29,7 @@ const ANSWER_WAIT: Duration = Duration::from_secs(5);
 
 /// Applies `report` to the overlay of a resource this core owns; logs and
 /// publishes what it did; starts the recovery probes when it lowered it.
-pub fn observe(worker: &Rc<Worker>, report: &HealthReport) {
+pub fn observe(worker: &Rc<Ctx>, report: &HealthReport) {
     let observed = worker.shard.borrow_mut().observe(report);
     let overlay = worker.pool.borrow().resources.get(&report.key).map_or("unknown", |l| l.overlay().as_str());
     let (node, provider) = (&*report.key.node, &*report.key.provider);
@@ -68,7 +68,7 @@ pub fn observe(worker: &Rc<Worker>, report: &HealthReport) {
 
 /// The target a provider serves first in this core's config (what its
 /// readiness probe asks about); `None` when no model uses it.
-fn first_target(worker: &Worker, key: &ResourceKey) -> Option<String> {
+fn first_target(worker: &Ctx, key: &ResourceKey) -> Option<String> {
     let config = worker.config.borrow();
     let t = config
         .models
@@ -81,7 +81,7 @@ fn first_target(worker: &Worker, key: &ResourceKey) -> Option<String> {
 /// Cold start is not failure: when a node connection comes up, each of its
 /// providers is probed once; one still loading (503 "loading") is shown as
 /// `starting`, takes no traffic and is probed until ready.
-pub async fn first_probe(worker: Rc<Worker>, key: ResourceKey, generation: Generation) {
+pub async fn first_probe(worker: Rc<Ctx>, key: ResourceKey, generation: Generation) {
     let Some(target) = first_target(&worker, &key) else { return };
     let route = worker.shard.borrow().route_of(&key, generation);
     let Some(link) = route.as_ref().and_then(|r| r.links.first()) else { return };
@@ -116,7 +116,7 @@ async fn ask(link: &crate::link::LinkRoute, key: &ResourceKey, target: &str) -> 
 }
 
 /// The provider's `health_probe_interval_ms` in this core's config.
-fn interval_of(worker: &Worker, key: &ResourceKey) -> Option<Duration> {
+fn interval_of(worker: &Ctx, key: &ResourceKey) -> Option<Duration> {
     let config = worker.config.borrow();
     let node = config.nodes.iter().find(|n| *n.id == *key.node)?;
     Some(node.providers.iter().find(|p| *p.id == *key.provider)?.health_probe_interval)
@@ -125,7 +125,7 @@ fn interval_of(worker: &Worker, key: &ResourceKey) -> Option<Duration> {
 /// Probes `key` every interval while its overlay stays lowered in
 /// `generation` (a new generation starts healthy, a reload that removes
 /// the resource ends it).
-async fn probe_until_recovered(worker: Rc<Worker>, key: ResourceKey, generation: Generation) {
+async fn probe_until_recovered(worker: Rc<Ctx>, key: ResourceKey, generation: Generation) {
     loop {
         let Some(interval) = interval_of(&worker, &key) else { return };
         time::sleep(interval).await;

@@ -15,13 +15,7 @@ use iop_core::{
 };
 use parking_lot::Mutex;
 
-use crate::{
-    mesh::CoreMsg,
-    pool::PoolView,
-    registry::Registry,
-    shared::Shared,
-    worker::{self, Worker},
-};
+use crate::{ctx::Ctx, mesh::CoreMsg, pool::PoolView, registry::Registry, shared::Shared, worker};
 
 /// Core inbox capacity (fences and config changes; small messages).
 const INBOX_CAPACITY: usize = 4096;
@@ -284,7 +278,7 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         let shared = shared.clone();
         let pool = pool.clone();
         let t = rt::spawn_worker("iop-edge", index, pin, move || async move {
-            let w = Rc::new(Worker::new(index, shared, pool));
+            let w = Rc::new(Ctx::new(index, shared, pool));
             worker::run(w, http_l, node_l, inbox).await;
         })
         .map_err(StartError::Thread)?;

@@ -14,8 +14,8 @@ use iop_core::{config::ModelGroup, config::ModelTarget, rt::oneshot::oneshot};
 
 use super::{Candidate, Lease, LeaseClass, LeastLoaded, ResourceKey, SelectionPolicy, Waiter, WaiterState};
 use crate::{
+    ctx::Ctx,
     mesh::{owner_of, post, CoreMsg},
-    worker::Worker,
 };
 
 /// A request that holds capacity on one target.
@@ -43,7 +43,7 @@ pub enum AdmitError {
 }
 
 /// Admits a request of `class` to `group`.
-pub async fn admit(worker: &Rc<Worker>, group: &ModelGroup, class: LeaseClass) -> Result<Admitted, AdmitError> {
+pub async fn admit(worker: &Rc<Ctx>, group: &ModelGroup, class: LeaseClass) -> Result<Admitted, AdmitError> {
     let view = worker.pool.borrow().clone();
     let mut cands: Vec<Candidate> = group
         .targets
@@ -121,7 +121,7 @@ fn target(group: &ModelGroup, index: usize) -> ModelTarget {
 }
 
 /// Asks `key`'s owner for a lease.
-async fn try_acquire(worker: &Rc<Worker>, c: &Candidate, class: LeaseClass) -> Option<Lease> {
+async fn try_acquire(worker: &Rc<Ctx>, c: &Candidate, class: LeaseClass) -> Option<Lease> {
     let key = &c.key;
     let owner = owner_of(key, worker.shared.workers);
     if owner == worker.index {
@@ -149,7 +149,7 @@ async fn try_acquire(worker: &Rc<Worker>, c: &Candidate, class: LeaseClass) -> O
 
 /// Leaves the queues however the wait ends (grant, timeout, client gone).
 struct WaitGuard<'a> {
-    worker: &'a Rc<Worker>,
+    worker: &'a Rc<Ctx>,
     waiter: Arc<Waiter>,
     keys: Vec<ResourceKey>,
     counter: Arc<AtomicU32>,

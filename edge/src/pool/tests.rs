@@ -1,6 +1,6 @@
 //! Tests of the provider pool without sockets or threads: one `Shard` per
 //! simulated core, each with its own inbox, and a small simulator that
-//! delivers inbox messages to the shards the way `Worker::apply` does.
+//! delivers inbox messages to the shards the way `worker::apply` does.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -210,7 +210,7 @@ impl Sim {
         }
     }
 
-    /// Fence applied on every core at once (as `Worker::apply` does a `NodeReady`).
+    /// Fence applied on every core at once (as `worker::apply` does a `NodeReady`).
     fn ready(&mut self, node: &str, generation: Generation) {
         let route = route(generation);
         for s in &mut self.shards {
@@ -225,7 +225,7 @@ impl Sim {
         }
     }
 
-    /// Applies the next message of core `core`'s inbox like `Worker::apply`.
+    /// Applies the next message of core `core`'s inbox like `worker::apply`.
     fn deliver_one(&mut self, core: usize) -> bool {
         let Some(msg) = self.rx[core].try_recv() else { return false };
         let Self { shards, waits_applied, .. } = self;

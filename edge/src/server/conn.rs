@@ -28,7 +28,7 @@ use super::{
     body::{Body, BodyPermit},
     reader::ReadSide,
 };
-use crate::{limits::tls::TlsTicket, shared::ActiveRequest, worker::Worker};
+use crate::{ctx::Ctx, limits::tls::TlsTicket, shared::ActiveRequest};
 
 const READ_RESERVE: usize = 16 * 1024;
 /// Room for a request head: most fit; an idle connection holds only this.
@@ -167,7 +167,7 @@ struct Timeouts {
 /// counts it against `http.max_connections` while it lives; `tls_ticket`
 /// counts its TLS handshake against its address until the handshake ends.
 pub async fn serve<H: Handler>(
-    worker: Rc<Worker>,
+    worker: Rc<Ctx>,
     handler: H,
     tcp: TcpStream,
     peer: std::net::SocketAddr,
@@ -223,7 +223,7 @@ pub async fn serve<H: Handler>(
 
 /// Reads and answers requests until the connection must close.
 async fn requests<H: Handler>(
-    worker: &Rc<Worker>,
+    worker: &Rc<Ctx>,
     handler: &H,
     conn: &mut Conn,
     limits: &Limits,
@@ -404,7 +404,7 @@ fn head_end_seen(buf: &[u8], scanned: &mut usize) -> bool {
 
 /// Takes the declared body size from the core's budget before reading it
 /// (and before `100 Continue`); a chunked body is counted as it arrives.
-fn reserve_body(worker: &Worker, head: &RequestHead) -> Result<Option<BodyPermit>, ConnError> {
+fn reserve_body(worker: &Ctx, head: &RequestHead) -> Result<Option<BodyPermit>, ConnError> {
     let limit = worker.config.borrow().http.max_inflight_body_bytes;
     let declared = match head.body {
         BodyKind::Empty | BodyKind::Length(0) => return Ok(None),
@@ -427,7 +427,7 @@ async fn read_more(conn: &mut Conn, reserve: usize, t: &Timeouts, read_deadline:
 
 async fn read_body(
     conn: &mut Conn,
-    worker: &Worker,
+    worker: &Ctx,
     head: &RequestHead,
     limits: &Limits,
     permit: Option<BodyPermit>,

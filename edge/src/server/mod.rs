@@ -19,7 +19,7 @@ pub use watch::{with_disconnect_watch, STREAM_WATCH, WHOLE_WATCH};
 
 use crate::{
     accept::{Gate, Refused},
-    worker::Worker,
+    ctx::Ctx,
 };
 
 /// What the server drives for each request it reads.
@@ -27,7 +27,7 @@ pub trait Handler: Clone + 'static {
     /// Answers one request; returns whether the connection may stay open.
     fn handle<'a>(
         &'a self,
-        worker: &'a Rc<Worker>,
+        worker: &'a Rc<Ctx>,
         conn: &'a mut Conn,
         head: RequestHead,
         body: Body,
@@ -47,7 +47,7 @@ static FAILED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
 /// open on the edge, and with `[http.tls]` at most as many TLS handshakes
 /// per address as its limits allow; on shutdown the listener is dropped, so
 /// new clients are refused at once.
-pub async fn accept_loop<H: Handler>(worker: Rc<Worker>, listener: monoio::net::TcpListener, handler: H) {
+pub async fn accept_loop<H: Handler>(worker: Rc<Ctx>, listener: monoio::net::TcpListener, handler: H) {
     let gate = Gate {
         what: "client connection",
         refused_log: &REFUSED_LOG,

@@ -10,7 +10,7 @@ use std::{rc::Rc, sync::Arc};
 use iop_core::http::RequestHead;
 
 use super::openai::error;
-use crate::{limits::failures::Credential, pool::keys::KeyState, server::Conn, worker::Worker};
+use crate::{ctx::Ctx, limits::failures::Credential, pool::keys::KeyState, server::Conn};
 
 /// The presented key: `Authorization: Bearer …` first, else `x-api-key`.
 fn presented(head: &RequestHead) -> Option<&[u8]> {
@@ -26,7 +26,7 @@ fn presented(head: &RequestHead) -> Option<&[u8]> {
 /// The request's key: `Ok(None)` when no keys are configured; `Err(keep)`
 /// when the request was answered (401, or 429 past too many failures).
 pub async fn authenticate(
-    worker: &Rc<Worker>,
+    worker: &Rc<Ctx>,
     conn: &mut Conn,
     head: &RequestHead,
     keep: bool,

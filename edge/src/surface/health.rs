@@ -9,7 +9,7 @@
 
 use std::sync::atomic::Ordering;
 
-use crate::worker::Worker;
+use crate::ctx::Ctx;
 
 /// What the two endpoints report.
 pub struct Health {
@@ -22,7 +22,7 @@ pub struct Health {
 
 impl Health {
     /// This core's view now.
-    pub fn of(worker: &Worker) -> Self {
+    pub fn of(worker: &Ctx) -> Self {
         let pool = worker.pool.borrow();
         let available = pool
             .resources

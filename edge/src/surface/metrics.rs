@@ -8,17 +8,17 @@ use std::{rc::Rc, time::Duration};
 use iop_core::{http::RequestHead, rt::oneshot::oneshot};
 
 use crate::{
+    ctx::Ctx,
     mesh::CoreMsg,
     metrics::{self, render::Gauges, CoreMetrics},
     server::Conn,
-    worker::Worker,
 };
 
 /// How long a core may take to hand over its counters.
 const CORE_WAIT: Duration = Duration::from_secs(2);
 
 /// Answers a scrape; returns whether the connection may be kept.
-pub async fn scrape(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, keep: bool) -> bool {
+pub async fn scrape(worker: &Rc<Ctx>, conn: &mut Conn, head: &RequestHead, keep: bool) -> bool {
     // Open without an admin token; with one, checked (and failures limited) as the admin API's.
     if let Err(kept) = super::admin::check_token(worker, conn, head, keep).await {
         return kept;

@@ -12,8 +12,8 @@ use std::rc::Rc;
 use iop_core::http::RequestHead;
 
 use crate::{
+    ctx::Ctx,
     server::{self, Body, Conn},
-    worker::Worker,
 };
 
 /// The surfaces as the HTTP server's handler.
@@ -23,7 +23,7 @@ pub struct Router;
 impl server::Handler for Router {
     fn handle<'a>(
         &'a self,
-        worker: &'a Rc<Worker>,
+        worker: &'a Rc<Ctx>,
         conn: &'a mut Conn,
         head: RequestHead,
         body: Body,
@@ -43,7 +43,7 @@ pub const ALLOW_GET: (&str, &str) = ("allow", "GET, HEAD");
 /// `HEAD` is served as `GET` with the body left out (`Conn::head_only`).
 /// The head is owned so it can go once the request is on its way: an open
 /// stream does not keep it.
-pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: RequestHead, body: Body) -> bool {
+pub async fn handle(worker: &Rc<Ctx>, conn: &mut Conn, head: RequestHead, body: Body) -> bool {
     let keep = head.keep_alive;
     let route = openai::Route::from_path(head.path());
     let key = if head.path().starts_with("/v1/") {
@@ -78,7 +78,7 @@ pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: RequestHead, bod
 /// The routes other than a model's `POST`: admin, models, health, metrics
 /// and the errors for everything else.
 async fn other(
-    worker: &Rc<Worker>,
+    worker: &Rc<Ctx>,
     conn: &mut Conn,
     head: RequestHead,
     body: Body,

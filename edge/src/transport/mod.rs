@@ -11,10 +11,10 @@ use std::{rc::Rc, time::Duration};
 use iop_core::{config::NODE_TLS_HANDSHAKES, limits::LogThrottle};
 
 use crate::link::{LinkHandle, SessionCmd, Suspicion, SESSION_CMD_CAPACITY};
-use crate::{accept::Refused, limits::handshakes::HandshakeLimits, worker::Worker};
+use crate::{accept::Refused, ctx::Ctx, limits::handshakes::HandshakeLimits};
 
 pub use runs::{Routed, RunTable};
-pub use session::{serve_arrival as session_serve_arrival, Arrival};
+pub use session::serve_arrival as session_serve_arrival;
 
 /// Frames a session routes before letting other tasks on its core (e.g. the
 /// clients consuming those events) run.
@@ -34,7 +34,7 @@ static FAILED_LOG: LogThrottle = LogThrottle::new(Duration::from_secs(10));
 /// `[node_listener.tls]`, a place in its address's TLS handshake limits;
 /// otherwise it is closed at accept. Sessions outlive a shutdown (runs in
 /// flight finish), so this loop does too.
-pub async fn accept_loop(worker: Rc<Worker>, listener: monoio::net::TcpListener) {
+pub async fn accept_loop(worker: Rc<Ctx>, listener: monoio::net::TcpListener) {
     let gate = crate::accept::Gate {
         what: "node connection",
         refused_log: &REFUSED_LOG,

@@ -4,7 +4,7 @@
 use std::{cell::RefCell, net::SocketAddr, rc::Rc, time::Instant};
 
 use bytes::BytesMut;
-use iop_core::net::{Detached, Stream};
+use iop_core::net::Stream;
 use iop_core::{
     exec::{codes, ExecEvent, FailureSource, RunFailure},
     limits::{LogThrottle, SlotGuard},
@@ -22,13 +22,13 @@ use super::{
     SessionCmd, SESSION_CMD_CAPACITY,
 };
 use crate::{
+    ctx::Ctx,
     events::EdgeEvent,
     limits::{failures::Credential, handshakes::HandshakeSlot, tls::TlsTicket},
-    link::NodeRoute,
+    link::{Arrival, NodeRoute},
     mesh::{link_core, CoreMsg},
     payload::node_payload,
     registry::{DisconnectOutcome, Generation, LinkId, ReadyOutcome, RegisterRefusal},
-    worker::Worker,
 };
 
 /// Outbound bytes above which run producers would wait (the edge sends little).
@@ -48,27 +48,6 @@ fn envelope(correlation_id: u64, body: Body) -> Envelope {
     Envelope { correlation_id, body: Some(body) }
 }
 
-/// A node connection that sent a valid `RegisterRequest`, ready to be
-/// served by the core its link belongs on.
-pub struct Arrival {
-    /// The connection (its read buffer empty: nothing past the request).
-    pub stream: Detached,
-    /// Bytes read past the request.
-    pub leftover: BytesMut,
-    /// The request.
-    pub request: pb::RegisterRequest,
-    /// Its correlation id.
-    pub correlation_id: u64,
-    /// The node's address.
-    pub peer: SocketAddr,
-    /// When register and ready must both be done.
-    pub deadline: Instant,
-    /// Its place among the handshakes in progress.
-    pub handshake: SlotGuard,
-    /// The node its token names.
-    pub node: String,
-}
-
 /// What a node connection was admitted with at accept.
 pub struct Admission {
     /// Its place among the handshakes in progress.
@@ -84,7 +63,7 @@ pub struct Admission {
 /// its slot counts against `node_listener.max_handshakes` until it is
 /// ready. Register and ready must both happen within
 /// `node_listener.handshake_timeout_sec`.
-pub async fn serve(worker: Rc<Worker>, tcp: TcpStream, peer: SocketAddr, admission: Admission) {
+pub async fn serve(worker: Rc<Ctx>, tcp: TcpStream, peer: SocketAddr, admission: Admission) {
     let close = admission.slot.closed().clone();
     // Boxed: the pre-registration states (TLS among them) stay out of the
     // session's future.
@@ -115,7 +94,7 @@ pub async fn serve(worker: Rc<Worker>, tcp: TcpStream, peer: SocketAddr, admissi
 /// `RegisterRequest` with a configured node's token (and, in managed mode,
 /// that node's certificate). Refusals are answered (when the peer said
 /// something) and closed; None then.
-async fn preauth(worker: &Rc<Worker>, tcp: TcpStream, peer: SocketAddr, admission: Admission) -> Option<Arrival> {
+async fn preauth(worker: &Rc<Ctx>, tcp: TcpStream, peer: SocketAddr, admission: Admission) -> Option<Arrival> {
     let Admission { slot, tls: tls_ticket } = admission;
     let _ = tcp.set_nodelay(true);
     let (max_frame, settings) = {
@@ -200,7 +179,7 @@ async fn preauth(worker: &Rc<Worker>, tcp: TcpStream, peer: SocketAddr, admissio
 
 /// The answer to a token no node has: counted against the address's
 /// failed registrations, or, past that budget, a refusal that says so.
-fn unknown_token(worker: &Worker, peer: SocketAddr) -> pb::RegisterResponse {
+fn unknown_token(worker: &Ctx, peer: SocketAddr) -> pb::RegisterResponse {
     match worker.shared.auth.failed(Credential::NodeRegistration, peer.ip()) {
         Ok(()) => {
             tracing::warn!(%peer, reason = %RegisterRefusal::UnknownToken, "node registration refused");
@@ -232,7 +211,7 @@ fn unknown_token(worker: &Worker, peer: SocketAddr) -> pb::RegisterResponse {
 /// Reads the first frame within `deadline`: a `RegisterRequest`, or the
 /// connection is answered (when it said something) and closed.
 async fn first_frame(
-    worker: &Rc<Worker>,
+    worker: &Rc<Ctx>,
     reader: &mut FrameReader<Stream>,
     peer: SocketAddr,
     deadline: Instant,
@@ -278,7 +257,7 @@ async fn answer_and_close(stream: &mut Stream, correlation_id: u64, resp: pb::Re
 }
 
 /// Serves a registering link on this core to its end.
-pub async fn serve_arrival(worker: Rc<Worker>, arrival: Arrival) {
+pub async fn serve_arrival(worker: Rc<Ctx>, arrival: Arrival) {
     let Arrival { stream, leftover, request, correlation_id, peer, deadline, handshake, node: _ } = arrival;
     let stream = match stream.adopt() {
         Ok(s) => s,
@@ -338,7 +317,7 @@ pub async fn serve_arrival(worker: Rc<Worker>, arrival: Arrival) {
         leases: worker.shared.leases.clone().map(|issuer| {
             Rc::new(crate::leases::LinkLeases {
                 issuer,
-                worker: worker.clone(),
+                config: worker.config.clone(),
                 node: node_id.clone(),
                 generation,
                 recipient: request.lease_key.to_vec(),
@@ -352,7 +331,7 @@ pub async fn serve_arrival(worker: Rc<Worker>, arrival: Arrival) {
 
 /// Claims the node for `link` in the registry and answers the request.
 fn register(
-    worker: &Rc<Worker>,
+    worker: &Rc<Ctx>,
     req: &pb::RegisterRequest,
     correlation_id: u64,
     link: LinkId,
@@ -433,7 +412,7 @@ fn register(
 /// `node`, its id as a DNS name among the subject alternative names. So a
 /// valid token with another node's certificate is refused, as is a valid
 /// certificate with another node's token.
-fn identity_refusal(worker: &Worker, stream: &Stream, node: &str) -> Option<RegisterRefusal> {
+fn identity_refusal(worker: &Ctx, stream: &Stream, node: &str) -> Option<RegisterRefusal> {
     let managed = worker.shared.config.node_tls.as_ref().is_some_and(|t| t.client_ca.is_some());
     if !managed {
         return None;
@@ -448,7 +427,7 @@ fn refusal(kind: pb::RegisterRefusal, reason: String) -> pb::RegisterResponse {
 }
 
 struct Session {
-    worker: Rc<Worker>,
+    worker: Rc<Ctx>,
     node_id: String,
     generation: Generation,
     /// This link's index among the node's links.

@@ -22,7 +22,7 @@ use crate::{events::EdgeEvent, link::Suspicion, mesh::CoreMsg};
 
 /// What the watch of one link works with.
 pub(super) struct Watch {
-    pub worker: Rc<crate::worker::Worker>,
+    pub worker: Rc<crate::ctx::Ctx>,
     pub node_id: String,
     pub generation: crate::registry::Generation,
     pub link: u32,

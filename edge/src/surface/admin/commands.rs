@@ -21,7 +21,7 @@ use iop_core::{
 };
 
 use super::respond_error;
-use crate::{link::SessionCmd, server::Conn, surface::openai::error, worker::Worker};
+use crate::{ctx::Ctx, link::SessionCmd, server::Conn, surface::openai::error};
 
 /// How long a node has to answer a command.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
@@ -68,13 +68,7 @@ impl<'a> CommandRoute<'a> {
 }
 
 /// Runs one command route; returns whether the connection may be kept.
-pub async fn handle(
-    worker: &Worker,
-    conn: &mut Conn,
-    head: &RequestHead,
-    route: CommandRoute<'_>,
-    body: Bytes,
-) -> bool {
+pub async fn handle(worker: &Ctx, conn: &mut Conn, head: &RequestHead, route: CommandRoute<'_>, body: Bytes) -> bool {
     let keep = head.keep_alive;
     let method = if head.method == "HEAD" { "GET" } else { head.method.as_str() };
     let node = route.node();
@@ -189,7 +183,7 @@ pub async fn handle(
 
 /// Closes ready link `index` of `node` (its in-flight runs fail; the node
 /// reconnects the link into the same generation).
-async fn close_link(worker: &Worker, conn: &mut Conn, node: &str, index: &str, keep: bool) -> bool {
+async fn close_link(worker: &Ctx, conn: &mut Conn, node: &str, index: &str, keep: bool) -> bool {
     let session = index.parse::<u32>().ok().and_then(|i| {
         let routes = worker.routes.borrow();
         routes.get(node).and_then(|r| r.links.iter().find(|l| l.index == i).map(|l| l.session.clone()))

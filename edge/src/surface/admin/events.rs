@@ -11,9 +11,9 @@
 use std::{rc::Rc, sync::atomic::Ordering, time::Duration};
 
 use crate::{
+    ctx::Ctx,
     events::Stamped,
     server::{with_disconnect_watch, Conn, STREAM_WATCH},
-    worker::Worker,
 };
 use bytes::BytesMut;
 use iop_core::{
@@ -71,7 +71,7 @@ impl LagTracker {
 }
 
 /// Serves the stream until it ends; the connection is never kept.
-pub async fn stream(worker: &Rc<Worker>, conn: &mut Conn) -> bool {
+pub async fn stream(worker: &Rc<Ctx>, conn: &mut Conn) -> bool {
     let sub = worker.shared.events.subscribe(CAPACITY);
     // Chunked, or raw for an HTTP/1.0 client (it closes either way).
     let framing = conn.stream_framing;

@@ -17,10 +17,10 @@ use std::rc::Rc;
 use iop_core::http::RequestHead;
 
 use crate::{
+    ctx::Ctx,
     limits::failures::Credential,
     server::{Body, Conn},
     surface::openai::error,
-    worker::Worker,
 };
 
 use self::auth::Auth;
@@ -45,7 +45,7 @@ pub fn is_admin_path(path: &str) -> bool {
 /// keys); past that budget it gets 429 instead of 401. `Ok(true)`:
 /// granted; `Ok(false)`: no admin token is configured; `Err(keep)`:
 /// answered (401 or 429).
-pub async fn check_token(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, keep: bool) -> Result<bool, bool> {
+pub async fn check_token(worker: &Rc<Ctx>, conn: &mut Conn, head: &RequestHead, keep: bool) -> Result<bool, bool> {
     let token = worker.config.borrow().admin_token.clone();
     match auth::authorize(token.as_ref(), head.header("authorization")) {
         Auth::Granted => Ok(true),
@@ -74,7 +74,7 @@ pub const TOO_MANY_ADMIN_FAILURES: &str = "too_many_failed_admin_authentications
 
 /// Handles one `/admin` request; returns whether the connection may be kept
 /// (the token is checked by [`check_token`]).
-pub async fn handle(worker: &Rc<Worker>, conn: &mut Conn, head: &RequestHead, body: Body) -> bool {
+pub async fn handle(worker: &Rc<Ctx>, conn: &mut Conn, head: &RequestHead, body: Body) -> bool {
     let keep = head.keep_alive;
     match check_token(worker, conn, head, keep).await {
         Ok(true) => {}

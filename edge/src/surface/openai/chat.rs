@@ -28,10 +28,10 @@ use super::{
     reply, Route,
 };
 use crate::{
+    ctx::Ctx,
     dispatch::{self, RunStream},
     pool::Admitted,
     server::{with_disconnect_watch, BodyPermit, Conn, STREAM_WATCH, WHOLE_WATCH},
-    worker::Worker,
 };
 
 /// Runs an admitted request on the normalized path; resolves to whether
@@ -41,7 +41,7 @@ use crate::{
 /// request's parts go to `chance` (kept until the answer commits when it
 /// may be replayed, else dropped), so a stream keeps none of them.
 pub fn normalized<'a>(
-    worker: &Rc<Worker>,
+    worker: &Rc<Ctx>,
     conn: &'a mut Conn,
     route: Route,
     parts: Replay,

@@ -31,9 +31,9 @@ use replay::Replay;
 pub use replay::ReplayChance;
 
 use crate::{
+    ctx::Ctx,
     pool::{self, AdmitError, Admitted, LeaseClass},
     server::{with_disconnect_watch, Body, Conn, STREAM_WATCH},
-    worker::Worker,
 };
 
 /// A model route of the surface.
@@ -99,7 +99,7 @@ pub struct Admission {
 /// needs of them stays in `chance` until the answer commits, so an open
 /// stream keeps none of them.
 pub fn answer<'a>(
-    worker: &Rc<Worker>,
+    worker: &Rc<Ctx>,
     conn: &'a mut Conn,
     head: RequestHead,
     route: Route,
@@ -134,7 +134,7 @@ pub fn answer<'a>(
 /// Reads, routes and admits one request on a model route. `Err` holds
 /// whether the connection may be kept after the error it answered.
 pub async fn admit(
-    worker: &Rc<Worker>,
+    worker: &Rc<Ctx>,
     conn: &mut Conn,
     head: &RequestHead,
     body: Body,
@@ -188,7 +188,7 @@ pub async fn admit(
 /// Takes capacity on `group` for a request of `class`, queueing if need
 /// be, while watching the client; `None` when it left.
 async fn take_capacity(
-    worker: &Rc<Worker>,
+    worker: &Rc<Ctx>,
     conn: &mut Conn,
     group: &ModelGroup,
     class: LeaseClass,
@@ -221,7 +221,7 @@ async fn take_capacity(
 }
 
 /// Whether `admitted`'s provider is OpenAI-compatible (the tunnel serves it).
-fn tunnels_to(worker: &Worker, admitted: &Admitted) -> bool {
+fn tunnels_to(worker: &Ctx, admitted: &Admitted) -> bool {
     worker
         .config
         .borrow()
@@ -234,7 +234,7 @@ const MAX_REGRANTS: u32 = 8;
 
 /// The group with only the targets that can serve `route` (the group
 /// itself, not a copy, when all can); `None` when none can.
-fn serving(worker: &Worker, group: &Arc<ModelGroup>, route: Route) -> Option<Arc<ModelGroup>> {
+fn serving(worker: &Ctx, group: &Arc<ModelGroup>, route: Route) -> Option<Arc<ModelGroup>> {
     let config = worker.config.borrow();
     let serves = |t: &ModelTarget| config.provider(&t.node, &t.provider).is_some_and(|p| route.served_by(&p.kind));
     if group.targets.iter().all(serves) {

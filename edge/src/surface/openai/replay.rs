@@ -16,10 +16,10 @@ use iop_core::{config::ModelGroup, exec::RunFailure, http::RequestHead, liveness
 
 use super::{reply, Admission, Route};
 use crate::{
+    ctx::Ctx,
     pool::{LeaseClass, PoolView, ResourceKey},
     registry::Generation,
     server::Conn,
-    worker::Worker,
 };
 
 /// Bodies below this are copied out of the connection's read buffer when
@@ -229,7 +229,7 @@ fn observe(decision: &'static str, reason: &'static str, result: Option<&'static
 /// admitted again avoiding the failed provider, or `failed` itself when
 /// there is nowhere else to go. Resolves to whether the connection may be
 /// kept.
-pub async fn replay(worker: &Rc<Worker>, conn: &mut Conn, route: Route, r: Kept, failed: RunFailure) -> bool {
+pub async fn replay(worker: &Rc<Ctx>, conn: &mut Conn, route: Route, r: Kept, failed: RunFailure) -> bool {
     let keep = r.head.keep_alive();
     let allow_avoided = failed.stall.as_ref().is_some_and(|s| s.health == ProviderHealth::Available);
     // It parsed the first time: it parses again.

@@ -19,10 +19,10 @@ use super::{
     reply, Route,
 };
 use crate::{
+    ctx::Ctx,
     dispatch::{self, TunnelStream},
     pool::Admitted,
     server::{with_disconnect_watch, BodyPermit, Conn, Responder, STREAM_WATCH, WHOLE_WATCH},
-    worker::Worker,
 };
 
 /// The client's headers that go to the provider, plus `x-request-id` when
@@ -50,7 +50,7 @@ fn forwarded_headers(head: &RequestHead, request_id: &str) -> Vec<pb::Header> {
 /// parts go to `chance` (kept until the answer commits when it may be
 /// replayed, else dropped).
 pub fn run<'a>(
-    worker: &Rc<Worker>,
+    worker: &Rc<Ctx>,
     conn: &'a mut Conn,
     route: Route,
     parts: Replay,
