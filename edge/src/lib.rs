@@ -14,17 +14,17 @@
 
 pub mod accept;
 pub mod budget;
+pub mod credentials;
 pub mod ctx;
 pub mod dispatch;
 pub mod events;
-pub mod leases;
+pub mod health_probe;
 pub mod limits;
 pub mod link;
 pub mod mesh;
 pub mod metrics;
-pub mod payload;
+pub mod node_config;
 pub mod pool;
-pub mod recovery;
 pub mod registry;
 pub mod server;
 pub mod shared;

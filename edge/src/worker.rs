@@ -25,7 +25,7 @@ fn apply(ctx: &Rc<Ctx>, msg: CoreMsg) {
             }
             let fresh = ctx.shard.borrow_mut().node_ready(&node_id, generation);
             for key in fresh {
-                monoio::spawn(crate::recovery::first_probe(ctx.clone(), key, generation));
+                monoio::spawn(crate::health_probe::first_probe(ctx.clone(), key, generation));
             }
         }
         CoreMsg::NodeGone { node_id, generation } => {
@@ -45,7 +45,7 @@ fn apply(ctx: &Rc<Ctx>, msg: CoreMsg) {
         CoreMsg::Wait { key, waiter } => ctx.shard.borrow_mut().wait(&key, waiter),
         CoreMsg::Release { key, class, load } => ctx.shard.borrow_mut().release(&key, class, &load),
         CoreMsg::DropLease(lease) => drop(lease),
-        CoreMsg::Health(report) => crate::recovery::observe(ctx, &report),
+        CoreMsg::Health(report) => crate::health_probe::observe(ctx, &report),
         CoreMsg::Metrics { reply } => reply.send(crate::metrics::snapshot()),
         CoreMsg::Compact { key } => ctx.shard.borrow_mut().compact(&key),
         CoreMsg::PrepareConfig { revision, config, pool, ack } => {
@@ -80,7 +80,7 @@ fn commit(ctx: &Ctx, revision: u64) {
                 let _ = session.try_send(crate::link::SessionCmd::Close { reason });
             }
             Some(entry) if old.node(node_id) != Some(entry) => {
-                let payload = crate::payload::node_payload(entry, rev, ctx.shared.leases.as_deref());
+                let payload = crate::node_config::node_payload(entry, rev, ctx.shared.leases.as_deref());
                 if session.try_send(crate::link::SessionCmd::Refresh { payload }).is_err() {
                     tracing::warn!(node = %node_id, "could not queue the config refresh for the node");
                 }

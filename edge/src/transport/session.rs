@@ -27,7 +27,7 @@ use crate::{
     limits::{failures::Credential, handshakes::HandshakeSlot, tls::TlsTicket},
     link::{Arrival, NodeRoute},
     mesh::{link_core, CoreMsg},
-    payload::node_payload,
+    node_config::node_payload,
     registry::{DisconnectOutcome, Generation, LinkId, ReadyOutcome, RegisterRefusal},
 };
 
@@ -315,7 +315,7 @@ pub async fn serve_arrival(worker: Rc<Ctx>, arrival: Arrival) {
         stop_reason,
         sent_revision: sent_revision.clone(),
         leases: worker.shared.leases.clone().map(|issuer| {
-            Rc::new(crate::leases::LinkLeases {
+            Rc::new(crate::credentials::LinkCredentials {
                 issuer,
                 config: worker.config.clone(),
                 node: node_id.clone(),
@@ -448,7 +448,7 @@ struct Session {
     /// The config revision last sent to the node on this link.
     sent_revision: Rc<std::cell::Cell<u64>>,
     /// Managed mode: seals each run's credential.
-    leases: Option<Rc<crate::leases::LinkLeases>>,
+    leases: Option<Rc<crate::credentials::LinkCredentials>>,
 }
 
 impl Session {
@@ -756,7 +756,7 @@ struct Pumped {
     closed: LocalCancel,
     stop: Stop,
     sent_revision: Rc<std::cell::Cell<u64>>,
-    leases: Option<Rc<crate::leases::LinkLeases>>,
+    leases: Option<Rc<crate::credentials::LinkCredentials>>,
     probe_now: iop_core::rt::signal::LocalNotify,
 }
 

@@ -21,8 +21,8 @@ use monoio::io::AsyncWriteRentExt;
 use serde_json::{json, Value};
 
 use super::{
+    aggregate::Aggregate,
     chunk::ChunkEncoder,
-    completion::Aggregate,
     relay::WriteClock,
     replay::{Replay, ReplayChance},
     reply, Route,

@@ -10,9 +10,9 @@
 //! by [`relay`]); the others run it on the normalized path ([`chat`]),
 //! which serves chat completions and embeddings.
 
+mod aggregate;
 pub mod chat;
 pub mod chunk;
-mod completion;
 pub mod error;
 pub mod models;
 pub mod relay;

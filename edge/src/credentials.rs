@@ -13,7 +13,7 @@ use iop_core::{
 use crate::ctx::ConfigCell;
 
 /// One link's lease issuing.
-pub struct LinkLeases {
+pub struct LinkCredentials {
     pub issuer: Arc<Issuer>,
     /// The config of the link's core (its providers' keys).
     pub config: ConfigCell,
@@ -25,7 +25,7 @@ pub struct LinkLeases {
     pub sent_revision: Rc<Cell<u64>>,
 }
 
-impl LinkLeases {
+impl LinkCredentials {
     /// Seals the provider's credential into `req`, bound to the capacity
     /// profile of `lease` (nothing for a provider without an `api_key`: it
     /// has no secret to lease).
@@ -41,7 +41,7 @@ impl LinkLeases {
         });
     }
 
-    /// As [`LinkLeases::seal_run`], for a tunnel (its route: the provider path).
+    /// As [`LinkCredentials::seal_run`], for a tunnel (its route: the provider path).
     pub fn seal_tunnel(&self, req: &mut pb::ProviderTunnelRequest, lease: &crate::pool::Lease) {
         req.profile = profile(lease).into();
         req.credential = self.seal(&Binding {
