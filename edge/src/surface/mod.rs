@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod anthropic;
 mod api_keys;
+mod failures;
 mod health;
 mod metrics;
 pub mod openai;

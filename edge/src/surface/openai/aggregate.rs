@@ -13,7 +13,7 @@ use iop_core::{
 use serde_json::Value;
 
 use super::{
-    chat::{node_cancelled, protocol},
+    super::failures::{node_cancelled, protocol},
     chunk::{json_str, usage_json},
 };
 

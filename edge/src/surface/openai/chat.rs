@@ -13,7 +13,7 @@ use std::{
 
 use bytes::BytesMut;
 use iop_core::{
-    exec::{codes, ExecEvent, FailureSource, RunFailure},
+    exec::{ExecEvent, RunFailure},
     http::{self, StreamFraming},
     wire::pb,
 };
@@ -27,6 +27,7 @@ use super::{
     replay::{Replay, ReplayChance},
     reply, Route,
 };
+use crate::surface::failures::{ended_without_result, node_cancelled, protocol};
 use crate::{
     ctx::Ctx,
     dispatch::{self, RunStream},
@@ -322,14 +323,6 @@ async fn stream_body<W: AsyncWriteRentExt>(
 
 /// The node cancelled a run the client still wanted (e.g. its drain
 /// deadline passed): a server-side failure.
-pub(super) fn node_cancelled(reason: &str) -> RunFailure {
-    RunFailure::new("cancelled", 503, FailureSource::Node, format!("run cancelled by the node: {reason}"))
-}
-
-pub(super) fn protocol(message: &str) -> RunFailure {
-    RunFailure::new(codes::UPSTREAM_PROTOCOL, 502, FailureSource::Node, message)
-}
-
 async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
     let mut agg = Aggregate::new();
     while let Some(ev) = run.next().await {
@@ -337,7 +330,7 @@ async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
             return Ok(agg);
         }
     }
-    Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Edge, "run ended without a result"))
+    Err(ended_without_result())
 }
 
 /// Waits for the whole run and answers with one `chat.completion`.
@@ -386,7 +379,7 @@ async fn embeddings(conn: &mut Conn, run: &mut RunStream, meta: &Meta, base64: b
                         _ => {}
                     }
                 }
-                Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Edge, "run ended without a result"))
+                Err(ended_without_result())
             }),
         )
         .await
