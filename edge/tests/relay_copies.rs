@@ -208,10 +208,17 @@ fn relay(n: usize, size: usize, per_frame: usize) -> Measured {
         let mut first = None;
         let mut clock = WriteClock::new(&mut first, Some(iop_edge::metrics::Path::Tunnel));
         let before = allocations();
-        let end =
-            relay_body(&mut client, &mut out, &mut link, &mut Frame::Chunked, true, Duration::from_secs(5), &mut clock)
-                .await
-                .unwrap();
+        let end = relay_body(
+            &mut client,
+            &mut out,
+            &mut link,
+            &mut Frame::Streamed(iop_core::http::StreamFraming::Chunked),
+            true,
+            Duration::from_secs(5),
+            &mut clock,
+        )
+        .await
+        .unwrap();
         let allocations = allocations() - before;
         assert_eq!(end, BodyEnd::Complete);
         // Each event must be among the written segments, from the read buffer.

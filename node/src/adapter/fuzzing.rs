@@ -74,23 +74,15 @@ pub fn ollama_ndjson(pieces: &[&[u8]], max: usize) -> NdjsonOutcome {
 
 /// Relays `pieces` of a tunnel's body of `content_type` through the usage
 /// watch as the tunnel does (all of them: the watch must hold up past a
-/// terminal event too); the relayed bytes, the usage found and the number
-/// of bytes pushed when the terminal event was seen (`None`: never).
-pub fn tunnel_watch(
-    content_type: &[u8],
-    hide_usage_chunk: bool,
-    pieces: &[&[u8]],
-) -> (Vec<u8>, Option<Usage>, Option<usize>) {
+/// terminal event too); the relayed bytes, the usage found and whether the
+/// terminal event was seen.
+pub fn tunnel_watch(content_type: &[u8], hide_usage_chunk: bool, pieces: &[&[u8]]) -> (Vec<u8>, Option<Usage>, bool) {
     let mut watch = crate::tunnel::watch::BodyWatch::new(Some(content_type), hide_usage_chunk);
     let mut out: Vec<Bytes> = Vec::new();
-    let (mut pushed, mut ended_at) = (0, None);
     for piece in pieces {
         watch.push(Bytes::copy_from_slice(piece), &mut out);
-        pushed += piece.len();
-        if watch.ended() && ended_at.is_none() {
-            ended_at = Some(pushed);
-        }
     }
+    let ended = watch.ended();
     let usage = watch.finish(&mut out);
-    (out.iter().flat_map(|b| b.iter().copied()).collect(), usage, ended_at)
+    (out.iter().flat_map(|b| b.iter().copied()).collect(), usage, ended)
 }

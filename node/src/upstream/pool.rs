@@ -78,12 +78,8 @@ impl Pool {
         }
         let mut idle = self.idle.borrow_mut();
         let now = Instant::now();
-        // Sweep every host now and then so unused upstreams do not keep
-        // expired sockets open forever; there are only a few hosts.
-        idle.retain_mut(|(_, q)| {
-            q.retain(|c| now.saturating_duration_since(c.since) < self.idle_timeout);
-            !q.is_empty()
-        });
+        // Expired and closed connections of every host go in the client's
+        // sweep (`sweep`), not on each request's way back.
         let at = match idle.iter().position(|(k, _)| *k == key) {
             Some(at) => at,
             None => {

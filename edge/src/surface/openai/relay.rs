@@ -113,32 +113,10 @@ impl Source for TunnelStream {
 /// How the client's response body is framed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Frame {
-    /// `transfer-encoding: chunked`.
-    Chunked,
-    /// Raw bytes ended by the connection's close (an HTTP/1.0 client).
-    Close,
+    /// Streamed: chunked, or (an HTTP/1.0 client) raw until the close.
+    Streamed(StreamFraming),
     /// The provider's Content-Length: exactly this many bytes are left.
     Length(u64),
-}
-
-impl From<StreamFraming> for Frame {
-    fn from(s: StreamFraming) -> Self {
-        match s {
-            StreamFraming::Chunked => Frame::Chunked,
-            StreamFraming::Close => Frame::Close,
-        }
-    }
-}
-
-impl Frame {
-    /// The streamed framing, `None` under a Content-Length.
-    fn streamed(self) -> Option<StreamFraming> {
-        match self {
-            Frame::Chunked => Some(StreamFraming::Chunked),
-            Frame::Close => Some(StreamFraming::Close),
-            Frame::Length(_) => None,
-        }
-    }
 }
 
 /// How a relayed body ended.
@@ -194,20 +172,20 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
                     }
                 }
                 TunnelItem::End { .. } => {
-                    end = Some(match frame.streamed() {
-                        Some(s) => {
+                    end = Some(match *frame {
+                        Frame::Streamed(s) => {
                             s.gather_last(out);
                             BodyEnd::Complete
                         }
-                        None if *frame == Frame::Length(0) => BodyEnd::Complete,
+                        Frame::Length(0) => BodyEnd::Complete,
                         // Fewer bytes than announced: the client must see a cut.
-                        None => BodyEnd::Broken,
+                        Frame::Length(_) => BodyEnd::Broken,
                     });
                     break;
                 }
                 TunnelItem::Error(f) => {
                     tracing::debug!(run = %src.id(), code = f.code, "tunnel failed mid-body");
-                    if let (true, Some(s)) = (sse, frame.streamed()) {
+                    if let (true, Frame::Streamed(s)) = (sse, *frame) {
                         // Said in the stream's own language, then a clean end,
                         // so an SDK raises instead of ending quietly.
                         let mut event = bytes::BytesMut::new();
@@ -247,11 +225,12 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
 /// chunk); false when the provider sent more than its Content-Length
 /// announced.
 fn append(out: &mut Gather, frame: &mut Frame, parts: &[bytes::Bytes]) -> bool {
-    let Frame::Length(left) = frame else {
-        if let Some(s) = frame.streamed() {
+    let left = match frame {
+        Frame::Streamed(s) => {
             s.gather_parts(out, parts);
+            return true;
         }
-        return true;
+        Frame::Length(left) => left,
     };
     let n: u64 = parts.iter().map(|p| p.len() as u64).sum();
     if n > *left {

@@ -153,7 +153,7 @@ async fn answer(
     let sse = is_sse(&headers);
     let (framing, mut frame, keep) = match length {
         Some(n) => (Framing::Length(usize::try_from(n).unwrap_or(usize::MAX)), Frame::Length(n), keep),
-        None => (w.stream_framing.framing(), Frame::from(w.stream_framing), w.stream_framing.keep_alive(keep)),
+        None => (w.stream_framing.framing(), Frame::Streamed(w.stream_framing), w.stream_framing.keep_alive(keep)),
     };
     let mut out = Gather::new();
     put_head(&mut out, status, &headers, stream.run_id(), framing, keep);
