@@ -3,6 +3,7 @@
 pub mod admin;
 pub mod anthropic;
 mod api_keys;
+pub mod encode;
 mod failures;
 mod health;
 mod metrics;

@@ -1,0 +1,12 @@
+//! What turns a normalized run's events into one dialect's streamed answer.
+//! The stream's write loop (batching, framing, pacing, credit) is written
+//! once and drives any of them.
+
+use bytes::BytesMut;
+use iop_core::exec::ExecEvent;
+
+/// One dialect's streamed answer, event by event.
+pub trait EventEncoder {
+    /// Appends the wire form of `ev` to `out`; true when it ended the stream.
+    fn event(&mut self, out: &mut BytesMut, ev: ExecEvent) -> bool;
+}
