@@ -22,6 +22,7 @@ pub mod http;
 pub mod lease;
 pub mod limits;
 pub mod liveness;
+pub mod messages;
 pub mod net;
 pub mod request;
 pub mod rt;

@@ -210,11 +210,13 @@ pub fn is_hop_by_hop(name: &[u8]) -> bool {
 
 /// Whether a client request header is forwarded to the provider: not
 /// hop-by-hop, and not one the node sets itself (`Host`, `Authorization`,
-/// `Content-Length`). `Accept-Encoding` is dropped too: the node reads the
+/// `Content-Length`), nor the client's key for the gateway (`x-api-key`,
+/// which the edge accepts as `Authorization`'s alternative: a secret of
+/// this hop, never the provider's). `Accept-Encoding` is dropped too: the node reads the
 /// body for usage, so it asks for it uncompressed; `Expect` belongs to the
 /// client's hop.
 pub fn forwards_request_header(name: &[u8]) -> bool {
-    const OWN: &[&str] = &["host", "authorization", "content-length", "accept-encoding", "expect"];
+    const OWN: &[&str] = &["host", "authorization", "x-api-key", "content-length", "accept-encoding", "expect"];
     !is_hop_by_hop(name) && !OWN.iter().any(|h| name.eq_ignore_ascii_case(h.as_bytes()))
 }
 
@@ -239,6 +241,16 @@ mod tests {
             }
         }
         out
+    }
+
+    #[test]
+    fn the_gateways_own_credentials_never_reach_the_provider() {
+        for own in ["Authorization", "x-api-key", "X-Api-Key", "host", "content-length"] {
+            assert!(!forwards_request_header(own.as_bytes()), "{own}");
+        }
+        for passed in ["anthropic-version", "anthropic-beta", "openai-organization", "x-request-id"] {
+            assert!(forwards_request_header(passed.as_bytes()), "{passed}");
+        }
     }
 
     #[test]

@@ -22,7 +22,7 @@ use iop_core::{
 };
 use iop_edge::{
     stream::{channel, TunnelReceiver},
-    surface::openai::relay::{relay_body, BodyEnd, Frame, Source, WriteClock},
+    surface::relay::{relay_body, BodyEnd, Frame, Source, WriteClock},
     transport::RunTable,
 };
 use monoio::{
@@ -213,7 +213,7 @@ fn relay(n: usize, size: usize, per_frame: usize) -> Measured {
             &mut out,
             &mut link,
             &mut Frame::Streamed(iop_core::http::StreamFraming::Chunked),
-            true,
+            Some(iop_edge::surface::dialect::Dialect::OpenAi),
             Duration::from_secs(5),
             &mut clock,
         )

@@ -731,6 +731,23 @@ provider = "local"
     const PROVIDER_URL: &str = "base_url = \"http://127.0.0.1:9000/v1\"";
 
     #[test]
+    fn native_apis_default_by_kind_and_can_be_set() {
+        let native = |patches: &[(&str, &str)]| {
+            let mut text = BASE.to_owned();
+            for (from, to) in patches {
+                text = text.replacen(from, to, 1);
+            }
+            let c = ok(&text);
+            let p = &c.nodes[0].providers[0];
+            (p.native.responses, p.native.messages)
+        };
+        assert_eq!(native(&[]), (true, false), "openai_compat: the Responses API, as before the key");
+        assert_eq!(native(&[(PROVIDER_KIND, "kind = \"vllm\"")]), (true, true));
+        let set = "base_url = \"http://h:1/v1\"\nnative_apis = [\"messages\"]";
+        assert_eq!(native(&[(PROVIDER_URL, set)]), (false, true));
+    }
+
+    #[test]
     fn base_and_defaults() {
         let c = ok(BASE);
         assert!(c.workers >= 1 && c.workers <= MAX_WORKERS);
@@ -1331,6 +1348,21 @@ heartbeat_wait_ms = 25
             &[(PROVIDER_URL, "base_url = \"https://api.example.com/v1\"\ntls_ca = \"/nonexistent/ca.pem\"")],
             &format!("{p}.tls_ca"),
             "invalid value `/nonexistent/ca.pem`: cannot read it",
+        );
+        rejects(
+            &[(PROVIDER_URL, "base_url = \"http://h:1/v1\"\nnative_apis = [\"messages\", \"chat\"]")],
+            &format!("{p}.native_apis"),
+            "invalid value `chat`: unknown API; expected any of responses, messages",
+        );
+        rejects(
+            &[(PROVIDER_URL, "base_url = \"http://h:1/v1\"\nnative_apis = [\"messages\", \"messages\"]")],
+            &format!("{p}.native_apis"),
+            "invalid value `messages`: listed twice",
+        );
+        rejects(
+            &[(PROVIDER_KIND, "kind = \"ollama\""), (PROVIDER_URL, "base_url = \"http://h:1\"\nnative_apis = []")],
+            &format!("{p}.native_apis"),
+            "only for kind = \"openai_compat\" or \"vllm\"",
         );
         rejects(
             &[(PROVIDER_URL, "base_url = \"127.0.0.1:9000\"")],

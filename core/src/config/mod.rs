@@ -20,7 +20,7 @@ pub use edge::{
 };
 pub use error::ConfigError;
 pub use node::{NodeConfig, ReconnectPolicy, DEFAULT_STREAM_COALESCE};
-pub use provider::{MockSettings, ProviderEntry, ProviderKind, UpstreamUrl};
+pub use provider::{MockSettings, NativeApis, ProviderEntry, ProviderKind, UpstreamUrl};
 pub use secret::Secret;
 pub use testing::TestingSettings;
 pub use tls::{EdgeTls, ListenerTls, TlsHandshakeLimits, HTTP_TLS_HANDSHAKES, NODE_TLS_HANDSHAKES};

@@ -41,6 +41,34 @@ pub struct ProviderEntry {
     /// `https` provider's certificate must chain to; None = the node's
     /// system roots. Sent to the node with the provider's config.
     pub tls_ca_pem: Option<Vec<u8>>,
+    /// The APIs besides chat completions that the provider's server speaks
+    /// itself, so requests to them go through the tunnel as they are.
+    pub native: NativeApis,
+}
+
+/// APIs an OpenAI-compatible server may serve natively (`native_apis`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct NativeApis {
+    /// `/responses` (the OpenAI Responses API).
+    pub responses: bool,
+    /// `/messages` and `/messages/count_tokens` (the Anthropic Messages API).
+    pub messages: bool,
+}
+
+impl NativeApis {
+    /// The names `native_apis` takes.
+    pub const NAMES: [&'static str; 2] = ["responses", "messages"];
+
+    /// What a provider of `kind` speaks unless its `native_apis` says:
+    /// OpenAI-compatible servers the Responses API (as before the key
+    /// existed), vLLM the Messages API too; the others nothing.
+    pub fn default_for(kind: &ProviderKind) -> Self {
+        match kind {
+            ProviderKind::OpenAiCompat { .. } => NativeApis { responses: true, messages: false },
+            ProviderKind::Vllm { .. } => NativeApis { responses: true, messages: true },
+            ProviderKind::Mock(_) | ProviderKind::Ollama { .. } => NativeApis::default(),
+        }
+    }
 }
 
 impl ProviderEntry {
@@ -284,8 +312,10 @@ pub(crate) fn provider_entry(key: &str, raw: RawProvider) -> Result<ProviderEntr
         ));
     }
     let tls_ca_pem = tls_ca(key, raw.tls_ca, kind.base_url())?;
+    let native = native_apis(key, raw.native_apis, &kind)?;
     Ok(ProviderEntry {
         tls_ca_pem,
+        native,
         id,
         kind,
         response_stall_timeout: Duration::from_millis(stall_ms),
@@ -296,6 +326,39 @@ pub(crate) fn provider_entry(key: &str, raw: RawProvider) -> Result<ProviderEntr
         long_capacity,
         request_timeout,
     })
+}
+
+/// `native_apis`: only for the kinds the tunnel serves (their server is
+/// reached as it is); each name once, from [`NativeApis::NAMES`].
+fn native_apis(key: &str, names: Option<Vec<String>>, kind: &ProviderKind) -> Result<NativeApis, ConfigError> {
+    let Some(names) = names else { return Ok(NativeApis::default_for(kind)) };
+    let nkey = format!("{key}.native_apis");
+    if !kind.is_openai_compatible() {
+        return Err(ConfigError::key(
+            nkey,
+            format!(
+                "only for kind = \"openai_compat\" or \"vllm\" (a server reached through the tunnel); for \
+                 Ollama's own /v1/messages or /v1/responses use kind = \"openai_compat\" with base_url …/v1, not \
+                 kind = \"{}\"",
+                kind.name()
+            ),
+        ));
+    }
+    let mut native = NativeApis::default();
+    for name in names {
+        let slot = match name.as_str() {
+            "responses" => &mut native.responses,
+            "messages" => &mut native.messages,
+            _ => {
+                let why = format!("unknown API; expected any of {}", NativeApis::NAMES.join(", "));
+                return Err(ConfigError::invalid(&nkey, &name, why));
+            }
+        };
+        if std::mem::replace(slot, true) {
+            return Err(ConfigError::invalid(&nkey, &name, "listed twice"));
+        }
+    }
+    Ok(native)
 }
 
 /// `tls_ca`: a PEM CA bundle (read now, so a bad file fails the config

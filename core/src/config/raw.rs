@@ -150,6 +150,7 @@ pub(crate) struct RawProvider {
     pub response_stall_timeout_ms: Option<u64>,
     pub health_probe_interval_ms: Option<u64>,
     pub tls_ca: Option<String>,
+    pub native_apis: Option<Vec<String>>,
     pub mock: Option<RawMock>,
 }
 

@@ -52,6 +52,8 @@ pub struct Exchange {
     /// The client's API key, when keys are configured (charged the
     /// request's tokens when it ends).
     pub api_key: Option<Arc<crate::pool::keys::KeyState>>,
+    /// What a translation left out of the request (names, comma-separated).
+    dropped: String,
 }
 
 impl Default for Exchange {
@@ -65,6 +67,7 @@ impl Default for Exchange {
             queue_wait: None,
             finish: Rc::default(),
             api_key: None,
+            dropped: String::new(),
         }
     }
 }
@@ -90,6 +93,7 @@ impl Exchange {
         self.first_byte = None;
         self.queue_wait = None;
         self.api_key = None;
+        self.dropped.clear();
         let mut f = self.finish.borrow_mut();
         f.model.clear();
         f.id.clear();
@@ -99,6 +103,12 @@ impl Exchange {
         f.code = None;
         f.usage = None;
         f.attempts = 0;
+    }
+
+    /// A translation left out what `names` names (client input: clipped).
+    pub fn note_dropped(&mut self, names: &str) {
+        self.dropped.clear();
+        self.dropped.push_str(clip(names, 256));
     }
 
     /// A head with `status` is written.
@@ -159,6 +169,7 @@ impl Exchange {
             output_tokens = f.usage.map(|_| u.output_tokens),
             reasoning_tokens = u.reasoning_tokens,
             cached_tokens = u.cached_input_tokens,
+            dropped = self.dropped.as_str(),
             "request"
         );
     }

@@ -9,7 +9,7 @@ use std::{rc::Rc, sync::Arc};
 
 use iop_core::http::RequestHead;
 
-use super::openai::error;
+use super::{dialect::Dialect, error};
 use crate::{ctx::Ctx, limits::failures::Credential, pool::keys::KeyState, server::Conn};
 
 /// The presented key: `Authorization: Bearer …` first, else `x-api-key`.
@@ -75,11 +75,7 @@ pub async fn respond(
     retry_after: Option<&str>,
     keep: bool,
 ) -> bool {
-    let body = if super::anthropic::speaks_anthropic(head) {
-        super::anthropic::error::body(status, msg)
-    } else {
-        error::body(status, msg, Some(code))
-    };
+    let body = Dialect::of(head).error_body(status, msg, code);
     let mut extra: Vec<(&str, &str)> = Vec::new();
     if status == 401 {
         extra.push(("www-authenticate", "Bearer"));

@@ -3,11 +3,24 @@
 pub mod admin;
 pub mod anthropic;
 mod api_keys;
+pub mod dialect;
 pub mod encode;
+pub mod error;
+pub mod exchange;
 mod failures;
 mod health;
 mod metrics;
+pub mod models;
 pub mod openai;
+pub mod relay;
+pub mod replay;
+mod reply;
+pub mod route;
+mod tunnel;
+pub mod write;
+
+use dialect::Dialect;
+use route::Route;
 
 use std::rc::Rc;
 
@@ -34,7 +47,8 @@ impl server::Handler for Router {
     }
 
     fn refusal_body(&self, status: u16, message: &str, code: &str) -> Vec<u8> {
-        openai::error::body(status, message, Some(code))
+        // Refused before its head was read whole: no dialect to tell.
+        Dialect::OpenAi.error_body(status, message, code)
     }
 }
 
@@ -47,7 +61,7 @@ pub const ALLOW_GET: (&str, &str) = ("allow", "GET, HEAD");
 /// stream does not keep it.
 pub async fn handle(worker: &Rc<Ctx>, conn: &mut Conn, head: RequestHead, body: Body) -> bool {
     let keep = head.keep_alive;
-    let route = openai::Route::from_path(head.path());
+    let route = Route::from_path(head.path());
     let key = if head.path().starts_with("/v1/") {
         match api_keys::authenticate(worker, conn, &head, keep).await {
             Ok(k) => k,
@@ -57,20 +71,7 @@ pub async fn handle(worker: &Rc<Ctx>, conn: &mut Conn, head: RequestHead, body: 
         None
     };
     if let (Some(route), "POST") = (route, head.method.as_str()) {
-        // Boxed: an idle keep-alive connection's task holds only its
-        // reading state, a busy one that of its stage (admission, then the
-        // answer), never the largest of all.
-        let admission = match Box::pin(openai::admit(worker, conn, &head, body, route, key)).await {
-            Ok(a) => a,
-            Err(keep) => return keep,
-        };
-        let mut chance = openai::ReplayChance::for_route(route);
-        let kept = openai::answer(worker, conn, head, route, admission, &mut chance).await;
-        // Failed before any byte reached the client: once more, elsewhere.
-        return match chance.take() {
-            Some((parts, failed)) => Box::pin(openai::replay::replay(worker, conn, route, *parts, failed)).await,
-            None => kept,
-        };
+        return exchange::run(worker, conn, head, body, route, key).await;
     }
     // Boxed: the other routes' states stay out of every connection's task
     // (an open stream's included).
@@ -93,8 +94,20 @@ async fn other(
     let result = match (method, path) {
         (_, p) if admin::is_admin_path(p) => return admin::handle(worker, conn, &head, body).await,
         ("GET", "/v1/models") => {
-            let body = openai::models::list(&worker.config.borrow(), key.as_deref());
+            let body = models::list(Dialect::of(&head), &worker.config.borrow(), key.as_deref());
             conn.respond(200, "application/json", &[], &body, keep).await
+        }
+        ("GET", p) if p.starts_with("/v1/models/") => {
+            let (d, id) = (Dialect::of(&head), &p["/v1/models/".len()..]);
+            let found = models::one(d, &worker.config.borrow(), key.as_deref(), id);
+            match found {
+                Some(body) => conn.respond(200, "application/json", &[], &body, keep).await,
+                None => {
+                    let msg = format!("The model `{}` does not exist", error::clip(id));
+                    let body = d.error_body(404, &msg, "model_not_found");
+                    conn.respond(404, "application/json", &[], &body, keep).await
+                }
+            }
         }
         ("GET", "/healthz") => {
             let (status, body) = health::Health::of(worker).liveness();
@@ -109,9 +122,10 @@ async fn other(
         (_, "/v1/models" | "/healthz" | "/readyz" | "/metrics") => {
             method_not_allowed(conn, &head, ALLOW_GET, keep).await
         }
+        (_, p) if p.starts_with("/v1/models/") => method_not_allowed(conn, &head, ALLOW_GET, keep).await,
         _ => {
-            let msg = format!("no route for {} {}", openai::error::clip(&head.method), openai::error::clip(path));
-            let body = openai::error::body(404, &msg, Some("not_found"));
+            let msg = format!("no route for {} {}", error::clip(&head.method), error::clip(path));
+            let body = Dialect::of(&head).error_body(404, &msg, "not_found");
             conn.respond(404, "application/json", &[], &body, keep).await
         }
     };
@@ -127,10 +141,10 @@ pub async fn method_not_allowed(
 ) -> std::io::Result<()> {
     let msg = format!(
         "method {} is not allowed on {}; allowed: {}",
-        openai::error::clip(&head.method),
-        openai::error::clip(head.path()),
+        error::clip(&head.method),
+        error::clip(head.path()),
         allow.1
     );
-    let body = openai::error::body(405, &msg, Some("method_not_allowed"));
+    let body = Dialect::of(head).error_body(405, &msg, "method_not_allowed");
     conn.respond(405, "application/json", &[allow], &body, keep).await
 }

@@ -16,9 +16,26 @@ pub fn error_type(status: u16) -> &'static str {
     }
 }
 
+/// The status an Anthropic client gets for the gateway's `status`: no
+/// capacity in time (503) is Anthropic's `overloaded_error`, 529.
+pub fn status(status: u16) -> u16 {
+    if status == 503 {
+        529
+    } else {
+        status
+    }
+}
+
+/// The error body of a run failure: the provider's message under the type
+/// its status has in Anthropic's API (an OpenAI-shaped provider's own
+/// `type` names OpenAI's types, not Anthropic's).
+pub fn failure_body(f: &iop_core::exec::RunFailure) -> Vec<u8> {
+    body(status(f.status), &f.message)
+}
+
 /// The error body for `status` with `message` (cut like OpenAI's).
 pub fn body(status: u16, message: &str) -> Vec<u8> {
-    let message = crate::surface::openai::error::clip_to(message, crate::surface::openai::error::MAX_MESSAGE_BYTES);
+    let message = crate::surface::error::clip_to(message, crate::surface::error::MAX_MESSAGE_BYTES);
     let v = json!({"type": "error", "error": {"type": error_type(status), "message": message}});
     v.to_string().into_bytes()
 }

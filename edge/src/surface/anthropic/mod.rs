@@ -1,8 +1,14 @@
-//! The Anthropic dialect. Today: telling a request that speaks it, so the
-//! answers the edge gives before any surface (API-key refusals) come in
-//! its shape. The Messages surface will grow here.
+//! The Anthropic dialect: `POST /v1/messages` translated onto the
+//! normalized run for providers that do not speak it ([`normalized`], its
+//! answer rendered by [`stream`] and [`message`]), Anthropic-shaped errors,
+//! and telling a request that speaks it, so the answers the edge gives
+//! before any route (API-key refusals, unknown paths) come in its shape.
 
+pub mod count;
 pub mod error;
+pub mod message;
+pub mod normalized;
+pub mod stream;
 
 use iop_core::http::RequestHead;
 

@@ -14,25 +14,25 @@ use std::{
 use bytes::BytesMut;
 use iop_core::{
     exec::{ExecEvent, RunFailure},
-    http::{self, StreamFraming},
     wire::pb,
 };
-use monoio::io::AsyncWriteRentExt;
 use serde_json::{json, Value};
 
-use super::{
-    aggregate::Aggregate,
-    chunk::ChunkEncoder,
-    relay::WriteClock,
-    replay::{Replay, ReplayChance},
-    reply, Route,
-};
+use super::{aggregate::Aggregate, chunk::ChunkEncoder};
 use crate::surface::failures::{ended_without_result, node_cancelled, protocol};
+use crate::surface::{
+    dialect::Dialect,
+    encode::EventEncoder,
+    replay::{Replay, ReplayChance},
+    reply,
+    route::Route,
+    write,
+};
 use crate::{
     ctx::Ctx,
     dispatch::{self, RunStream},
     pool::Admitted,
-    server::{with_disconnect_watch, BodyPermit, Conn, STREAM_WATCH, WHOLE_WATCH},
+    server::{with_disconnect_watch, BodyPermit, Conn, WHOLE_WATCH},
 };
 
 /// Runs an admitted request on the normalized path; resolves to whether
@@ -75,7 +75,7 @@ pub fn normalized<'a>(
         // By reference: a moved binding would be stored twice in this state.
         let run = match &mut submitted {
             Ok(run) => run,
-            Err(e) => return reply::dispatch_error(&mut conn.responder(), e, keep).await,
+            Err(e) => return reply::dispatch_error(&mut conn.responder(), Dialect::OpenAi, e, keep).await,
         };
         // The answer names the model that answered (as the tunnel's does): the
         // provider's own name when it reported one, else the one asked for.
@@ -83,7 +83,10 @@ pub fn normalized<'a>(
         if route == Route::Embeddings {
             embeddings(conn, run, &meta, base64, keep).await
         } else if streams {
-            stream(conn, run, &meta, include_usage, keep, write_timeout, chance).await
+            let make = |reported: &str| {
+                StreamRender::new(ChunkEncoder::new(&meta.id, meta.model(reported), meta.created), include_usage)
+            };
+            write::stream(conn, run, Dialect::OpenAi, &[], make, keep, write_timeout, chance).await
         } else {
             aggregate(conn, run, &meta, keep, chance).await
         }
@@ -111,59 +114,6 @@ fn unix_now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
-/// Most SSE bytes gathered from queued events into one client write.
-const MAX_WRITE_BATCH: usize = 256 * 1024;
-
-/// Streams the run. Errors before the first byte become a plain HTTP error
-/// with the mapped status; after it, an SSE error event.
-async fn stream(
-    conn: &mut Conn,
-    run: &mut RunStream,
-    meta: &Meta,
-    include_usage: bool,
-    keep: bool,
-    write_timeout: std::time::Duration,
-    chance: &mut ReplayChance,
-) -> bool {
-    // What a client has not read stays within the stream's window.
-    run.credit_on_write();
-    let framing = conn.stream_framing;
-    let Conn { rd, wr, buf, out, exchange, .. } = conn;
-    let first = match with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, std::pin::pin!(run.next())).await {
-        // The client is gone (dropping `run` cancels it on the node), or the run ended.
-        None | Some(None) => return false,
-        // Before any byte: maybe held back for a replay elsewhere.
-        Some(Some(ExecEvent::Error(f))) => match chance.hold(f) {
-            Some(f) => return reply::failure(&mut conn.responder(), &f, keep).await,
-            None => return false,
-        },
-        Some(Some(ev)) => ev,
-    };
-    // The head goes out now: no replay from here.
-    chance.commit();
-    let keep = framing.keep_alive(keep);
-    http::write_response_head(
-        out,
-        200,
-        &[("content-type", "text/event-stream"), ("cache-control", "no-cache"), ("x-request-id", run.run_id())],
-        framing.framing(),
-        keep,
-    );
-    exchange.status(200);
-    let reported = if let ExecEvent::Start { model } = &first { model.as_str() } else { "" };
-    let enc = ChunkEncoder::new(&meta.id, meta.model(reported), meta.created);
-    let mut render = StreamRender::new(enc, include_usage);
-    // The first event is rendered here, so the body's state holds no event.
-    let chunk = framing.begin(out);
-    let ended = render.event(out, first);
-    let mut clock = WriteClock::new(&mut exchange.first_byte, Some(crate::metrics::Path::Normalized));
-    let body = std::pin::pin!(stream_body(wr, out, run, &mut render, framing, chunk, ended, write_timeout, &mut clock));
-    match with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, body).await {
-        Some(Ok(())) => keep,
-        _ => false,
-    }
-}
-
 /// Turns run events into SSE chunks, choice by choice.
 struct StreamRender {
     enc: ChunkEncoder,
@@ -185,7 +135,9 @@ impl StreamRender {
             self.enc.role(sse, choice);
         }
     }
+}
 
+impl EventEncoder for StreamRender {
     /// Appends the SSE for `ev`; true when it ended the stream.
     fn event(&mut self, sse: &mut BytesMut, ev: ExecEvent) -> bool {
         match ev {
@@ -195,7 +147,6 @@ impl StreamRender {
             }
             ExecEvent::Delta(d) => {
                 self.ensure_started(sse, d.choice);
-                reserve_for(sse, &d);
                 self.enc.delta(sse, &d);
                 false
             }
@@ -236,91 +187,6 @@ impl StreamRender {
     }
 }
 
-/// Room for a large delta's chunk at once. Grown piece by piece while it is
-/// written, the buffer would double past it; a stream whose client does not
-/// read holds that buffer (about a window's worth), so it is made to fit.
-fn reserve_for(sse: &mut BytesMut, d: &iop_core::exec::Delta) {
-    const LARGE: usize = 16 * 1024;
-    use iop_core::exec::Part;
-    let text = match &d.part {
-        Part::Content(t) | Part::Reasoning(t) | Part::Refusal(t) => t.len(),
-        Part::ToolCall(c) => c.arguments.len(),
-    };
-    let bytes = text + d.logprobs.as_ref().map_or(0, bytes::Bytes::len);
-    if bytes >= LARGE {
-        // The chunk's own fields and its SSE and chunk framing.
-        sse.reserve(bytes + 512);
-    }
-}
-
-/// Writes the chunk begun at `chunk` in `out` (ending the stream when
-/// `terminal`), then the run's further events, batched per write, each
-/// framed under `framing`.
-#[allow(clippy::too_many_arguments)] // the stream's state, passed apart so none is held twice
-async fn stream_body<W: AsyncWriteRentExt>(
-    wr: &mut W,
-    out: &mut BytesMut,
-    run: &mut RunStream,
-    render: &mut StreamRender,
-    framing: StreamFraming,
-    mut chunk: usize,
-    mut terminal: bool,
-    write_timeout: std::time::Duration,
-    clock: &mut WriteClock<'_>,
-) -> std::io::Result<()> {
-    let mut pacing = super::relay::Pacing::default();
-    loop {
-        // Batch what is already queued into one write (bounded, so one
-        // write never holds a whole backlog twice).
-        while !terminal && out.len() - chunk < MAX_WRITE_BATCH {
-            let Some(ev) = run.try_next() else { break };
-            terminal = render.event(out, ev);
-        }
-        framing.end(out, chunk);
-        if terminal {
-            framing.write_last(out);
-        }
-        // A timed-out write closes the connection, so dropping it loses nothing.
-        let Ok((res, mut written)) =
-            iop_core::rt::time::timeout(write_timeout, wr.write_all(std::mem::take(out))).await
-        else {
-            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading"));
-        };
-        res?;
-        clock.wrote();
-        run.written();
-        if terminal {
-            written.clear();
-            *out = written;
-            return Ok(());
-        }
-        let ev = match run.try_next() {
-            Some(ev) => {
-                written.clear();
-                *out = written;
-                ev
-            }
-            None => {
-                // Paced (the last wait was long): the buffer goes back while
-                // the stream waits; a busy one keeps it.
-                if pacing.paced() {
-                    run.shrink();
-                } else {
-                    written.clear();
-                    *out = written;
-                }
-                match pacing.wait(run.next()).await {
-                    Some(ev) => ev,
-                    None => return Ok(()),
-                }
-            }
-        };
-        // Rendered straight into the chunk (no staging buffer).
-        chunk = framing.begin(out);
-        terminal = render.event(out, ev);
-    }
-}
-
 /// The node cancelled a run the client still wanted (e.g. its drain
 /// deadline passed): a server-side failure.
 async fn collect(run: &mut RunStream) -> Result<Aggregate, RunFailure> {
@@ -343,7 +209,7 @@ async fn aggregate(conn: &mut Conn, run: &mut RunStream, meta: &Meta, keep: bool
         None => return false,
         // Nothing was written yet: maybe held back for a replay elsewhere.
         Some(Err(f)) => match chance.hold(f) {
-            Some(f) => return reply::failure(&mut conn.responder(), &f, keep).await,
+            Some(f) => return reply::failure(&mut conn.responder(), Dialect::OpenAi, &f, keep).await,
             None => return false,
         },
         Some(Ok(agg)) => agg,
@@ -386,7 +252,7 @@ async fn embeddings(conn: &mut Conn, run: &mut RunStream, meta: &Meta, base64: b
     };
     let (vectors, usage, model) = match result {
         None => return false,
-        Some(Err(f)) => return reply::failure(&mut conn.responder(), &f, keep).await,
+        Some(Err(f)) => return reply::failure(&mut conn.responder(), Dialect::OpenAi, &f, keep).await,
         Some(Ok(r)) => r,
     };
     let data: Vec<Value> = vectors

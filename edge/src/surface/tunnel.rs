@@ -14,9 +14,11 @@ use iop_core::{
 };
 
 use super::{
+    dialect::Dialect,
     relay::{relay_body, BodyEnd, Frame, WriteClock},
     replay::{Replay, ReplayChance},
-    reply, Route,
+    reply,
+    route::Route,
 };
 use crate::{
     ctx::Ctx,
@@ -58,14 +60,17 @@ pub fn run<'a>(
     admitted: Admitted,
     chance: &'a mut ReplayChance,
 ) -> impl Future<Output = bool> + 'a {
-    let keep = parts.head.keep_alive;
+    let (keep, d) = (parts.head.keep_alive, route.dialect());
     let streamed = parts.top.stream;
     let target = &admitted.target.upstream_model;
-    // Chat and legacy completions stream usage only when asked; the
-    // Responses API always reports it (and has no stream_options).
+    // Chat and legacy completions stream usage only when asked.
+    // The Responses and Messages APIs always report it (and have no
+    // stream_options).
     let (body, hide_usage_chunk) = match route {
         Route::Chat | Route::Completions => parts.top.rewrite(&parts.bytes, target),
-        Route::Embeddings | Route::Responses => (parts.top.with_model(&parts.bytes, target), false),
+        Route::Embeddings | Route::Responses | Route::Messages | Route::CountTokens => {
+            (parts.top.with_model(&parts.bytes, target), false)
+        }
     };
     let req = pb::ProviderTunnelRequest {
         method: "POST".into(),
@@ -87,8 +92,8 @@ pub fn run<'a>(
     async move {
         // By reference: a moved binding would be stored twice in this state.
         match &mut submitted {
-            Ok(stream) => relay(conn, stream, keep, streamed, write_timeout, chance).await,
-            Err(e) => reply::dispatch_error(&mut conn.responder(), e, keep).await,
+            Ok(stream) => relay(conn, stream, d, keep, streamed, write_timeout, chance).await,
+            Err(e) => reply::dispatch_error(&mut conn.responder(), d, e, keep).await,
         }
     }
 }
@@ -96,6 +101,7 @@ pub fn run<'a>(
 async fn relay(
     conn: &mut Conn,
     stream: &mut TunnelStream,
+    d: Dialect,
     keep: bool,
     streamed: bool,
     write_timeout: Duration,
@@ -106,7 +112,7 @@ async fn relay(
     let (head_only, stream_framing) = (conn.head_only, conn.stream_framing);
     let Conn { rd, wr, buf, out, exchange, .. } = conn;
     let mut w = Responder { wr, out, head_only, stream_framing, ex: exchange };
-    let answer = std::pin::pin!(answer(&mut w, stream, keep, write_timeout, chance));
+    let answer = std::pin::pin!(answer(&mut w, stream, d, keep, write_timeout, chance));
     // None: the client left; dropping the stream cancels the tunnel.
     let watched = if streamed {
         with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, answer).await
@@ -120,6 +126,7 @@ async fn relay(
 async fn answer(
     w: &mut Responder<'_>,
     stream: &mut TunnelStream,
+    d: Dialect,
     keep: bool,
     write_timeout: Duration,
     chance: &mut ReplayChance,
@@ -134,16 +141,16 @@ async fn answer(
         }
         Some(TunnelItem::Whole(whole)) => {
             chance.commit();
-            return answer_whole(w, stream.run_id(), *whole, keep, write_timeout).await;
+            return answer_whole(w, stream.run_id(), d, *whole, keep, write_timeout).await;
         }
         // Before any byte: maybe held back for a replay elsewhere.
         Some(TunnelItem::Error(f)) => match chance.hold(f) {
-            Some(f) => return reply::failure(w, &f, keep).await,
+            Some(f) => return reply::failure(w, d, &f, keep).await,
             None => return false,
         },
         _ => {
             let msg = "node answered the tunnel without a status";
-            return reply::error(w, 502, msg, Some("upstream_protocol"), keep).await;
+            return reply::error(w, d, 502, msg, "upstream_protocol", keep).await;
         }
     };
     let length = headers
@@ -156,13 +163,13 @@ async fn answer(
         None => (w.stream_framing.framing(), Frame::Streamed(w.stream_framing), w.stream_framing.keep_alive(keep)),
     };
     let mut out = Gather::new();
-    put_head(&mut out, status, &headers, stream.run_id(), framing, keep);
+    put_head(&mut out, status, &headers, stream.run_id(), d, framing, keep);
     w.ex.status(status);
     // The header values are slices of the link's read buffer: not kept for
     // the whole answer.
     drop(headers);
     let mut clock = WriteClock::new(&mut w.ex.first_byte, sse.then_some(crate::metrics::Path::Tunnel));
-    match relay_body(w.wr, &mut out, stream, &mut frame, sse, write_timeout, &mut clock).await {
+    match relay_body(w.wr, &mut out, stream, &mut frame, sse.then_some(d), write_timeout, &mut clock).await {
         Ok(BodyEnd::Complete) => keep,
         _ => false,
     }
@@ -173,13 +180,14 @@ async fn answer(
 async fn answer_whole(
     w: &mut Responder<'_>,
     request_id: &str,
+    d: Dialect,
     whole: tunnel::Whole,
     keep: bool,
     write_timeout: Duration,
 ) -> bool {
     let mut out = Gather::new();
     let sse = is_sse(&whole.headers);
-    put_head(&mut out, whole.status, &whole.headers, request_id, Framing::Length(whole.body_len()), keep);
+    put_head(&mut out, whole.status, &whole.headers, request_id, d, Framing::Length(whole.body_len()), keep);
     w.ex.status(whole.status);
     if !w.head_only {
         whole.body.into_iter().for_each(|p| out.push(p));
@@ -200,12 +208,14 @@ fn is_sse(headers: &[(http::HeaderName, Bytes)]) -> bool {
 }
 
 /// The client's response head: the provider's status and the headers that
-/// cross a hop, plus `x-request-id` (the run id) when the provider sent none.
+/// cross a hop, plus `x-request-id` (the run id) when the provider sent none,
+/// and the dialect's own request id header likewise.
 fn put_head(
     out: &mut Gather,
     status: u16,
     headers: &[(http::HeaderName, Bytes)],
     request_id: &str,
+    d: Dialect,
     framing: Framing,
     keep: bool,
 ) {
@@ -214,8 +224,10 @@ fn put_head(
         .filter(|(n, _)| tunnel::forwards_response_header(n.as_bytes()))
         .map(|(n, v)| (n.as_str(), &v[..]))
         .collect();
-    if !out_headers.iter().any(|(n, _)| *n == "x-request-id") {
-        out_headers.push(("x-request-id", request_id.as_bytes()));
+    for name in std::iter::once("x-request-id").chain(d.request_id_header()) {
+        if !out_headers.iter().any(|(n, _)| *n == name) {
+            out_headers.push((name, request_id.as_bytes()));
+        }
     }
     out.put_with(|b| http::write_response_head(b, status, &out_headers, framing, keep));
 }

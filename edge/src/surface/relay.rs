@@ -12,7 +12,7 @@ use std::{
 use iop_core::{http::StreamFraming, rt::gather::Gather, tunnel::TunnelItem};
 use monoio::io::AsyncWriteRent;
 
-use super::error;
+use super::dialect::Dialect;
 use crate::{dispatch::TunnelStream, metrics};
 
 /// When a streamed answer's writes go out: the first one is the request's
@@ -130,15 +130,15 @@ pub enum BodyEnd {
 }
 
 /// Relays the body items of `src` to `wr` under `frame`, after what `out`
-/// already holds (the response head). `sse`: the body is an event stream,
-/// so a failure mid-body is told as an error event. A write that makes no
-/// progress for `write_timeout` fails with `TimedOut`.
+/// already holds (the response head). `sse`: the body is an event stream in
+/// that dialect, so a failure mid-body is told as its error event. A write
+/// that makes no progress for `write_timeout` fails with `TimedOut`.
 pub async fn relay_body<W: AsyncWriteRent, S: Source>(
     wr: &mut W,
     out: &mut Gather,
     src: &mut S,
     frame: &mut Frame,
-    sse: bool,
+    sse: Option<Dialect>,
     write_timeout: Duration,
     clock: &mut WriteClock<'_>,
 ) -> std::io::Result<BodyEnd> {
@@ -185,11 +185,11 @@ pub async fn relay_body<W: AsyncWriteRent, S: Source>(
                 }
                 TunnelItem::Error(f) => {
                     tracing::debug!(run = %src.id(), code = f.code, "tunnel failed mid-body");
-                    if let (true, Frame::Streamed(s)) = (sse, *frame) {
+                    if let (Some(d), Frame::Streamed(s)) = (sse, *frame) {
                         // Said in the stream's own language, then a clean end,
                         // so an SDK raises instead of ending quietly.
                         let mut event = bytes::BytesMut::new();
-                        iop_core::sse::write_event(&mut event, &error::failure_body(&f));
+                        d.stream_error(&mut event, &f);
                         s.gather(out, event.freeze());
                         s.gather_last(out);
                     }

@@ -14,7 +14,11 @@ use std::rc::Rc;
 use bytes::Bytes;
 use iop_core::{config::ModelGroup, exec::RunFailure, http::RequestHead, liveness::ProviderHealth, request::Top};
 
-use super::{reply, Admission, Route};
+use super::{
+    exchange::{self, Admission},
+    reply,
+    route::Route,
+};
 use crate::{
     ctx::Ctx,
     pool::{LeaseClass, PoolView, ResourceKey},
@@ -125,10 +129,11 @@ pub struct ReplayChance {
 }
 
 impl ReplayChance {
-    /// The chance of a request on `route`: chat completions and Responses
-    /// (the spec's scope); none for the others.
+    /// The chance of a request on `route`: the conversational routes (chat
+    /// completions, Responses, Messages: the spec's scope); none for the
+    /// others.
     pub fn for_route(route: Route) -> Self {
-        Self { armed: matches!(route, Route::Chat | Route::Responses), ..Self::default() }
+        Self { armed: route.replayable(), ..Self::default() }
     }
 
     /// No second attempt (the second attempt itself).
@@ -230,15 +235,15 @@ fn observe(decision: &'static str, reason: &'static str, result: Option<&'static
 /// there is nowhere else to go. Resolves to whether the connection may be
 /// kept.
 pub async fn replay(worker: &Rc<Ctx>, conn: &mut Conn, route: Route, r: Kept, failed: RunFailure) -> bool {
-    let keep = r.head.keep_alive();
+    let (keep, d) = (r.head.keep_alive(), route.dialect());
     let allow_avoided = failed.stall.as_ref().is_some_and(|s| s.health == ProviderHealth::Available);
     // It parsed the first time: it parses again.
-    let Ok(top) = Top::parse(&r.bytes) else { return reply::failure(&mut conn.responder(), &failed, keep).await };
+    let Ok(top) = Top::parse(&r.bytes) else { return reply::failure(&mut conn.responder(), d, &failed, keep).await };
     // The group as the config has it now (a reload may have changed it).
     let full = worker.config.borrow().model(&top.model).cloned();
-    let Some(full) = full.and_then(|g| super::serving(worker, &g, route)) else {
+    let Some(full) = full.and_then(|g| exchange::serving(worker, &g, route)) else {
         observe("ineligible", "no_alternate", None);
-        return reply::failure(&mut conn.responder(), &failed, keep).await;
+        return reply::failure(&mut conn.responder(), d, &failed, keep).await;
     };
     // Asked of the registry, which ends a connection before its runs fail:
     // the pool's view of it may lag on another core.
@@ -246,23 +251,23 @@ pub async fn replay(worker: &Rc<Ctx>, conn: &mut Conn, route: Route, r: Kept, fa
     let view = worker.pool.borrow().clone();
     let Some(group) = targets_avoiding(&view, &full, &r.avoid, allow_avoided, ended) else {
         observe("ineligible", "no_alternate", None);
-        return reply::failure(&mut conn.responder(), &failed, keep).await;
+        return reply::failure(&mut conn.responder(), d, &failed, keep).await;
     };
     drop(view);
     observe("eligible", if allow_avoided { "stalled_provider_available" } else { "alternate" }, None);
-    let admitted = match super::take_capacity(worker, conn, &group, r.class).await {
+    let admitted = match exchange::take_capacity(worker, conn, &group, r.class).await {
         None => return false, // the client left while queued
         Some(Ok(a)) => a,
         Some(Err(_)) => {
             observe("eligible", "readmission_refused", Some("failed"));
-            return reply::failure(&mut conn.responder(), &failed, keep).await;
+            return reply::failure(&mut conn.responder(), d, &failed, keep).await;
         }
     };
-    let tunnels = super::tunnels_to(worker, &admitted);
+    let tunnels = exchange::tunnels_to(worker, &admitted, route);
     tracing::debug!(node = %admitted.target.node, provider = %admitted.target.provider, "replaying before commit");
     let a = Admission { top, bytes: r.bytes, permit: None, group: full, admitted, tunnels };
     let mut none = ReplayChance::none();
-    let kept = super::answer(worker, conn, r.head.into_head(), route, a, &mut none).await;
+    let kept = exchange::answer(worker, conn, r.head.into_head(), route, a, &mut none).await;
     observe("eligible", "replayed", Some("answered"));
     kept
 }

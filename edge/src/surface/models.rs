@@ -1,0 +1,49 @@
+//! `GET /v1/models` and `GET /v1/models/{id}`: the configured model groups
+//! (with an API key, only those it may use), in OpenAI's shape, or in
+//! Anthropic's for a client that sends `anthropic-version`.
+
+use iop_core::config::{EdgeConfig, ModelGroup};
+use serde_json::{json, Value};
+
+use super::dialect::Dialect;
+
+/// When each model is said to have been created: fixed, so the answer is
+/// the same across restarts and edges (the groups are config, not
+/// releases of a model).
+const CREATED: u64 = 0;
+const CREATED_AT: &str = "1970-01-01T00:00:00Z";
+
+fn visible<'a>(
+    config: &'a EdgeConfig,
+    key: Option<&'a crate::pool::keys::KeyState>,
+) -> impl Iterator<Item = &'a ModelGroup> + 'a {
+    config.models.iter().map(|m| &**m).filter(move |m| key.is_none_or(|k| k.allows_model(&m.name)))
+}
+
+fn object(d: Dialect, m: &ModelGroup) -> Value {
+    match d {
+        Dialect::OpenAi => json!({"id": m.name, "object": "model", "created": CREATED, "owned_by": "iop"}),
+        Dialect::Anthropic => {
+            json!({"type": "model", "id": m.name, "display_name": m.name, "created_at": CREATED_AT})
+        }
+    }
+}
+
+/// The model list body.
+pub fn list(d: Dialect, config: &EdgeConfig, key: Option<&crate::pool::keys::KeyState>) -> Vec<u8> {
+    let data: Vec<Value> = visible(config, key).map(|m| object(d, m)).collect();
+    let v = match d {
+        Dialect::OpenAi => json!({"object": "list", "data": data}),
+        Dialect::Anthropic => {
+            let id = |m: Option<&Value>| m.map_or(Value::Null, |m| m["id"].clone());
+            json!({"data": data, "has_more": false, "first_id": id(data.first()), "last_id": id(data.last())})
+        }
+    };
+    serde_json::to_vec(&v).unwrap_or_default()
+}
+
+/// One model's body; `None` when there is no such model (for this key).
+pub fn one(d: Dialect, config: &EdgeConfig, key: Option<&crate::pool::keys::KeyState>, id: &str) -> Option<Vec<u8>> {
+    let m = visible(config, key).find(|m| m.name == id)?;
+    serde_json::to_vec(&object(d, m)).ok()
+}

@@ -1,0 +1,163 @@
+//! The write loop of a streamed answer from a normalized run, whatever its
+//! dialect: the head once the first event is in (before it, a failure may
+//! still be replayed elsewhere), then events rendered by the dialect's
+//! [`EventEncoder`] straight into the connection's buffer, batched per
+//! write from what is already queued, framed, with credit going back to
+//! the node only for what the client took.
+
+use bytes::BytesMut;
+use iop_core::{
+    exec::ExecEvent,
+    http::{self, StreamFraming},
+};
+use monoio::io::AsyncWriteRentExt;
+
+use super::{dialect::Dialect, encode::EventEncoder, relay::WriteClock, replay::ReplayChance, reply};
+use crate::{
+    dispatch::RunStream,
+    server::{with_disconnect_watch, Conn, STREAM_WATCH},
+};
+
+/// Most SSE bytes gathered from queued events into one client write.
+const MAX_WRITE_BATCH: usize = 256 * 1024;
+
+/// Streams the run as server-sent events, each rendered by the encoder
+/// `make` builds from the model the provider's start reported (empty when
+/// it named none), its head carrying the `extra` headers. Errors before the first byte become a plain HTTP error
+/// in the dialect `d`, with the mapped status; after it, the encoder's
+/// error event.
+pub async fn stream<E: EventEncoder>(
+    conn: &mut Conn,
+    run: &mut RunStream,
+    d: Dialect,
+    extra: &[(&str, &str)],
+    make: impl FnOnce(&str) -> E,
+    keep: bool,
+    write_timeout: std::time::Duration,
+    chance: &mut ReplayChance,
+) -> bool {
+    // What a client has not read stays within the stream's window.
+    run.credit_on_write();
+    let framing = conn.stream_framing;
+    let Conn { rd, wr, buf, out, exchange, .. } = conn;
+    let first = match with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, std::pin::pin!(run.next())).await {
+        // The client is gone (dropping `run` cancels it on the node), or the run ended.
+        None | Some(None) => return false,
+        // Before any byte: maybe held back for a replay elsewhere.
+        Some(Some(ExecEvent::Error(f))) => match chance.hold(f) {
+            Some(f) => return reply::failure(&mut conn.responder(), d, &f, keep).await,
+            None => return false,
+        },
+        Some(Some(ev)) => ev,
+    };
+    // The head goes out now: no replay from here.
+    chance.commit();
+    let keep = framing.keep_alive(keep);
+    let id = run.run_id();
+    let mut headers = vec![("content-type", "text/event-stream"), ("cache-control", "no-cache"), ("x-request-id", id)];
+    headers.extend(d.request_id_header().map(|h| (h, id)));
+    headers.extend_from_slice(extra);
+    http::write_response_head(out, 200, &headers, framing.framing(), keep);
+    drop(headers);
+    exchange.status(200);
+    let reported = if let ExecEvent::Start { model } = &first { model.as_str() } else { "" };
+    let mut render = make(reported);
+    // The first event is rendered here, so the body's state holds no event.
+    let chunk = framing.begin(out);
+    reserve_for(out, &first);
+    let ended = render.event(out, first);
+    let mut clock = WriteClock::new(&mut exchange.first_byte, Some(crate::metrics::Path::Normalized));
+    let body = std::pin::pin!(stream_body(wr, out, run, &mut render, framing, chunk, ended, write_timeout, &mut clock));
+    match with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, body).await {
+        Some(Ok(())) => keep,
+        _ => false,
+    }
+}
+
+/// Room for a large delta's chunk at once. Grown piece by piece while it is
+/// written, the buffer would double past it; a stream whose client does not
+/// read holds that buffer (about a window's worth), so it is made to fit.
+fn reserve_for(sse: &mut BytesMut, ev: &ExecEvent) {
+    const LARGE: usize = 16 * 1024;
+    let ExecEvent::Delta(d) = ev else { return };
+    use iop_core::exec::Part;
+    let text = match &d.part {
+        Part::Content(t) | Part::Reasoning(t) | Part::Refusal(t) => t.len(),
+        Part::ToolCall(c) => c.arguments.len(),
+    };
+    let bytes = text + d.logprobs.as_ref().map_or(0, bytes::Bytes::len);
+    if bytes >= LARGE {
+        // The chunk's own fields and its SSE and chunk framing.
+        sse.reserve(bytes + 512);
+    }
+}
+
+/// Writes the chunk begun at `chunk` in `out` (ending the stream when
+/// `terminal`), then the run's further events, batched per write, each
+/// framed under `framing`.
+#[allow(clippy::too_many_arguments)] // the stream's state, passed apart so none is held twice
+async fn stream_body<W: AsyncWriteRentExt, E: EventEncoder>(
+    wr: &mut W,
+    out: &mut BytesMut,
+    run: &mut RunStream,
+    render: &mut E,
+    framing: StreamFraming,
+    mut chunk: usize,
+    mut terminal: bool,
+    write_timeout: std::time::Duration,
+    clock: &mut WriteClock<'_>,
+) -> std::io::Result<()> {
+    let mut pacing = super::relay::Pacing::default();
+    loop {
+        // Batch what is already queued into one write (bounded, so one
+        // write never holds a whole backlog twice).
+        while !terminal && out.len() - chunk < MAX_WRITE_BATCH {
+            let Some(ev) = run.try_next() else { break };
+            reserve_for(out, &ev);
+            terminal = render.event(out, ev);
+        }
+        framing.end(out, chunk);
+        if terminal {
+            framing.write_last(out);
+        }
+        // A timed-out write closes the connection, so dropping it loses nothing.
+        let Ok((res, mut written)) =
+            iop_core::rt::time::timeout(write_timeout, wr.write_all(std::mem::take(out))).await
+        else {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading"));
+        };
+        res?;
+        clock.wrote();
+        run.written();
+        if terminal {
+            written.clear();
+            *out = written;
+            return Ok(());
+        }
+        let ev = match run.try_next() {
+            Some(ev) => {
+                written.clear();
+                *out = written;
+                ev
+            }
+            None => {
+                // Paced (the last wait was long): the buffer goes back while
+                // the stream waits; a busy one keeps it.
+                if pacing.paced() {
+                    run.shrink();
+                } else {
+                    written.clear();
+                    *out = written;
+                }
+                match pacing.wait(run.next()).await {
+                    Some(ev) => ev,
+                    None => return Ok(()),
+                }
+            }
+        };
+        // Rendered straight into the chunk (no staging buffer).
+        chunk = framing.begin(out);
+        reserve_for(out, &ev);
+        terminal = render.event(out, ev);
+    }
+}
