@@ -1,8 +1,13 @@
-//! The Anthropic dialect. Today: telling a request that speaks it, so the
-//! answers the edge gives before any surface (API-key refusals) come in
-//! its shape. The Messages surface will grow here.
+//! The Anthropic dialect: telling a request that speaks it, so the answers
+//! the edge gives before any surface (API-key refusals) come in its shape
+//! ([`error`]), and a normalized run's events rendered as the Messages
+//! API's answer, streamed ([`stream::MessagesEncoder`]) or whole
+//! ([`message::MessageAggregate`]).
 
+mod answer;
 pub mod error;
+pub mod message;
+pub mod stream;
 
 use iop_core::http::RequestHead;
 
