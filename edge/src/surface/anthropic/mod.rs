@@ -1,9 +1,12 @@
 //! The Anthropic dialect: `POST /v1/messages` translated onto the
-//! normalized run for providers that do not speak it ([`normalized`], its
-//! answer rendered by [`stream`] and [`message`]), Anthropic-shaped errors,
-//! and telling a request that speaks it, so the answers the edge gives
-//! before any route (API-key refusals, unknown paths) come in its shape.
+//! normalized run for providers that do not speak it ([`normalized`]), its
+//! answer rendered streamed ([`stream::MessagesEncoder`]) or whole
+//! ([`message::MessageAggregate`]); count_tokens estimated where no
+//! provider counts ([`count`]); Anthropic-shaped errors, and telling a
+//! request that speaks it, so the answers the edge gives before any route
+//! (API-key refusals, unknown paths) come in its shape.
 
+mod answer;
 pub mod count;
 pub mod error;
 pub mod message;
