@@ -59,6 +59,7 @@ struct Request {
     logprobs: Option<bool>,
     top_logprobs: Option<u32>,
     tools: Vec<serde_json::Value>,
+    tool_choice: Option<serde_json::Value>,
     mock: Option<Overrides>,
 }
 
@@ -149,13 +150,24 @@ impl MockAdapter {
         let n = req.n.unwrap_or(1);
         let overrides = req.mock.unwrap_or_default();
         let last = req.messages.last();
-        let shape = match (last, overrides.refusal, overrides.tool_calls) {
+        // A forced tool call (`"required"`, or one function named) is one
+        // call, as a model obeying it makes.
+        let forced = match &req.tool_choice {
+            Some(serde_json::Value::String(c)) if c == "required" => Some(None),
+            Some(c @ serde_json::Value::Object(_)) => Some(c["function"]["name"].as_str().map(str::to_owned)),
+            _ => None,
+        };
+        let (tool_calls, tool_name) = match forced {
+            Some(name) if overrides.tool_calls.is_none() => (Some(1), name.or(overrides.tool_name)),
+            _ => (overrides.tool_calls, overrides.tool_name),
+        };
+        let shape = match (last, overrides.refusal, tool_calls) {
             (Some(m), _, _) if m.role == "tool" => Shape::ToolResult(format!("tool said: {}", text_of(&m.content))),
             (_, Some(r), _) => Shape::Refusal(r),
             (_, None, Some(calls)) if calls > 0 => {
                 // Call a tool the client declared, as a model would.
                 let declared = req.tools.iter().find_map(|t| t["function"]["name"].as_str().map(str::to_owned));
-                let name = overrides.tool_name.or(declared).unwrap_or_else(|| "get_weather".into());
+                let name = tool_name.or(declared).unwrap_or_else(|| "get_weather".into());
                 Shape::ToolCalls { calls, name }
             }
             _ => Shape::Tokens,
@@ -457,6 +469,29 @@ mod tests {
         let finishes: Vec<_> = evs.iter().filter(|e| matches!(e, ExecEvent::ChoiceFinish { .. })).collect();
         assert_eq!(finishes.len(), 2);
         assert_eq!(complete(evs.last().unwrap()).1.output_tokens, 4);
+    }
+
+    #[test]
+    fn a_forced_tool_choice_is_one_call_of_that_tool() {
+        let tools =
+            r#""tools":[{"type":"function","function":{"name":"a"}},{"type":"function","function":{"name":"b"}}]"#;
+        for (choice, name) in [(r#""required""#, "a"), (r#"{"type":"function","function":{"name":"b"}}"#, "b")] {
+            let body = format!(
+                r#"{{"model":"m","messages":[{{"role":"user","content":"x"}}],{tools},"tool_choice":{choice}}}"#
+            );
+            let evs = run(&mock(3, false), spec_body("m", &body));
+            let names: Vec<&str> = evs
+                .iter()
+                .filter_map(|e| match e {
+                    ExecEvent::Delta(Delta { part: Part::ToolCall(c), .. }) if !c.name.is_empty() => {
+                        Some(c.name.as_str())
+                    }
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(names, [name], "{choice}");
+            assert_eq!(complete(evs.last().unwrap()).0, "tool_calls");
+        }
     }
 
     #[test]
