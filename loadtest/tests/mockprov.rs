@@ -983,3 +983,188 @@ fn ttft_delays_ollama_heads_but_not_openai_heads() {
     assert!(ttfb >= Duration::from_millis(300), "Ollama writes its head with the first line: {ttfb:?}");
     assert_eq!(ndjson(&res).len(), 3);
 }
+
+/// The header lines an Anthropic SDK sends.
+const ANTHROPIC_HEADERS: &str = "Content-Type: application/json\r\nx-api-key: sk-ant-test\r\n\
+    anthropic-version: 2023-06-01\r\nanthropic-beta: interleaved-thinking-2025-05-14\r\n";
+
+/// POSTs `body` to `path` with [`ANTHROPIC_HEADERS`]; the answer and its `/last` record.
+fn anthropic_exchange(mock: &MockProv, path: &str, body: &str) -> (Response, Value) {
+    let res = Response::parse(&mock.raw(&post(path, ANTHROPIC_HEADERS, body)));
+    let rec = mock.last();
+    assert_recorded(&rec, path, body, &res, true);
+    let headers: Vec<(String, String)> = serde_json::from_value(rec["headers"].clone()).unwrap();
+    for (name, value) in [("anthropic-version", "2023-06-01"), ("anthropic-beta", "interleaved-thinking-2025-05-14")] {
+        assert!(headers.contains(&(name.to_owned(), value.to_owned())), "{name} recorded: {headers:?}");
+    }
+    (res, rec)
+}
+
+#[test]
+fn anthropic_messages_with_thinking_and_tool_use_streamed_and_not() {
+    let mock = MockProv::start(&["--tokens", "3"]);
+    let request = |stream: bool| {
+        format!(
+            r#"{{"model":"claude-test","max_tokens":4096,"stream":{stream},"system":"You check the weather.",
+                "thinking":{{"type":"enabled","budget_tokens":2048}},"stop_sequences":["END"],
+                "tools":[{{"name":"get_forecast","description":"d","input_schema":{{"type":"object"}}}}],
+                "messages":[{{"role":"user","content":[{{"type":"text","text":"Weather in Paris?"}}]}}],
+                "mock":{{"tool_calls":2,"reasoning":3}}}}"#
+        )
+    };
+
+    let (res, _) = anthropic_exchange(&mock, "/v1/messages", &request(false));
+    assert_eq!(res.head.status, 200);
+    assert_eq!(res.header_str("content-type"), Some("application/json"));
+    let request_id = res.header_str("request-id").unwrap();
+    assert!(request_id.starts_with("req_mock_"), "{request_id}");
+    let whole = res.json();
+    assert_eq!(
+        (&whole["type"], &whole["role"], &whole["model"]),
+        (&serde_json::json!("message"), &serde_json::json!("assistant"), &serde_json::json!("claude-test"))
+    );
+    assert!(whole["id"].as_str().unwrap().starts_with("msg_mock_"));
+    assert_eq!((&whole["stop_reason"], &whole["stop_sequence"]), (&serde_json::json!("tool_use"), &Value::Null));
+    let content = whole["content"].as_array().unwrap();
+    assert_eq!(content.len(), 3);
+    assert_eq!(content[0]["type"], "thinking");
+    assert_eq!(content[0]["thinking"], "think0 think1 think2 ");
+    assert!(!content[0]["signature"].as_str().unwrap().is_empty());
+    for (i, block) in content[1..].iter().enumerate() {
+        assert_eq!(
+            (&block["type"], &block["name"]),
+            (&serde_json::json!("tool_use"), &serde_json::json!("get_forecast"))
+        );
+        assert!(block["id"].as_str().unwrap().starts_with("toolu_mock_"));
+        assert_eq!(block["input"], serde_json::json!({"city": "Paris", "n": i}));
+    }
+    let input_tokens = whole["usage"]["input_tokens"].as_u64().unwrap();
+    let output_tokens = whole["usage"]["output_tokens"].as_u64().unwrap();
+    assert_eq!(output_tokens, 3 + 2 * 9, "thinking tokens and the tool inputs' fragments");
+
+    // count_tokens agrees with the answer's input tokens (for the same body).
+    let (res, _) = anthropic_exchange(&mock, "/v1/messages/count_tokens", &request(false));
+    assert_eq!(res.json(), serde_json::json!({"input_tokens": input_tokens}));
+    assert!(res.header_str("request-id").is_some());
+
+    let (res, _) = anthropic_exchange(&mock, "/v1/messages", &request(true));
+    assert_eq!(res.head.status, 200);
+    assert_eq!(res.header_str("content-type"), Some("text/event-stream"));
+    assert!(res.header_str("request-id").unwrap().starts_with("req_mock_"));
+    let events = res.events();
+    assert!(events.iter().all(|e| e.data != "[DONE]"), "Anthropic sends no [DONE]");
+    let names: Vec<&str> = events.iter().map(|e| e.event.as_deref().unwrap()).collect();
+    let mut want = vec!["message_start", "ping"];
+    // Thinking: start, 3 thinking deltas, the signature, stop; each tool use: start, 9 fragments, stop.
+    want.extend(["content_block_start"].into_iter().chain(["content_block_delta"; 4]).chain(["content_block_stop"]));
+    for _ in 0..2 {
+        want.extend(
+            ["content_block_start"].into_iter().chain(["content_block_delta"; 9]).chain(["content_block_stop"]),
+        );
+    }
+    want.extend(["message_delta", "message_stop"]);
+    assert_eq!(names, want);
+    let data: Vec<Value> = events.iter().map(chunk).collect();
+    for (e, d) in events.iter().zip(&data) {
+        assert_eq!(d["type"].as_str(), e.event.as_deref(), "the data's type names the event");
+    }
+    let start = &data[0]["message"];
+    assert_eq!((&start["content"], &start["stop_reason"]), (&serde_json::json!([]), &Value::Null));
+    assert_eq!(start["usage"]["input_tokens"].as_u64(), Some(input_tokens), "as the whole answer reports");
+    assert_eq!(start["usage"]["output_tokens"], 1);
+    assert_eq!(start["model"], "claude-test");
+
+    // Reassemble the blocks from the deltas.
+    let mut blocks: Vec<Value> = Vec::new();
+    let mut partial: Vec<String> = Vec::new();
+    for d in &data[2..data.len() - 2] {
+        let index = d["index"].as_u64().unwrap() as usize;
+        match d["type"].as_str().unwrap() {
+            "content_block_start" => {
+                assert_eq!(index, blocks.len(), "blocks open in order");
+                blocks.push(d["content_block"].clone());
+                partial.push(String::new());
+            }
+            "content_block_delta" => {
+                let delta = &d["delta"];
+                let block = &mut blocks[index];
+                match delta["type"].as_str().unwrap() {
+                    "thinking_delta" => {
+                        let text = block["thinking"].as_str().unwrap().to_owned() + delta["thinking"].as_str().unwrap();
+                        block["thinking"] = text.into();
+                    }
+                    "signature_delta" => block["signature"] = delta["signature"].clone(),
+                    "input_json_delta" => partial[index].push_str(delta["partial_json"].as_str().unwrap()),
+                    other => panic!("unexpected delta {other}"),
+                }
+            }
+            "content_block_stop" => {
+                if blocks[index]["type"] == "tool_use" {
+                    blocks[index]["input"] = serde_json::from_str(&partial[index]).unwrap();
+                }
+            }
+            other => panic!("unexpected event {other}"),
+        }
+    }
+    assert_eq!(blocks.len(), 3);
+    assert_eq!(blocks[0]["thinking"], content[0]["thinking"]);
+    assert!(!blocks[0]["signature"].as_str().unwrap().is_empty());
+    assert!(partial[1].len() > 1 && data.iter().filter(|d| d["delta"]["type"] == "input_json_delta").count() == 18);
+    for (streamed, whole) in blocks[1..].iter().zip(&content[1..]) {
+        assert_eq!((&streamed["input"], &streamed["name"]), (&whole["input"], &whole["name"]), "same tool input");
+    }
+    let delta = &data[data.len() - 2];
+    assert_eq!(delta["delta"]["stop_reason"], "tool_use");
+    assert_eq!(delta["usage"]["output_tokens"].as_u64(), Some(output_tokens));
+
+    // max_tokens caps with "max_tokens"; error overrides answer in Anthropic's shape.
+    let (res, _) = anthropic_exchange(
+        &mock,
+        "/v1/messages",
+        r#"{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}"#,
+    );
+    let v = res.json();
+    assert_eq!(
+        (&v["stop_reason"], &v["content"][0]["text"]),
+        (&serde_json::json!("max_tokens"), &serde_json::json!("tok0 tok1 "))
+    );
+    let (res, _) = anthropic_exchange(
+        &mock,
+        "/v1/messages",
+        r#"{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}],"mock":{"error_status":429}}"#,
+    );
+    assert_eq!((res.head.status, res.header_str("retry-after")), (429, Some("7")));
+    assert_eq!(
+        res.json(),
+        serde_json::json!({"type":"error","error":{"type":"rate_limit_error","message":"mock provider error"}})
+    );
+    let res =
+        mock.request("POST", "/v1/messages", Some(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]}"#));
+    assert_eq!(res.head.status, 400);
+    assert_eq!(res.json()["error"]["type"], "invalid_request_error");
+    let stats = mock.stats();
+    assert_eq!((stats["messages_requests"].as_u64(), stats["count_tokens_requests"].as_u64()), (Some(5), Some(1)));
+}
+
+#[test]
+fn without_turns_native_routes_into_unknown_paths() {
+    let messages = r#"{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}"#;
+    let mock = MockProv::start(&["--without", "messages"]);
+    for path in ["/v1/messages", "/v1/messages/count_tokens"] {
+        let res = mock.request("POST", path, Some(messages));
+        assert_eq!(res.head.status, 404, "{path}");
+        assert_eq!(res.json(), mock.request("POST", "/v1/nope", Some(messages)).json(), "as an unknown path");
+    }
+    assert_eq!(mock.request("POST", "/v1/responses", Some(r#"{"input":"x"}"#)).head.status, 200);
+    assert_eq!(
+        mock.request("POST", "/v1/chat/completions", Some(r#"{"messages":[{"content":"x"}]}"#)).head.status,
+        200
+    );
+    assert_eq!(mock.stats()["messages_requests"], 0);
+
+    let mock = MockProv::start(&["--without", "messages,responses"]);
+    assert_eq!(mock.request("POST", "/v1/responses", Some(r#"{"input":"x"}"#)).head.status, 404);
+    assert_eq!(mock.request("POST", "/v1/messages", Some(messages)).head.status, 404);
+    let mock = MockProv::start(&[]);
+    assert_eq!(mock.request("POST", "/v1/messages", Some(messages)).head.status, 200);
+}

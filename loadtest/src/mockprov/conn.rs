@@ -28,7 +28,7 @@ use super::play::Live;
 use super::record::{Exchange, RequestHeaders};
 use super::reply::{Env, Reply, OLLAMA_JSON};
 use super::routes::{self, Endpoint, Meta, Route};
-use super::{chat, completions, embeddings, errors, models, ollama_chat, ollama_meta, responses, Ctx, Stats};
+use super::{chat, completions, embeddings, errors, messages, models, ollama_chat, ollama_meta, responses, Ctx, Stats};
 
 /// Bytes asked of one read.
 const READ_CHUNK: usize = 16 * 1024;
@@ -225,7 +225,7 @@ impl Conn {
     }
 
     async fn route(&mut self, head: &RequestHead, raw_head: Option<Bytes>, body: Bytes) -> io::Result<Next> {
-        match routes::route(&head.method, head.path()) {
+        match routes::route(&head.method, head.path(), &self.ctx.config.without) {
             // Still "loading": model requests get its 503, as llama.cpp's do.
             Route::Model(_) if self.ctx.list_health.get() == super::list_health::ListHealth::Loading => {
                 let answer = self.ctx.list_health.get().error_body().unwrap_or_default();
@@ -293,6 +293,8 @@ impl Conn {
             Endpoint::Completions => &stats.completions_requests,
             Endpoint::Embeddings => &stats.embeddings_requests,
             Endpoint::Responses => &stats.responses_requests,
+            Endpoint::Messages => &stats.messages_requests,
+            Endpoint::CountTokens => &stats.count_tokens_requests,
             Endpoint::OllamaChat | Endpoint::OllamaEmbed => &stats.ollama_requests,
         });
         let env = Env { config: &self.ctx.config, seq, now: Timestamp::now() };
@@ -301,6 +303,8 @@ impl Conn {
             Endpoint::Completions => completions::reply(&body, &env),
             Endpoint::Embeddings => embeddings::openai_reply(&body, &env),
             Endpoint::Responses => responses::reply(&body, &env),
+            Endpoint::Messages => messages::reply(&body, &env),
+            Endpoint::CountTokens => messages::count_tokens_reply(&body, &env),
             Endpoint::OllamaChat => ollama_chat::reply(&body, &env),
             Endpoint::OllamaEmbed => embeddings::ollama_reply(&body, &env),
         };

@@ -1,6 +1,7 @@
 //! Error answers in the shapes of the servers the mock stands in for: OpenAI
-//! (`{"error":{"message","type","param","code"}}` plus its retry headers) and
-//! Ollama (`{"error":"..."}`).
+//! (`{"error":{"message","type","param","code"}}` plus its retry headers),
+//! Anthropic (`{"type":"error","error":{"type","message"}}`) and Ollama
+//! (`{"error":"..."}`).
 
 use super::json::json_str;
 
@@ -37,6 +38,41 @@ pub fn mock_error_body(status: u16) -> String {
 pub fn retry_headers(status: u16) -> Vec<(&'static str, String)> {
     if matches!(status, 429 | 503) {
         vec![("retry-after", "7".to_owned()), ("retry-after-ms", "7000".to_owned())]
+    } else {
+        Vec::new()
+    }
+}
+
+/// Anthropic-shaped error body.
+pub fn anthropic_error_body(kind: &str, message: &str) -> String {
+    format!("{{\"type\":\"error\",\"error\":{{\"type\":{},\"message\":{}}}}}", json_str(kind), json_str(message))
+}
+
+/// Anthropic's error `type` for a status.
+pub fn anthropic_error_kind(status: u16) -> &'static str {
+    match status {
+        401 => "authentication_error",
+        402 => "billing_error",
+        403 => "permission_error",
+        404 => "not_found_error",
+        413 => "request_too_large",
+        429 => "rate_limit_error",
+        504 => "timeout_error",
+        529 => "overloaded_error",
+        500..=599 => "api_error",
+        _ => "invalid_request_error",
+    }
+}
+
+/// The configured provider error (`error_status`) in Anthropic's shape.
+pub fn anthropic_mock_error_body(status: u16) -> String {
+    anthropic_error_body(anthropic_error_kind(status), MOCK_ERROR_MESSAGE)
+}
+
+/// Headers Anthropic adds to an error: when to retry, on 429 and overload.
+pub fn anthropic_retry_headers(status: u16) -> Vec<(&'static str, String)> {
+    if matches!(status, 429 | 503 | 529) {
+        vec![("retry-after", "7".to_owned())]
     } else {
         Vec::new()
     }
@@ -81,6 +117,19 @@ mod tests {
         assert_eq!((&v["error"]["message"], &v["error"]["code"]), (&json!("a \"b\""), &Value::Null));
         assert_eq!(retry_headers(503), [("retry-after", "7".to_owned()), ("retry-after-ms", "7000".to_owned())]);
         assert!(retry_headers(500).is_empty());
+    }
+
+    #[test]
+    fn anthropic_errors() {
+        let v: Value = serde_json::from_str(&anthropic_mock_error_body(529)).unwrap();
+        assert_eq!(v, json!({"type":"error","error":{"type":"overloaded_error","message":"mock provider error"}}));
+        assert_eq!((anthropic_error_kind(429), anthropic_error_kind(500)), ("rate_limit_error", "api_error"));
+        assert_eq!(
+            (anthropic_error_kind(404), anthropic_error_kind(418)),
+            ("not_found_error", "invalid_request_error")
+        );
+        assert_eq!(anthropic_retry_headers(529), [("retry-after", "7".to_owned())]);
+        assert!(anthropic_retry_headers(500).is_empty());
     }
 
     #[test]

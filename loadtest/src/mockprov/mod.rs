@@ -1,6 +1,6 @@
 //! `iop-mockprov`: an upstream model server for end-to-end and load tests,
-//! shaped like OpenAI (and vLLM / llama.cpp server) and like Ollama's native
-//! API, on one listener.
+//! shaped like OpenAI (and vLLM / llama.cpp server), like Anthropic's
+//! Messages API and like Ollama's native API, on one listener.
 //!
 //! - [`MockConfig`]: CLI defaults; a request may override them with a
 //!   `"mock": {...}` object in its JSON body ([`overrides::MockOverrides`]),
@@ -13,16 +13,20 @@
 //!
 //! Endpoints. Model endpoints (numbered, recorded, `mock` overrides apply):
 //! `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
-//! `POST /v1/responses` (streamed as SSE or whole JSON), `POST /api/chat`
-//! (NDJSON or whole JSON), `POST /api/embed`. Metadata: `GET /v1/models`,
-//! `GET /api/tags`, `GET /api/ps`, `POST /api/show`, `GET /api/version`.
+//! `POST /v1/responses` (streamed as SSE or whole JSON), `POST /v1/messages`
+//! (Anthropic, SSE or whole JSON), `POST /v1/messages/count_tokens`,
+//! `POST /api/chat` (NDJSON or whole JSON), `POST /api/embed`
+//! (`--without messages,responses` turns the native dialect routes off).
+//! Metadata: `GET /v1/models`, `GET /api/tags`, `GET /api/ps`,
+//! `POST /api/show`, `GET /api/version`.
 //! The mock's own: `GET /healthz`, `GET /stats`, `GET /last`, `GET /log`,
 //! `GET /closes`.
 //!
 //! Layout: each endpoint module turns a body into a [`reply::Reply`] with no
 //! I/O (`chat` + `chat_stream` + `chat_body`, `completions`, `embeddings`,
-//! `responses`, `ollama_chat`, `ollama_meta`); `routes` picks the endpoint,
-//! `conn` reads requests, `play` paces, writes and records a reply.
+//! `responses`, `messages` + `messages_stream`, `ollama_chat`,
+//! `ollama_meta`); `routes` picks the endpoint, `conn` reads requests,
+//! `play` paces, writes and records a reply.
 
 pub mod chat;
 pub mod chat_body;
@@ -36,6 +40,8 @@ pub mod errors;
 pub mod json;
 pub mod list_health;
 pub mod logprobs;
+pub mod messages;
+pub mod messages_stream;
 pub mod models;
 pub mod ollama_chat;
 pub mod ollama_meta;
@@ -60,7 +66,8 @@ use iop_core::http::Limits;
 /// `--help` epilogue: what the flags do not say.
 const AFTER_HELP: &str = "\
 Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings, /v1/responses,
-/api/chat, /api/embed; GET /v1/models, /api/tags, /api/ps, /api/version; POST /api/show;
+/v1/messages, /v1/messages/count_tokens (Anthropic), /api/chat, /api/embed; GET /v1/models,
+/api/tags, /api/ps, /api/version; POST /api/show;
 GET /healthz, /stats, /last (the most recent model exchange), /log (the last 64),
 /closes (tagged requests whose client left early, with the instant); POST /mock/health
 {\"state\": \"ok\" | \"down\" | \"loading\"} makes the model lists answer 503 (down, or
@@ -80,7 +87,7 @@ with a 400.";
 #[derive(Debug, Clone, clap::Parser)]
 #[command(
     name = "iop-mockprov",
-    about = "Mock OpenAI-compatible and Ollama model server for iop tests",
+    about = "Mock OpenAI-compatible, Anthropic and Ollama model server for iop tests",
     after_help = AFTER_HELP
 )]
 pub struct MockConfig {
@@ -141,6 +148,11 @@ pub struct MockConfig {
     /// The PEM private key of `--tls-cert`.
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// Turn native dialect routes off (comma-separated): `messages`
+    /// (`/v1/messages` and its `count_tokens`), `responses` (`/v1/responses`).
+    /// Their paths then answer 404, as on a server without them.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    pub without: Vec<routes::Native>,
 }
 
 impl MockConfig {
@@ -164,6 +176,7 @@ impl MockConfig {
             no_record: false,
             tls_cert: None,
             tls_key: None,
+            without: Vec::new(),
         }
     }
 }
@@ -181,6 +194,10 @@ pub struct Stats {
     pub embeddings_requests: AtomicU64,
     /// `POST /v1/responses` requests.
     pub responses_requests: AtomicU64,
+    /// `POST /v1/messages` requests.
+    pub messages_requests: AtomicU64,
+    /// `POST /v1/messages/count_tokens` requests.
+    pub count_tokens_requests: AtomicU64,
     /// Ollama model requests (`POST /api/chat`, `POST /api/embed`).
     pub ollama_requests: AtomicU64,
     /// Streamed answers begun (SSE and NDJSON, every endpoint).
@@ -204,13 +221,16 @@ impl Stats {
         let g = |c: &AtomicU64| c.load(Ordering::Relaxed);
         format!(
             "{{\"requests\":{},\"model_requests\":{},\"completions_requests\":{},\"embeddings_requests\":{},\
-             \"responses_requests\":{},\"ollama_requests\":{},\"streams_started\":{},\"streams_completed\":{},\
+             \"responses_requests\":{},\"messages_requests\":{},\"count_tokens_requests\":{},\"ollama_requests\":{},\
+             \"streams_started\":{},\"streams_completed\":{},\
              \"early_closed\":{},\"aborted\":{},\"active_streams\":{},\"connections_accepted\":{}}}",
             g(&self.requests),
             g(&self.model_requests),
             g(&self.completions_requests),
             g(&self.embeddings_requests),
             g(&self.responses_requests),
+            g(&self.messages_requests),
+            g(&self.count_tokens_requests),
             g(&self.ollama_requests),
             g(&self.streams_started),
             g(&self.streams_completed),

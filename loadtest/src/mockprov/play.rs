@@ -234,11 +234,15 @@ impl Conn {
     fn write_head(&mut self, h: &HeadSpec<'_>) {
         let openai = match h.flavor {
             Flavor::OpenAi => Some((reply::openai_headers(h.seq), h.started.elapsed().as_millis().to_string())),
-            Flavor::Ollama => None,
+            Flavor::Anthropic | Flavor::Ollama => None,
         };
+        let anthropic = (h.flavor == Flavor::Anthropic).then(|| reply::anthropic_request_id(h.seq));
         let mut headers: Vec<(&str, &str)> = Vec::with_capacity(h.headers.len() + 6);
         headers.push(("content-type", h.content_type));
         headers.extend(h.headers.iter().map(|(n, v)| (*n, v.as_str())));
+        if let Some((name, id)) = &anthropic {
+            headers.push((name, id.as_str()));
+        }
         if let Some(([id, limit, remaining], ms)) = &openai {
             headers.push((id.0, id.1.as_str()));
             headers.push(("openai-processing-ms", ms.as_str()));

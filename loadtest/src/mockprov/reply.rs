@@ -16,6 +16,8 @@ use super::MockConfig;
 pub enum Flavor {
     /// `/v1/*`: `x-request-id`, `openai-processing-ms`, rate-limit headers.
     OpenAi,
+    /// `/v1/messages*`: `request-id`.
+    Anthropic,
     /// `/api/*`: no extra headers.
     Ollama,
 }
@@ -191,6 +193,11 @@ pub fn early_reply(flavor: Flavor, hangup: bool, error_status: Option<u16>, mode
             w.headers = errors::retry_headers(status);
             w
         }
+        Flavor::Anthropic => {
+            let mut w = Whole::json(status, "application/json", errors::anthropic_mock_error_body(status));
+            w.headers = errors::anthropic_retry_headers(status);
+            w
+        }
         Flavor::Ollama => Whole::json(
             status,
             OLLAMA_JSON,
@@ -205,6 +212,9 @@ pub fn bad_request(flavor: Flavor, e: &BadRequest) -> Reply {
     let whole = match flavor {
         Flavor::OpenAi => {
             Whole::json(400, "application/json", errors::error_body(&e.0, "invalid_request_error", "null"))
+        }
+        Flavor::Anthropic => {
+            Whole::json(400, "application/json", errors::anthropic_error_body("invalid_request_error", &e.0))
         }
         Flavor::Ollama => Whole::json(400, OLLAMA_JSON, errors::ollama_error_body(&e.0)),
     };
@@ -227,6 +237,11 @@ pub fn openai_headers(seq: u64) -> [(&'static str, String); 3] {
         ("x-ratelimit-limit-requests", "1000".to_owned()),
         ("x-ratelimit-remaining-requests", "999".to_owned()),
     ]
+}
+
+/// The header Anthropic puts on every answer: `request-id: req_mock_<seq>`.
+pub fn anthropic_request_id(seq: u64) -> (&'static str, String) {
+    ("request-id", format!("req_mock_{seq}"))
 }
 
 /// Runs `script` to its end with a fixed clock (for tests).

@@ -1,4 +1,5 @@
-//! Which endpoint a request goes to, from its method and path alone.
+//! Which endpoint a request goes to, from its method and path, and the
+//! native dialect routes `--without` turned off.
 
 /// The model endpoints: numbered, recorded, answered through a
 /// [`Reply`](super::reply::Reply), `mock` overrides honoured.
@@ -12,6 +13,10 @@ pub enum Endpoint {
     Embeddings,
     /// `POST /v1/responses`.
     Responses,
+    /// `POST /v1/messages` (Anthropic).
+    Messages,
+    /// `POST /v1/messages/count_tokens` (Anthropic).
+    CountTokens,
     /// `POST /api/chat`.
     OllamaChat,
     /// `POST /api/embed`.
@@ -58,11 +63,34 @@ pub enum Route {
     NotFound,
 }
 
+/// A family of native dialect routes that `--without` can turn off, so the
+/// mock stands for a server that lacks them (their paths answer 404).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Native {
+    /// `/v1/messages` and `/v1/messages/count_tokens`.
+    Messages,
+    /// `/v1/responses`.
+    Responses,
+}
+
+impl Endpoint {
+    /// The native family the endpoint belongs to, if `--without` can turn it off.
+    pub fn native(self) -> Option<Native> {
+        match self {
+            Self::Messages | Self::CountTokens => Some(Native::Messages),
+            Self::Responses => Some(Native::Responses),
+            _ => None,
+        }
+    }
+}
+
 const ROUTES: &[(&str, &str, Route)] = &[
     ("POST", "/v1/chat/completions", Route::Model(Endpoint::Chat)),
     ("POST", "/v1/completions", Route::Model(Endpoint::Completions)),
     ("POST", "/v1/embeddings", Route::Model(Endpoint::Embeddings)),
     ("POST", "/v1/responses", Route::Model(Endpoint::Responses)),
+    ("POST", "/v1/messages", Route::Model(Endpoint::Messages)),
+    ("POST", "/v1/messages/count_tokens", Route::Model(Endpoint::CountTokens)),
     ("POST", "/api/chat", Route::Model(Endpoint::OllamaChat)),
     ("POST", "/api/embed", Route::Model(Endpoint::OllamaEmbed)),
     ("GET", "/v1/models", Route::Meta(Meta::Models)),
@@ -78,11 +106,13 @@ const ROUTES: &[(&str, &str, Route)] = &[
     ("POST", "/mock/health", Route::Meta(Meta::SetHealth)),
 ];
 
-/// The route of `method` `path` (path without its query).
-pub fn route(method: &str, path: &str) -> Route {
+/// The route of `method` `path` (path without its query); the paths of the
+/// families in `without` are unknown.
+pub fn route(method: &str, path: &str, without: &[Native]) -> Route {
     let mut known = false;
     for (m, p, r) in ROUTES {
-        if *p == path {
+        let off = matches!(r, Route::Model(e) if e.native().is_some_and(|n| without.contains(&n)));
+        if *p == path && !off {
             if *m == method {
                 return *r;
             }
@@ -103,14 +133,31 @@ mod tests {
 
     #[test]
     fn routes_by_method_and_path() {
+        let route = |m, p| route(m, p, &[]);
         assert_eq!(route("POST", "/v1/chat/completions"), Route::Model(Endpoint::Chat));
         assert_eq!(route("POST", "/api/embed"), Route::Model(Endpoint::OllamaEmbed));
+        assert_eq!(route("POST", "/v1/messages"), Route::Model(Endpoint::Messages));
+        assert_eq!(route("POST", "/v1/messages/count_tokens"), Route::Model(Endpoint::CountTokens));
         assert_eq!(route("POST", "/api/show"), Route::Meta(Meta::Show));
         assert_eq!(route("GET", "/log"), Route::Meta(Meta::Log));
         assert_eq!(route("GET", "/closes"), Route::Meta(Meta::Closes));
         assert_eq!(route("GET", "/api/chat"), Route::MethodNotAllowed);
+        assert_eq!(route("GET", "/v1/messages"), Route::MethodNotAllowed);
         assert_eq!(route("POST", "/healthz"), Route::MethodNotAllowed);
         assert_eq!(route("GET", "/nope"), Route::NotFound);
         assert_eq!(route("GET", "/v1/models/"), Route::NotFound);
+    }
+
+    #[test]
+    fn without_turns_a_family_into_unknown_paths() {
+        let off = [Native::Messages];
+        assert_eq!(route("POST", "/v1/messages", &off), Route::NotFound);
+        assert_eq!(route("GET", "/v1/messages", &off), Route::NotFound, "not 405: the path is unknown");
+        assert_eq!(route("POST", "/v1/messages/count_tokens", &off), Route::NotFound);
+        assert_eq!(route("POST", "/v1/responses", &off), Route::Model(Endpoint::Responses));
+        let off = [Native::Responses];
+        assert_eq!(route("POST", "/v1/responses", &off), Route::NotFound);
+        assert_eq!(route("POST", "/v1/messages", &off), Route::Model(Endpoint::Messages));
+        assert_eq!(route("POST", "/v1/chat/completions", &off), Route::Model(Endpoint::Chat));
     }
 }

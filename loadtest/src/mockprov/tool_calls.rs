@@ -1,8 +1,9 @@
 //! Tool calls as the mock makes them: call `i` asks for the weather in Paris
 //! with `"n": i`, so every call of an answer has distinct, valid JSON
 //! arguments. Streams split the arguments into the small, token-sized
-//! fragments OpenAI sends (`{"`, `city`, `":"`, ...); the Ollama shape sends
-//! the arguments as one object.
+//! fragments OpenAI sends (`{"`, `city`, `":"`, ...), as do Anthropic's
+//! `input_json_delta`s; the Ollama shape and Anthropic's `tool_use` block
+//! carry the arguments as one object.
 
 use super::json::json_str;
 
@@ -69,6 +70,17 @@ pub fn openai_fragment_delta(i: u64, fragment: &str) -> String {
     format!("{{\"tool_calls\":[{{\"index\":{i},\"function\":{{\"arguments\":{}}}}}]}}", json_str(fragment))
 }
 
+/// Id of Anthropic `tool_use` block `i` in request `seq`: `toolu_mock_<seq>_<i>`.
+pub fn tool_use_id(seq: u64, i: u64) -> String {
+    format!("toolu_mock_{seq}_{i}")
+}
+
+/// An Anthropic `tool_use` content block with `input` (the whole arguments
+/// of call `i`, or `{}` as a stream's `content_block_start` has it).
+pub fn anthropic_tool_use(id: &str, name: &str, input: &str) -> String {
+    format!("{{\"type\":\"tool_use\",\"id\":{},\"name\":{},\"input\":{input}}}", json_str(id), json_str(name))
+}
+
 /// One Ollama tool call: `{"id","function":{"index","name","arguments":{..}}}`.
 pub fn ollama_call(id: &str, name: &str, i: u64) -> String {
     format!(
@@ -110,5 +122,7 @@ mod tests {
         assert_eq!(call, json!({"id":"call_5_2","function":{"index":2,"name":"f","arguments":{"city":"Paris","n":2}}}));
         assert_eq!(call_id(5, 2, 1), "call_5_c2_1");
         assert_eq!(echo("11 C"), "tool said: 11 C");
+        let block: Value = serde_json::from_str(&anthropic_tool_use(&tool_use_id(5, 1), "f", &arguments(1))).unwrap();
+        assert_eq!(block, json!({"type":"tool_use","id":"toolu_mock_5_1","name":"f","input":{"city":"Paris","n":1}}));
     }
 }

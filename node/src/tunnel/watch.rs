@@ -1,8 +1,13 @@
 //! Watches a provider's answer while the tunnel relays it: finds the usage
 //! the provider reported (in an SSE stream or a JSON body), notices the
 //! stream's terminal event (after which the answer is over, whether or not
-//! the provider closes) and, when the edge asked, leaves the usage-only SSE
-//! event out of the relayed bytes.
+//! the provider closes) and, when the edge asked, leaves OpenAI's
+//! usage-only SSE event out of the relayed bytes.
+//!
+//! Usage may be spread over several events: an Anthropic Messages stream
+//! reports the input tokens in `message_start` and the output tokens in
+//! `message_delta`, so each event's counts replace only the counts it
+//! carries ([`Counts`]).
 //! Sans-IO. Relayed bytes are slices of the chunks read from the provider;
 //! only an event split across two reads is copied (once, to look at it).
 
@@ -44,7 +49,8 @@ pub struct BodyWatch {
     /// JSON body chunks (shared, not copied) until the end.
     json: Vec<Bytes>,
     json_len: usize,
-    usage: Option<Usage>,
+    /// The counts of the SSE events so far.
+    counts: Counts,
     /// A terminal event was seen (SSE).
     ended: bool,
 }
@@ -75,7 +81,7 @@ impl BodyWatch {
             cr_ended: None,
             json: Vec::new(),
             json_len: 0,
-            usage: None,
+            counts: Counts::default(),
             ended: false,
         }
     }
@@ -109,24 +115,24 @@ impl BodyWatch {
     /// The body ended: appends what is still held; returns the usage seen.
     pub fn finish(&mut self, out: &mut Vec<Bytes>) -> Option<Usage> {
         match self.mode {
-            Mode::Other => {}
+            Mode::Other => None,
             Mode::Json => {
-                if self.json_len <= MAX_WATCHED_JSON {
-                    self.usage = match &self.json[..] {
-                        [one] => usage_of_body(one),
-                        pieces => usage_of_body(&pieces.concat()),
-                    };
-                }
+                let usage = match &self.json[..] {
+                    _ if self.json_len > MAX_WATCHED_JSON => None,
+                    [one] => usage_of_body(one),
+                    pieces => usage_of_body(&pieces.concat()),
+                };
                 self.json.clear();
+                usage
             }
             Mode::Sse => {
                 // An unterminated last event is relayed as it came.
                 if self.hide_usage_chunk && !self.carry.is_empty() {
                     out.push(std::mem::take(&mut self.carry).freeze());
                 }
+                std::mem::take(&mut self.counts).usage()
             }
         }
-        self.usage.take()
     }
 
     fn push_sse(&mut self, chunk: Bytes, out: &mut Vec<Bytes>) {
@@ -246,8 +252,8 @@ impl BodyWatch {
         }
         let data = event_data(event);
         match usage_of_json(&data) {
-            Some((usage, usage_only)) => {
-                self.usage = Some(usage);
+            Some((counts, usage_only)) => {
+                self.counts.merge(counts);
                 !(self.hide_usage_chunk && usage_only)
             }
             None => true,
@@ -323,41 +329,45 @@ fn event_data(event: &[u8]) -> Vec<u8> {
 }
 
 /// The usage in a whole JSON answer: its top-level `usage` read from the
-/// end (where answers put it: a few members to skip, not the choices),
-/// else what [`usage_of_json`] finds (a Responses API event's
-/// `response.usage`, or a usage the end scan could not read).
+/// end (where answers put it: a few members to skip, not the choices or
+/// the content blocks), else what [`usage_of_json`] finds (a Responses API
+/// event's `response.usage`, or a usage the end scan could not read).
 fn usage_of_body(json: &[u8]) -> Option<Usage> {
     json_top::last_member(json, b"usage")
         .filter(|u| !json_top::is_null(u))
         .and_then(usage_object)
-        .or_else(|| usage_of_json(json).map(|(u, _)| u))
+        .and_then(Counts::usage)
+        .or_else(|| usage_of_json(json).and_then(|(c, _)| c.usage()))
 }
 
-/// The usage in a JSON document, and whether the document is a usage-only
-/// chunk (`"choices": []`): the top level of a chat/completions/embeddings
-/// body or chunk, or of a Responses API event (whose usage sits in
-/// `response`). Only the usage object is parsed; the rest is scanned.
-fn usage_of_json(json: &[u8]) -> Option<(Usage, bool)> {
+/// The usage counts in a JSON document, and whether the document is a
+/// usage-only chunk (`"choices": []`): the top level of a chat/completions/
+/// embeddings body or chunk, of an Anthropic message or `message_delta`, of
+/// a Responses API event (whose usage sits in `response`) or of Anthropic's
+/// `message_start` (in `message`). Only the usage object is parsed; the
+/// rest is scanned.
+fn usage_of_json(json: &[u8]) -> Option<(Counts, bool)> {
     fn present(v: Option<&[u8]>) -> Option<&[u8]> {
         v.filter(|v| !json_top::is_null(v))
     }
-    let [usage, choices, response] = json_top::members(json, [b"usage", b"choices", b"response"])?;
+    let [usage, choices, response, message] = json_top::members(json, [b"usage", b"choices", b"response", b"message"])?;
     let usage_only = present(usage).is_some() && choices.is_some_and(json_top::is_empty_array);
     let usage = match present(usage) {
         Some(u) => u,
         None => {
-            let [u] = json_top::members(present(response)?, [b"usage"])?;
+            let [u] = json_top::members(present(response).or(present(message))?, [b"usage"])?;
             present(u)?
         }
     };
     Some((usage_object(usage)?, usage_only))
 }
 
-/// An OpenAI usage object (chat and completions name the counts
-/// `prompt_`/`completion_tokens`, the Responses API `input_`/`output_`);
-/// `None` without an input count.
-fn usage_object(json: &[u8]) -> Option<Usage> {
-    let [prompt, completion, input, output, prompt_details, input_details, completion_details, output_details] =
+/// The counts of a usage object: OpenAI's (chat and completions name them
+/// `prompt_`/`completion_tokens`, the Responses API `input_`/`output_`,
+/// with details) or Anthropic's (`input_`/`output_tokens` and the cache
+/// counts beside them). `None` when it has none of them.
+fn usage_object(json: &[u8]) -> Option<Counts> {
+    let [prompt, completion, input, output, prompt_details, input_details, completion_details, output_details, cache_read, cache_creation] =
         json_top::members(
             json,
             [
@@ -369,20 +379,67 @@ fn usage_object(json: &[u8]) -> Option<Usage> {
                 b"input_tokens_details",
                 b"completion_tokens_details",
                 b"output_tokens_details",
+                b"cache_read_input_tokens",
+                b"cache_creation_input_tokens",
             ],
         )?;
     let detail = |details: Option<&[u8]>, key: &[u8]| {
         let [v] = json_top::members(details?, [key])?;
         count(v)
     };
-    Some(Usage {
-        input_tokens: count(prompt).or(count(input))?,
-        output_tokens: count(completion).or(count(output)).unwrap_or(0),
-        reasoning_tokens: detail(completion_details, b"reasoning_tokens")
+    let counts = Counts {
+        input: count(prompt).or(count(input)),
+        output: count(completion).or(count(output)),
+        reasoning: detail(completion_details, b"reasoning_tokens")
             .or_else(|| detail(output_details, b"reasoning_tokens")),
-        cached_input_tokens: detail(prompt_details, b"cached_tokens")
-            .or_else(|| detail(input_details, b"cached_tokens")),
-    })
+        cached: detail(prompt_details, b"cached_tokens").or_else(|| detail(input_details, b"cached_tokens")),
+        cache_read: count(cache_read),
+        cache_creation: count(cache_creation),
+    };
+    (counts != Counts::default()).then_some(counts)
+}
+
+/// The token counts read so far. An event's counts replace those it
+/// carries and leave the others: Anthropic reports the input in
+/// `message_start` and the (cumulative) output in `message_delta`, which
+/// newer servers also give input and cache counts that then win. OpenAI's
+/// usage events carry every count, so the last one still decides.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Counts {
+    /// `prompt_tokens` or `input_tokens`.
+    input: Option<u64>,
+    output: Option<u64>,
+    reasoning: Option<u64>,
+    /// OpenAI's cached prompt tokens (counted in `input`).
+    cached: Option<u64>,
+    /// Anthropic's cache reads and writes, which its `input_tokens` leaves out.
+    cache_read: Option<u64>,
+    cache_creation: Option<u64>,
+}
+
+impl Counts {
+    fn merge(&mut self, newer: Counts) {
+        let take = |old: &mut Option<u64>, new: Option<u64>| *old = new.or(*old);
+        take(&mut self.input, newer.input);
+        take(&mut self.output, newer.output);
+        take(&mut self.reasoning, newer.reasoning);
+        take(&mut self.cached, newer.cached);
+        take(&mut self.cache_read, newer.cache_read);
+        take(&mut self.cache_creation, newer.cache_creation);
+    }
+
+    /// The usage, `None` without an input count. Anthropic's cache reads
+    /// and writes are added to its input, so that `input_tokens` is the
+    /// whole prompt and the cached tokens a part of it, as in OpenAI's usage.
+    fn usage(self) -> Option<Usage> {
+        let cache = self.cache_read.unwrap_or(0).saturating_add(self.cache_creation.unwrap_or(0));
+        Some(Usage {
+            input_tokens: self.input?.saturating_add(cache),
+            output_tokens: self.output.unwrap_or(0),
+            reasoning_tokens: self.reasoning,
+            cached_input_tokens: self.cached.or(self.cache_read),
+        })
+    }
 }
 
 /// A token count: a non-negative integer (`null` or anything else: none).
@@ -411,7 +468,7 @@ mod tests {
 
     #[test]
     fn usage_objects_of_each_api() {
-        let u = |json: &str| usage_object(json.as_bytes());
+        let u = |json: &str| usage_object(json.as_bytes()).and_then(Counts::usage);
         let chat = r#"{"prompt_tokens":5,"completion_tokens":2,"total_tokens":7,
             "prompt_tokens_details":{"cached_tokens":1,"audio_tokens":0},"completion_tokens_details":{"reasoning_tokens":3}}"#;
         assert_eq!(
@@ -435,6 +492,17 @@ mod tests {
         ] {
             assert_eq!(u(none), None, "{none}");
         }
+        // Partial counts are kept (to merge with another event's), but no
+        // usage comes of them without an input count.
+        assert_eq!(usage_object(br#"{"completion_tokens":2}"#), Some(Counts { output: Some(2), ..Default::default() }));
+        assert_eq!(usage_object(br#"{"total_tokens":2,"prompt_tokens":null}"#), None);
+        let anthropic = r#"{"input_tokens":3,"cache_creation_input_tokens":4,"cache_read_input_tokens":5,"output_tokens":6,
+            "cache_creation":{"ephemeral_5m_input_tokens":4},"server_tool_use":{"web_search_requests":0},"service_tier":"standard"}"#;
+        assert_eq!(
+            u(anthropic),
+            Some(Usage { input_tokens: 12, output_tokens: 6, reasoning_tokens: None, cached_input_tokens: Some(5) }),
+            "cache reads and writes are part of the prompt"
+        );
     }
 
     const STREAM: &str = "data: {\"id\":\"c\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\"hi\"}}]}\n\n\
@@ -620,6 +688,80 @@ mod tests {
         let mut w = BodyWatch::new(Some(b"application/json"), false);
         w.push(Bytes::from_static(b"data: [DONE]\n\n"), &mut Vec::new());
         assert!(!w.ended());
+    }
+
+    /// An Anthropic Messages stream: input in `message_start`'s
+    /// `message.usage`, the output in `message_delta`.
+    const MESSAGES: &str = "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\
+        \"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"claude\",\"stop_reason\":null,\
+        \"stop_sequence\":null,\"usage\":{\"input_tokens\":25,\"cache_creation_input_tokens\":3,\
+        \"cache_read_input_tokens\":10,\"output_tokens\":1}}}\n\n\
+        event: ping\ndata: {\"type\": \"ping\"}\n\n\
+        event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n\
+        event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\"usage: 9\"}}\n\n\
+        event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n\
+        event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\",\"stop_sequence\":null},\
+        \"usage\":{\"output_tokens\":15}}\n\n\
+        event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n";
+
+    #[test]
+    fn reads_anthropic_usage_across_events_at_every_split_and_hides_nothing() {
+        let want = Usage { input_tokens: 38, output_tokens: 15, reasoning_tokens: None, cached_input_tokens: Some(10) };
+        for a in 0..MESSAGES.len() {
+            for (b, hide) in [(a, false), (a + 7, true), (a + 40, false), (a + 90, true)] {
+                let mut w = BodyWatch::new(Some(b"text/event-stream"), hide);
+                let mut out = Vec::new();
+                let (a2, b2) = (a.min(MESSAGES.len()), b.min(MESSAGES.len()));
+                for piece in [&MESSAGES[..a2], &MESSAGES[a2..b2], &MESSAGES[b2..]] {
+                    w.push(Bytes::copy_from_slice(piece.as_bytes()), &mut out);
+                }
+                assert!(w.ended(), "split {a},{b}");
+                let usage = w.finish(&mut out);
+                let body: Vec<u8> = out.iter().flat_map(|b| b.iter().copied()).collect();
+                assert_eq!(body, MESSAGES.as_bytes(), "split {a},{b}: never hidden");
+                assert_eq!(usage, Some(want), "split {a},{b}");
+            }
+        }
+        // One byte at a time.
+        let splits: Vec<usize> = (0..MESSAGES.len()).collect();
+        assert_eq!(run(MESSAGES, "text/event-stream", true, &splits), (MESSAGES.as_bytes().to_vec(), Some(want)));
+    }
+
+    #[test]
+    fn a_later_anthropic_input_count_wins_and_output_alone_is_no_usage() {
+        // Newer servers repeat the input and cache counts in `message_delta`.
+        let newer = MESSAGES.replace(
+            "\"usage\":{\"output_tokens\":15}",
+            "\"usage\":{\"input_tokens\":30,\"cache_read_input_tokens\":12,\"output_tokens\":15}",
+        );
+        assert_ne!(newer, MESSAGES);
+        assert_eq!(
+            run(&newer, "text/event-stream", false, &[100]).1,
+            Some(Usage { input_tokens: 45, output_tokens: 15, reasoning_tokens: None, cached_input_tokens: Some(12) })
+        );
+        // Cumulative output: the last `message_delta` decides.
+        let twice = MESSAGES.replace(
+            "event: message_stop",
+            "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{},\"usage\":{\"output_tokens\":20}}\n\nevent: message_stop",
+        );
+        assert_eq!(run(&twice, "text/event-stream", false, &[]).1.map(|u| u.output_tokens), Some(20));
+        // Without `message_start` there is no input count: no usage.
+        let start_end = MESSAGES.find("event: ping").unwrap();
+        assert_eq!(run(&MESSAGES[start_end..], "text/event-stream", false, &[]).1, None);
+    }
+
+    #[test]
+    fn reads_an_anthropic_message_body_at_every_split() {
+        let body = r#"{"id":"msg_1","type":"message","role":"assistant","model":"claude",
+            "content":[{"type":"text","text":"a "usage": {"input_tokens":99}"},{"type":"tool_use","id":"t","name":"f","input":{"usage":{"input_tokens":98}}}],
+            "stop_reason":"tool_use","stop_sequence":null,"usage":{"input_tokens":12,"cache_creation_input_tokens":0,
+            "cache_read_input_tokens":4,"cache_creation":{"ephemeral_5m_input_tokens":0},"output_tokens":6,"service_tier":"standard"}}"#;
+        let want = Usage { input_tokens: 16, output_tokens: 6, reasoning_tokens: None, cached_input_tokens: Some(4) };
+        for a in 0..body.len() {
+            let (relayed, usage) = run(body, "application/json", false, &[a, a + 31]);
+            assert_eq!(relayed, body.as_bytes(), "split {a}");
+            assert_eq!(usage, Some(want), "split {a}");
+        }
     }
 
     #[test]
