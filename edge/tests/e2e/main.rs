@@ -19,6 +19,7 @@ mod http_rfc;
 mod leases;
 mod lifecycle;
 mod links;
+mod messages;
 mod metrics;
 mod ollama;
 mod placement;

@@ -32,7 +32,25 @@ struct ChatRequest {
     #[serde(default)]
     top_logprobs: Option<u64>,
     #[serde(default)]
+    tools: Vec<serde_json::Value>,
+    #[serde(default)]
+    tool_choice: Option<serde_json::Value>,
+    #[serde(default)]
     mock: Option<MockOverrides>,
+}
+
+impl ChatRequest {
+    /// The tool a forced `tool_choice` makes the model call (`"required"`:
+    /// the first declared; an object: the function it names), as a model
+    /// obeying it would.
+    fn forced_tool(&self) -> Option<String> {
+        let first = || self.tools.first().and_then(|t| t["function"]["name"].as_str()).map(str::to_owned);
+        match self.tool_choice.as_ref()? {
+            serde_json::Value::String(c) if c == "required" => first(),
+            c @ serde_json::Value::Object(_) => c["function"]["name"].as_str().map(str::to_owned),
+            _ => None,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -151,6 +169,7 @@ pub fn plan(body: &[u8], config: &MockConfig, seq: u64, created: u64) -> Result<
     let Some(last) = req.messages.last() else {
         return Err(BadRequest("'messages' must not be empty".into()));
     };
+    let forced = req.forced_tool();
     let k = Knobs::resolve(req.mock, config)?;
     let choices = req.n.unwrap_or(1);
     if !(1..=MAX_FANOUT).contains(&choices) {
@@ -164,6 +183,8 @@ pub fn plan(body: &[u8], config: &MockConfig, seq: u64, created: u64) -> Result<
         Answer::Text(split_words(&tool_calls::echo(&content_text(&last.content))))
     } else if k.tool_calls > 0 {
         Answer::ToolCalls { calls: k.tool_calls, name: k.tool_name.clone() }
+    } else if let Some(name) = forced {
+        Answer::ToolCalls { calls: 1, name }
     } else if let Some(text) = &k.refusal {
         Answer::Refusal(split_words(text))
     } else {
@@ -293,6 +314,20 @@ mod tests {
 
         let p = plan(br#"{"messages":[{"role":"user","content":"hi"}]}"#, &config(), 1, 0).unwrap();
         assert_eq!((p.model.as_str(), p.stream, p.prompt_tokens, p.content), ("mock", false, 1, 16));
+    }
+
+    #[test]
+    fn a_forced_tool_choice_is_one_call_of_that_tool() {
+        let tools =
+            r#""tools":[{"type":"function","function":{"name":"a"}},{"type":"function","function":{"name":"b"}}]"#;
+        for (choice, name) in [(r#""required""#, "a"), (r#"{"type":"function","function":{"name":"b"}}"#, "b")] {
+            let body = format!(r#"{{"messages":[{{"role":"user","content":"x"}}],{tools},"tool_choice":{choice}}}"#);
+            let p = plan(body.as_bytes(), &config(), 1, 0).unwrap();
+            assert_eq!(p.finish_reason, "tool_calls", "{choice}");
+            assert!(matches!(&p.answer, Answer::ToolCalls { calls: 1, name: n } if n == name), "{choice}");
+        }
+        let auto = format!(r#"{{"messages":[{{"role":"user","content":"x"}}],{tools},"tool_choice":"auto"}}"#);
+        assert_eq!(plan(auto.as_bytes(), &config(), 1, 0).unwrap().finish_reason, "stop");
     }
 
     #[test]
