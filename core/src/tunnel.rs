@@ -12,7 +12,8 @@ use crate::{
 
 /// Paths under an OpenAI-compatible provider's base URL that the tunnel
 /// serves (each is `/v1<path>` on the edge).
-pub const PATHS: &[&str] = &["/chat/completions", "/completions", "/embeddings", "/responses"];
+pub const PATHS: &[&str] =
+    &["/chat/completions", "/completions", "/embeddings", "/responses", "/messages", "/messages/count_tokens"];
 
 /// One item of a tunnel's answer, in order: `Start`, `Body`*, then exactly
 /// one of `End` or `Error` (`Error` may also come first); or `Whole` alone.

@@ -37,6 +37,8 @@ struct MessagesRequest {
     #[serde(default)]
     thinking: Option<Value>,
     #[serde(default)]
+    tool_choice: Option<Value>,
+    #[serde(default)]
     mock: Option<MockOverrides>,
 }
 
@@ -157,7 +159,17 @@ pub fn plan(body: &[u8], config: &MockConfig, seq: u64) -> Result<MessagesPlan, 
     let explicit_name = req.mock.as_ref().and_then(|m| m.tool_name.clone());
     let k = Knobs::resolve(req.mock, config)?;
     let declared = req.tools.as_ref().and_then(|t| t.first()).and_then(|t| t.get("name")).and_then(Value::as_str);
-    let tool_name = explicit_name.or_else(|| declared.map(str::to_owned)).unwrap_or_else(|| k.tool_name.clone());
+    // A forced `tool_choice` (`any`, or `tool` naming one) is one call, as
+    // a model obeying it makes.
+    let forced = match req.tool_choice.as_ref().and_then(|c| c.get("type")).and_then(Value::as_str) {
+        Some("any") => Some(None),
+        Some("tool") => Some(req.tool_choice.as_ref().and_then(|c| c.get("name")).and_then(Value::as_str)),
+        _ => None,
+    };
+    let forced_name = forced.flatten().map(str::to_owned);
+    let tool_name =
+        explicit_name.or(forced_name).or_else(|| declared.map(str::to_owned)).unwrap_or_else(|| k.tool_name.clone());
+    let tool_calls = if k.tool_calls == 0 && forced.is_some() { 1 } else { k.tool_calls };
     let thinking = match (thinking_on, k.reasoning) {
         (false, _) => 0,
         (true, 0) => DEFAULT_THINKING,
@@ -166,8 +178,8 @@ pub fn plan(body: &[u8], config: &MockConfig, seq: u64) -> Result<MessagesPlan, 
     let last = messages.last();
     let answer = if let Some(said) = last.filter(|m| m.role.as_deref() == Some("user")).and_then(tool_results) {
         Answer::Text(split_words(&tool_calls::echo(&said)))
-    } else if k.tool_calls > 0 {
-        Answer::ToolCalls { calls: k.tool_calls, name: tool_name }
+    } else if tool_calls > 0 {
+        Answer::ToolCalls { calls: tool_calls, name: tool_name }
     } else if let Some(text) = &k.refusal {
         Answer::Refusal(split_words(text))
     } else {
@@ -271,9 +283,13 @@ impl MessagesPlan {
         }
     }
 
-    /// The thinking block's signature: `sig-<seq>`.
+    /// The thinking block's signature: `sig-` and the first 16 hex digits
+    /// of the thinking text's SHA-256, so the same thinking is signed the
+    /// same on every run (a client replays it byte for byte).
     pub fn signature(&self) -> String {
-        format!("sig-{}", self.seq)
+        let text: String = (0..self.thinking).map(|i| self.thinking_token(i)).collect();
+        let digest = super::json::sha256(text.as_bytes());
+        format!("sig-{}", &super::json::hex(&digest)[..16])
     }
 
     /// The tool-use function name and the id of tool use `i`.
@@ -424,7 +440,7 @@ mod tests {
         ));
         assert_eq!(
             v["content"],
-            json!([{"type":"thinking","thinking":"think0 think1 think2 think3 ","signature":"sig-5"},
+            json!([{"type":"thinking","thinking":"think0 think1 think2 think3 ","signature":"sig-21e51e89ff935043"},
                    {"type":"text","text":"tok0 tok1 "}])
         );
         assert_eq!(v["usage"]["output_tokens"], 6);
@@ -440,6 +456,21 @@ mod tests {
             r#"{"model":"m","max_tokens":9,"thinking":{"type":"disabled"},"messages":[{"role":"user","content":"x"}],"mock":{"reasoning":3}}"#,
         );
         assert_eq!(off.thinking, 0);
+    }
+
+    #[test]
+    fn a_forced_tool_choice_is_one_call() {
+        let tools =
+            r#""tools":[{"name":"lookup","input_schema":{"type":"object"}},{"name":"other","input_schema":{}}]"#;
+        for (choice, name) in [(r#"{"type":"any"}"#, "lookup"), (r#"{"type":"tool","name":"other"}"#, "other")] {
+            let v = body_of(&format!(
+                r#"{{"model":"m","max_tokens":5,{tools},"tool_choice":{choice},"messages":[{{"role":"user","content":"x"}}]}}"#
+            ));
+            assert_eq!(v["stop_reason"], "tool_use", "{choice}");
+            let names: Vec<&str> =
+                v["content"].as_array().unwrap().iter().map(|b| b["name"].as_str().unwrap()).collect();
+            assert_eq!(names, [name], "{choice}");
+        }
     }
 
     #[test]

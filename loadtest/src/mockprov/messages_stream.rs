@@ -217,7 +217,7 @@ mod tests {
         assert_eq!(ev[2].2["content_block"], json!({"type":"thinking","thinking":"","signature":""}));
         assert_eq!(ev[3].2["delta"], json!({"type":"thinking_delta","thinking":"think0 "}));
         assert_eq!(ev[3].0, Phase::SIDE);
-        assert_eq!(ev[5].2["delta"], json!({"type":"signature_delta","signature":"sig-3"}));
+        assert_eq!(ev[5].2["delta"], json!({"type":"signature_delta","signature":"sig-9132291d4a359ae0"}));
         assert_eq!((ev[6].2["index"].as_u64(), ev[7].2["index"].as_u64()), (Some(0), Some(1)));
         assert_eq!(ev[7].2["content_block"], json!({"type":"text","text":""}));
         assert_eq!((ev[8].0, &ev[8].2["delta"]), (Phase::CONTENT, &json!({"type":"text_delta","text":"tok0 "})));
