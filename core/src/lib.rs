@@ -14,6 +14,8 @@
 //! - [`liveness`]: the response-stall timeout and a stall terminal's evidence.
 //! - [`tunnel`]: the provider tunnel's items and header rules.
 //! - [`request`]: top-level fields of an OpenAI request body, edited in place.
+//! - [`messages`]: an Anthropic Messages request translated onto an OpenAI
+//!   chat-completions body.
 
 pub mod config;
 pub mod exec;

@@ -1,0 +1,319 @@
+//! [`to_chat`]: the top level of a Messages request, read as a JSON tree
+//! (duplicate keys refused), and the fields that tune the answer.
+
+use std::fmt;
+
+use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::{json, Map, Value};
+
+use super::{
+    blocks::{self, Ctx},
+    read::{
+        array, boolean, count, invalid, number, object, required, required_top, shown, string, take, Dropped, Path,
+    },
+    tools,
+};
+
+/// A Messages request translated onto an OpenAI chat-completions body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Translated {
+    /// The OpenAI chat-completions body (JSON), `model` set to the target given.
+    pub body: Vec<u8>,
+    /// `"stream": true` was asked.
+    pub stream: bool,
+    /// What the request carried that the translation could not honour and
+    /// left out, as short stable names (`cache_control`, `thinking_blocks`,
+    /// `tools.web_search_20250305`, `block.document`, an unknown top-level
+    /// field's own name...), sorted, deduplicated.
+    pub dropped: Vec<String>,
+    /// The client asked for thinking (`thinking.type` "enabled" or "adaptive").
+    pub thinking: bool,
+    /// The `stop_sequences` asked, to tell `stop_sequence` from `end_turn`
+    /// when the provider says which matched.
+    pub stop_sequences: Vec<String>,
+}
+
+/// A request the translation refuses; `message` is client-facing and names
+/// the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct Invalid {
+    /// 400, or 413 for an oversized image.
+    pub status: u16,
+    /// The field as a dotted path (`messages.1.content.0.tool_use_id`);
+    /// empty for the body as a whole.
+    pub param: String,
+    pub message: String,
+}
+
+/// Bounds on what a request may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Decoded bytes of one base64 image.
+    pub max_image_bytes: usize,
+}
+
+impl Default for Limits {
+    /// Anthropic's own limit: 5 MiB per image.
+    fn default() -> Self {
+        Self { max_image_bytes: 5 * 1024 * 1024 }
+    }
+}
+
+/// Top-level fields Anthropic knows that need its own servers (or only
+/// tune them): left out by name.
+const SERVER_ONLY: &[&str] = &["context_management", "container", "mcp_servers", "service_tier", "inference_geo"];
+
+/// The OpenAI chat-completions body for the Messages request `body`, with
+/// `model` = `target_model`.
+pub fn to_chat(body: &[u8], target_model: &str, limits: &Limits) -> Result<Translated, Invalid> {
+    let mut top = read_top(body)?;
+    let mut ctx = Ctx { limits, dropped: Dropped::default() };
+    let mut out = Map::new();
+
+    string(required_top(&mut top, "model")?, Path::top("model"))?;
+    out.insert("model".into(), target_model.into());
+    let max_tokens = count(required_top(&mut top, "max_tokens")?, Path::top("max_tokens"))
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| invalid(Path::top("max_tokens"), "must be a positive integer"))?;
+    out.insert("max_tokens".into(), max_tokens.into());
+
+    let mut messages = Vec::new();
+    let messages_value = required_top(&mut top, "messages")?;
+    if let Some(system) = take(&mut top, "system") {
+        if let Some(text) = blocks::system(system, &mut ctx)? {
+            messages.push(json!({"role": "system", "content": text}));
+        }
+    }
+    blocks::messages(messages_value, &mut ctx, &mut messages)?;
+    out.insert("messages".into(), Value::Array(messages));
+
+    let stream = take(&mut top, "stream").map(|v| boolean(v, Path::top("stream"))).transpose()?.unwrap_or(false);
+    if stream {
+        out.insert("stream".into(), true.into());
+        // The edge accounts usage, which a stream only reports when asked.
+        out.insert("stream_options".into(), json!({"include_usage": true}));
+    }
+
+    tools::tools(take(&mut top, "tools"), take(&mut top, "tool_choice"), &mut ctx.dropped, &mut out)?;
+
+    let stop_sequences = match take(&mut top, "stop_sequences") {
+        None => Vec::new(),
+        Some(v) => {
+            let at = Path::top("stop_sequences");
+            let list = array(v, at)?;
+            let mut stops = Vec::with_capacity(list.len());
+            for (k, s) in list.into_iter().enumerate() {
+                stops.push(string(s, at.index(k))?);
+            }
+            stops
+        }
+    };
+    if !stop_sequences.is_empty() {
+        out.insert("stop".into(), stop_sequences.clone().into());
+    }
+
+    for key in ["temperature", "top_p"] {
+        if let Some(v) = take(&mut top, key) {
+            out.insert(key.into(), number(v, Path::top(key))?);
+        }
+    }
+    if let Some(v) = take(&mut top, "top_k") {
+        out.insert("top_k".into(), count(v, Path::top("top_k"))?.into());
+    }
+
+    if let Some(v) = take(&mut top, "metadata") {
+        metadata(v, &mut ctx.dropped, &mut out)?;
+    }
+
+    let thinking = reasoning(take(&mut top, "thinking"), take(&mut top, "output_config"), &mut ctx.dropped, &mut out)?;
+    // The structured-outputs beta's name for `output_config.format`.
+    if let Some(v) = take(&mut top, "output_format") {
+        if out.contains_key("response_format") {
+            ctx.dropped.add("output_format");
+        } else {
+            out.insert("response_format".into(), response_format(v, Path::top("output_format"), &mut ctx.dropped)?);
+        }
+    }
+
+    for key in SERVER_ONLY {
+        if take(&mut top, key).is_some() {
+            ctx.dropped.add(key);
+        }
+    }
+    // Unknown fields are left out, never refused: a newer client's extras
+    // must not fail its request.
+    for (key, v) in top {
+        if !v.is_null() {
+            ctx.dropped.add(shown(&key));
+        }
+    }
+
+    let body = serde_json::to_vec(&Value::Object(out)).map_err(|e| Invalid {
+        status: 400,
+        param: String::new(),
+        message: format!("invalid request body: {e}"),
+    })?;
+    Ok(Translated { body, stream, dropped: ctx.dropped.into_vec(), thinking, stop_sequences })
+}
+
+/// The refusal of the body as a whole.
+fn bad_body(what: impl fmt::Display) -> Invalid {
+    Invalid { status: 400, param: String::new(), message: format!("invalid request body: {what}") }
+}
+
+/// The top-level object; a key given twice is refused (which one would a
+/// reader honour?).
+fn read_top(body: &[u8]) -> Result<Map<String, Value>, Invalid> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Err(bad_body("empty; expected a JSON object"));
+    }
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(bad_body("expected a JSON object"));
+    }
+    let Top(top) = serde_json::from_slice(body).map_err(bad_body)?;
+    top.map_err(|key| {
+        let param = shown(&key).to_owned();
+        Invalid { status: 400, message: format!("{param}: given twice"), param }
+    })
+}
+
+/// The top-level object, or the first key given twice.
+struct Top(Result<Map<String, Value>, String>);
+
+impl<'de> Deserialize<'de> for Top {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_map(TopVisitor)
+    }
+}
+
+struct TopVisitor;
+
+impl<'de> Visitor<'de> for TopVisitor {
+    type Value = Top;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON object")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Top, A::Error> {
+        let mut map = Map::new();
+        let mut twice = None;
+        while let Some(key) = access.next_key::<String>()? {
+            // After a duplicate the rest is only checked for syntax, so a
+            // later syntax error still reads as one.
+            if twice.is_some() {
+                access.next_value::<IgnoredAny>()?;
+            } else if map.contains_key(&key) {
+                access.next_value::<IgnoredAny>()?;
+                twice = Some(key);
+            } else {
+                map.insert(key, access.next_value()?);
+            }
+        }
+        Ok(Top(twice.map_or(Ok(map), Err)))
+    }
+}
+
+/// `metadata.user_id` as `user`; other keys (Anthropic knows none) left
+/// out by name.
+fn metadata(v: Value, dropped: &mut Dropped, out: &mut Map<String, Value>) -> Result<(), Invalid> {
+    let at = Path::top("metadata");
+    let mut m = object(v, at)?;
+    if let Some(user) = take(&mut m, "user_id") {
+        out.insert("user".into(), string(user, at.key("user_id"))?.into());
+    }
+    dropped.rest(m, "metadata");
+    Ok(())
+}
+
+/// `thinking` and `output_config` as `reasoning_effort` and
+/// `response_format`; returns whether thinking was asked.
+///
+/// One rule for the effort: `thinking.type` "disabled" is `"none"` whatever
+/// else is said; otherwise `output_config.effort` when given (an explicit
+/// level beats one guessed from a budget); otherwise the budget of
+/// "enabled" (< 4096 low, < 16384 medium, else high). "adaptive" alone
+/// leaves the provider's default.
+fn reasoning(
+    thinking: Option<Value>,
+    config: Option<Value>,
+    dropped: &mut Dropped,
+    out: &mut Map<String, Value>,
+) -> Result<bool, Invalid> {
+    let mut asked = false;
+    let mut disabled = false;
+    let mut from_budget = None;
+    if let Some(v) = thinking {
+        let at = Path::top("thinking");
+        let mut t = object(v, at)?;
+        let kind = string(required(&mut t, "type", at)?, at.key("type"))?;
+        match kind.as_str() {
+            "enabled" => {
+                asked = true;
+                let budget = count(required(&mut t, "budget_tokens", at)?, at.key("budget_tokens"))?;
+                from_budget = Some(match budget {
+                    0..4096 => "low",
+                    4096..16384 => "medium",
+                    _ => "high",
+                });
+            }
+            "adaptive" => asked = true,
+            "disabled" => disabled = true,
+            other => {
+                return Err(invalid(
+                    at.key("type"),
+                    format_args!("must be one of \"enabled\", \"adaptive\", \"disabled\", not \"{}\"", shown(other)),
+                ))
+            }
+        }
+        dropped.rest(t, "thinking");
+    }
+    let mut effort = None;
+    if let Some(v) = config {
+        let at = Path::top("output_config");
+        let mut c = object(v, at)?;
+        if let Some(e) = take(&mut c, "effort") {
+            effort = Some(match string(e, at.key("effort"))?.as_str() {
+                "low" => "low",
+                "medium" => "medium",
+                // OpenAI-compatible servers know up to "high".
+                "high" | "xhigh" | "max" => "high",
+                other => {
+                    return Err(invalid(
+                        at.key("effort"),
+                        format_args!("must be one of low, medium, high, xhigh, max, not \"{}\"", shown(other)),
+                    ))
+                }
+            });
+        }
+        if let Some(f) = take(&mut c, "format") {
+            out.insert("response_format".into(), response_format(f, at.key("format"), dropped)?);
+        }
+        dropped.rest(c, "output_config");
+    }
+    let level = if disabled { Some("none") } else { effort.or(from_budget) };
+    if let Some(level) = level {
+        out.insert("reasoning_effort".into(), level.into());
+    }
+    Ok(asked)
+}
+
+/// A structured-output format (`{"type":"json_schema","schema":{..}}`) as
+/// OpenAI's `response_format`. Not `strict`: OpenAI's strict mode refuses
+/// schemas Anthropic accepts, and the servers that constrain decoding do so
+/// without it.
+fn response_format(v: Value, at: Path<'_>, dropped: &mut Dropped) -> Result<Value, Invalid> {
+    let mut f = object(v, at)?;
+    let kind = string(required(&mut f, "type", at)?, at.key("type"))?;
+    if kind != "json_schema" {
+        return Err(invalid(at.key("type"), format_args!("must be \"json_schema\", not \"{}\"", shown(&kind))));
+    }
+    let schema = required(&mut f, "schema", at)?;
+    if !schema.is_object() {
+        return Err(invalid(at.key("schema"), "must be an object"));
+    }
+    dropped.rest(f, &format!("{at}"));
+    Ok(json!({"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}))
+}
