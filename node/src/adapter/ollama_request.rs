@@ -20,7 +20,7 @@
 //! | `tool_choice` | `"auto"`: nothing; `"none"`: `tools` not sent; others refused |
 //! | `response_format` | `json_object`: `format: "json"`; `json_schema`: `format: <schema>`; `text`: nothing |
 //! | `stop` | `options.stop` (a string becomes a one-item list) |
-//! | `seed`, `temperature`, `top_p`, `frequency_penalty`, `presence_penalty` | `options.<same name>` |
+//! | `seed`, `temperature`, `top_p`, `top_k`, `frequency_penalty`, `presence_penalty` | `options.<same name>` |
 //! | `max_tokens`, `max_completion_tokens` (wins) | `options.num_predict` |
 //! | `reasoning_effort` | `think`: `none` → false, `minimal`/`low` → "low", `medium`, `high`/`xhigh` → "high" |
 //!
@@ -224,7 +224,9 @@ pub(crate) fn chat_body_with(body: &[u8], target: &str, raw: bool) -> Result<Cha
         }
         Some(_) => return Err(invalid("`seed` must be an integer")),
     }
-    for key in ["temperature", "top_p", "frequency_penalty", "presence_penalty"] {
+    // `top_k`: an extension vLLM, llama.cpp and Ollama's /v1 take at the
+    // top level; Ollama's own API reads it among the options.
+    for key in ["temperature", "top_p", "top_k", "frequency_penalty", "presence_penalty"] {
         if let Some(v) = number(&mut req, key)? {
             options.insert(key.into(), v);
         }
@@ -786,12 +788,12 @@ mod tests {
     fn every_sampling_field_lands_in_options() {
         let out = chat(json!({
             "model": "m", "messages": user("x"),
-            "temperature": 0.25, "top_p": 0.5, "frequency_penalty": 1.5, "presence_penalty": -0.5,
+            "temperature": 0.25, "top_p": 0.5, "top_k": 40, "frequency_penalty": 1.5, "presence_penalty": -0.5,
             "seed": 42, "stop": "END", "max_tokens": 7,
         }));
         assert_eq!(
             out["options"],
-            json!({"temperature": 0.25, "top_p": 0.5, "frequency_penalty": 1.5, "presence_penalty": -0.5,
+            json!({"temperature": 0.25, "top_p": 0.5, "top_k": 40, "frequency_penalty": 1.5, "presence_penalty": -0.5,
                    "seed": 42, "stop": ["END"], "num_predict": 7})
         );
         for key in ["temperature", "top_p", "seed", "stop", "max_tokens"] {
