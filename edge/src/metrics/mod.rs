@@ -49,8 +49,8 @@ impl Histogram {
 /// config knows).
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ModelMetrics {
-    /// Requests by response status.
-    pub by_status: Vec<(u16, u64)>,
+    /// Requests by surface (the route's closed label) and response status.
+    pub by_status: Vec<(&'static str, u16, u64)>,
     /// From the request's head to its last byte.
     pub duration: Histogram,
     /// From the request's head to the first byte of the answer's body.
@@ -90,8 +90,8 @@ impl CoreMetrics {
     pub fn merge(&mut self, other: &CoreMetrics) {
         for (model, m) in &other.models {
             let mine = self.models.entry(model.clone()).or_default();
-            for &(status, n) in &m.by_status {
-                bump_status(&mut mine.by_status, status, n);
+            for &(surface, status, n) in &m.by_status {
+                bump_status(&mut mine.by_status, surface, status, n);
             }
             mine.duration.merge(&m.duration);
             mine.ttft.merge(&m.ttft);
@@ -117,10 +117,10 @@ fn merge_map<K: Copy + Eq + std::hash::Hash>(into: &mut HashMap<K, u64>, from: &
     }
 }
 
-fn bump_status(list: &mut Vec<(u16, u64)>, status: u16, n: u64) {
-    match list.iter_mut().find(|(s, _)| *s == status) {
-        Some((_, c)) => *c += n,
-        None => list.push((status, n)),
+fn bump_status(list: &mut Vec<(&'static str, u16, u64)>, surface: &'static str, status: u16, n: u64) {
+    match list.iter_mut().find(|(f, s, _)| *f == surface && *s == status) {
+        Some((_, _, c)) => *c += n,
+        None => list.push((surface, status, n)),
     }
 }
 
@@ -141,6 +141,8 @@ pub fn snapshot() -> CoreMetrics {
 pub struct RequestDone<'a> {
     /// Its configured model, or "".
     pub model: &'a str,
+    /// The route's closed label (`chat_completions`, `messages`, …, `other`).
+    pub surface: &'static str,
     /// The response status (0 when none was written).
     pub status: u16,
     pub duration: Duration,
@@ -155,7 +157,7 @@ pub fn request(r: &RequestDone<'_>) {
             Some(mm) => mm,
             None => m.models.entry(r.model.into()).or_default(),
         };
-        bump_status(&mut mm.by_status, r.status, 1);
+        bump_status(&mut mm.by_status, r.surface, r.status, 1);
         mm.duration.observe(r.duration);
         if let Some(t) = r.ttft {
             mm.ttft.observe(t);
@@ -237,11 +239,18 @@ mod tests {
         let mut a = CoreMetrics::default();
         let mut b = CoreMetrics::default();
         b.gaps[0] = h.clone();
-        b.models.insert("m".into(), ModelMetrics { by_status: vec![(200, 2)], ..Default::default() });
-        a.models.insert("m".into(), ModelMetrics { by_status: vec![(200, 1), (503, 1)], ..Default::default() });
+        b.models
+            .insert("m".into(), ModelMetrics { by_status: vec![("chat_completions", 200, 2)], ..Default::default() });
+        a.models.insert(
+            "m".into(),
+            ModelMetrics {
+                by_status: vec![("chat_completions", 200, 1), ("chat_completions", 503, 1)],
+                ..Default::default()
+            },
+        );
         a.merge(&b);
         assert_eq!(a.gaps[0].count(), 3);
-        assert_eq!(a.models["m"].by_status, vec![(200, 3), (503, 1)]);
+        assert_eq!(a.models["m"].by_status, vec![("chat_completions", 200, 3), ("chat_completions", 503, 1)]);
     }
 
     #[test]

@@ -51,12 +51,16 @@ pub fn render(m: &CoreMetrics, g: &Gauges<'_>) -> String {
     let mut models: Vec<_> = m.models.iter().collect();
     models.sort_by(|a, b| a.0.cmp(b.0));
 
-    head(&mut out, "iop_edge_requests_total", "counter", "Requests answered, by model and HTTP status.");
+    head(&mut out, "iop_edge_requests_total", "counter", "Requests answered, by model, surface and HTTP status.");
     for (model, mm) in &models {
         let mut statuses = mm.by_status.clone();
         statuses.sort_unstable();
-        for (status, n) in statuses {
-            let _ = writeln!(out, "iop_edge_requests_total{{model=\"{}\",status=\"{status}\"}} {n}", esc(model));
+        for (surface, status, n) in statuses {
+            let model = esc(model);
+            let _ = writeln!(
+                out,
+                "iop_edge_requests_total{{model=\"{model}\",surface=\"{surface}\",status=\"{status}\"}} {n}"
+            );
         }
     }
     let hists: [(&str, &str, Pick); 3] = [

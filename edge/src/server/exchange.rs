@@ -34,6 +34,9 @@ pub struct Finish {
     pub attempts: u8,
 }
 
+/// The metrics' `surface` of a request no model route took.
+const OTHER_SURFACE: &str = "other";
+
 /// One request's record.
 #[derive(Debug)]
 pub struct Exchange {
@@ -54,6 +57,9 @@ pub struct Exchange {
     pub api_key: Option<Arc<crate::pool::keys::KeyState>>,
     /// What a translation left out of the request (names, comma-separated).
     dropped: String,
+    /// The route's closed label for the metrics (`other` until a surface
+    /// names it).
+    surface: &'static str,
 }
 
 impl Default for Exchange {
@@ -68,6 +74,7 @@ impl Default for Exchange {
             finish: Rc::default(),
             api_key: None,
             dropped: String::new(),
+            surface: OTHER_SURFACE,
         }
     }
 }
@@ -94,6 +101,7 @@ impl Exchange {
         self.queue_wait = None;
         self.api_key = None;
         self.dropped.clear();
+        self.surface = OTHER_SURFACE;
         let mut f = self.finish.borrow_mut();
         f.model.clear();
         f.id.clear();
@@ -103,6 +111,11 @@ impl Exchange {
         f.code = None;
         f.usage = None;
         f.attempts = 0;
+    }
+
+    /// The request is on the route labelled `surface` (a closed set).
+    pub fn set_surface(&mut self, surface: &'static str) {
+        self.surface = surface;
     }
 
     /// A translation left out what `names` names (client input: clipped).
@@ -132,6 +145,7 @@ impl Exchange {
         let ttft = self.first_byte.map(|t| t.saturating_duration_since(self.started));
         metrics::request(&metrics::RequestDone {
             model: &f.model,
+            surface: self.surface,
             status: self.status,
             duration,
             ttft,
@@ -154,6 +168,7 @@ impl Exchange {
             method,
             path,
             model = %f.model,
+            surface = self.surface,
             node = f.node.as_deref().unwrap_or(""),
             provider = f.provider.as_deref().unwrap_or(""),
             status = self.status,

@@ -71,6 +71,7 @@ pub async fn handle(worker: &Rc<Ctx>, conn: &mut Conn, head: RequestHead, body: 
         None
     };
     if let (Some(route), "POST") = (route, head.method.as_str()) {
+        conn.exchange.set_surface(route.label());
         return exchange::run(worker, conn, head, body, route, key).await;
     }
     // Boxed: the other routes' states stay out of every connection's task

@@ -49,6 +49,18 @@ impl Route {
         }
     }
 
+    /// Its label in the metrics and the access log (a closed set).
+    pub fn label(self) -> &'static str {
+        match self {
+            Route::Chat => "chat_completions",
+            Route::Completions => "completions",
+            Route::Embeddings => "embeddings",
+            Route::Responses => "responses",
+            Route::Messages => "messages",
+            Route::CountTokens => "count_tokens",
+        }
+    }
+
     /// The dialect its answers and errors are in.
     pub fn dialect(self) -> Dialect {
         match self {

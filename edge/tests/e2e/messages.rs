@@ -222,6 +222,17 @@ fn count_tokens_is_estimated_where_no_provider_counts() {
     assert_eq!(r.header("iop-token-count"), Some("estimate"));
     let n = r.json()["input_tokens"].as_u64().unwrap();
     assert!((5..40).contains(&n), "{n}");
+    let r = post(
+        &edge,
+        "/v1/messages",
+        &json!({"model": "m", "max_tokens": 5, "messages": [{"role": "user", "content": "x"}]}),
+        &[],
+    );
+    assert_eq!(r.status, 200);
+    // Each route is counted under its own surface.
+    let text = String::from_utf8(edge.admin("/metrics").body).unwrap();
+    assert!(text.contains(r#"iop_edge_requests_total{model="m",surface="count_tokens",status="200"} 1"#), "{text}");
+    assert!(text.contains(r#"iop_edge_requests_total{model="m",surface="messages",status="200"} 1"#), "{text}");
 }
 
 #[test]

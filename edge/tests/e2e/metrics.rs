@@ -105,6 +105,10 @@ fn metrics_and_access_log_name_only_closed_sets_and_never_a_secret() {
     let text = String::from_utf8(r.body.clone()).expect("utf-8");
     let closed: &[(&str, &[&str])] = &[
         ("model", &["m", "o", ""]),
+        (
+            "surface",
+            &["chat_completions", "completions", "embeddings", "responses", "messages", "count_tokens", "other"],
+        ),
         ("node", &["n1"]),
         ("provider", &["up", "ol"]),
         ("class", &["normal", "long"]),
@@ -177,10 +181,10 @@ fn metrics_and_access_log_name_only_closed_sets_and_never_a_secret() {
     }
     // The request without the admin token above.
     assert!(text.contains(r#"iop_edge_auth_failures_total{credential="admin"} 1"#), "{text}");
-    assert!(text.contains(r#"iop_edge_requests_total{model="m",status="200"} 3"#), "{text}");
-    assert!(text.contains(r#"iop_edge_requests_total{model="o",status="200"} 2"#), "{text}");
-    assert!(text.contains(r#"iop_edge_requests_total{model="m",status="500"} 1"#), "{text}");
-    assert!(text.contains(r#"iop_edge_requests_total{model="",status="404"} 1"#), "{text}");
+    assert!(text.contains(r#"iop_edge_requests_total{model="m",surface="chat_completions",status="200"} 3"#), "{text}");
+    assert!(text.contains(r#"iop_edge_requests_total{model="o",surface="chat_completions",status="200"} 2"#), "{text}");
+    assert!(text.contains(r#"iop_edge_requests_total{model="m",surface="chat_completions",status="500"} 1"#), "{text}");
+    assert!(text.contains(r#"iop_edge_requests_total{model="",surface="chat_completions",status="404"} 1"#), "{text}");
     assert!(text.contains(r#"iop_edge_provider_health_transitions_total{outcome="lowered"} 1"#), "{text}");
     assert!(text.contains(r#"iop_edge_provider_health_transitions_total{outcome="recovered"} 1"#), "{text}");
 
