@@ -212,6 +212,10 @@ pub struct ModelGroup {
     pub max_waiters: u32,
     /// How long a request may wait for a lease.
     pub queue_timeout: Duration,
+    /// Refuse (400) a request whose translation for a provider that does not
+    /// speak its API would leave something out, instead of serving it with
+    /// what was left out named.
+    pub strict: bool,
 }
 
 /// One candidate of a [`ModelGroup`]. Shared strings: a request's
@@ -530,7 +534,8 @@ fn model_group(i: usize, raw: RawModel, nodes: &[NodeEntry]) -> Result<ModelGrou
         }
     }
 
-    Ok(ModelGroup { name, targets, long_context_threshold, max_waiters, queue_timeout })
+    let strict = raw.strict.unwrap_or(false);
+    Ok(ModelGroup { name, targets, long_context_threshold, max_waiters, queue_timeout, strict })
 }
 
 /// `[[models.targets]]`: each names an existing node and one of its
@@ -798,6 +803,7 @@ provider = "local"
                 long_context_threshold: None,
                 max_waiters: 256,
                 queue_timeout: Duration::from_secs(30),
+                strict: false,
             })]
         );
         assert_eq!(c.testing, TestingSettings::default());
@@ -911,6 +917,7 @@ heartbeat_wait_ms = 25
                 long_context_threshold: None,
                 max_waiters: 0,
                 queue_timeout: Duration::from_secs(24 * 3600),
+                strict: false,
             }
         );
         assert_eq!(
@@ -921,6 +928,7 @@ heartbeat_wait_ms = 25
                 long_context_threshold: Some(8000),
                 max_waiters: u32::MAX,
                 queue_timeout: Duration::from_millis(1),
+                strict: false,
             }
         );
         assert_eq!(

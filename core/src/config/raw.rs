@@ -186,6 +186,7 @@ pub(crate) struct RawModel {
     pub long_context_threshold: Option<u64>,
     pub max_waiters: Option<u64>,
     pub queue_timeout_ms: Option<u64>,
+    pub strict: Option<bool>,
     pub targets: Option<Vec<RawTarget>>,
 }
 

@@ -308,6 +308,7 @@ mod tests {
             long_context_threshold: None,
             max_waiters: 1,
             queue_timeout: std::time::Duration::from_secs(1),
+            strict: false,
         };
         (group, view)
     }

@@ -464,3 +464,27 @@ fn the_anthropic_sdk_gets_every_part_of_a_translated_answer() {
         assert_translated(kind, &v, true);
     }
 }
+
+#[test]
+fn a_strict_model_refuses_what_its_provider_cannot_honour() {
+    let node = mock_node("n1", 8, 0, 4, 0);
+    let models = [mock_model("m", &["n1"], ""), mock_model("s", &["n1"], "strict = true")];
+    let edge = Edge::start(&pool_config(&[node], &models, ""));
+    let _n = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+    let body = |model: &str| {
+        json!({"model": model, "max_tokens": 5, "messages": [{"role": "user", "content": "x"}],
+               "tools": [{"type": "web_search_20250305", "name": "web_search"}]})
+    };
+    let r = post(&edge, "/v1/messages", &body("m"), &[]);
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("iop-dropped"), Some("tools.web_search_20250305"));
+    let r = post(&edge, "/v1/messages", &body("s"), &[]);
+    assert_eq!(r.status, 400);
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_owned();
+    assert!(msg.contains("strict") && msg.contains("tools.web_search_20250305"), "{msg}");
+    // The access log names what was left out of the lenient one.
+    eventually(std::time::Duration::from_secs(5), "the access log line", || {
+        edge.proc.log_text().contains("dropped=\"tools.web_search_20250305\"")
+    });
+}

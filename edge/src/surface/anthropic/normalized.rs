@@ -45,7 +45,8 @@ pub fn answer<'a>(
 ) -> impl std::future::Future<Output = bool> + 'a {
     let keep = parts.head.keep_alive;
     let target = admitted.target.upstream_model.clone();
-    let translated = messages::to_chat(&parts.bytes, &target, &messages::Limits::default());
+    let translated = messages::to_chat(&parts.bytes, &target, &messages::Limits::default())
+        .and_then(|t| refuse_if_strict(&parts.group, &t.dropped).map(|()| t));
     let estimate = estimated_tokens(parts.bytes.len());
     let submitted = translated.map(|t| {
         let principal = conn.exchange.api_key.as_ref().map(|k| k.entry.name.clone()).unwrap_or_default();
@@ -104,6 +105,24 @@ async fn collect(run: &mut RunStream, agg: &mut MessageAggregate) -> Result<(), 
         }
     }
     Err(ended_without_result())
+}
+
+/// A strict model (`strict = true`) refuses what its provider cannot
+/// honour instead of serving it without.
+fn refuse_if_strict(group: &iop_core::config::ModelGroup, dropped: &[String]) -> Result<(), messages::Invalid> {
+    if !group.strict || dropped.is_empty() {
+        return Ok(());
+    }
+    let names = dropped.join(", ");
+    Err(messages::Invalid {
+        status: 400,
+        param: dropped[0].clone(),
+        message: format!(
+            "model `{}` is strict and its provider cannot honour: {names}; remove them or use a model that serves \
+             this API natively",
+            crate::surface::error::clip(&group.name)
+        ),
+    })
 }
 
 /// Waits for the whole run and answers with one `message`.
