@@ -19,7 +19,7 @@ mod http_rfc;
 mod leases;
 mod lifecycle;
 mod links;
-mod messages;
+pub mod messages;
 mod metrics;
 mod ollama;
 mod placement;

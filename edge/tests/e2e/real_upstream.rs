@@ -141,3 +141,48 @@ fn official_openai_python_sdk_streams_and_completes() {
     assert_eq!(v["models"], json!(["mock"]), "{v}");
     assert_eq!(v["not_found_status"], 404, "{v}");
 }
+
+#[test]
+#[ignore = "needs llama.cpp (xllamacpp), a GGUF model (IOP_E2E_LLAMA_MODEL) and the anthropic SDK, from scripts/fetch-test-model.sh; CI runs it"]
+fn real_llama_cpp_serves_the_messages_api_natively_and_translated() {
+    use crate::messages::anthropic_flows;
+    let model = llama_model();
+    let (_llama, port) = start_llama(&model);
+    let base = format!("http://127.0.0.1:{port}/v1");
+    // What a small model answers reliably: text, streamed and not, a system
+    // prompt, stop sequences, a cap, errors and a token count.
+    // (A block type llama.cpp does not know it ignores: natively that is
+    // the provider's call; translated, the edge refuses it.)
+    for native in [true, false] {
+        let flows = if native {
+            "text,text_stream,system,stop_sequences,max_tokens,error_not_found,count_tokens"
+        } else {
+            "text,text_stream,system,stop_sequences,max_tokens,error_not_found,error_invalid,count_tokens"
+        };
+        let extra = if native { "native_apis = [\"messages\"]" } else { "native_apis = []" };
+        let edge = Edge::start(&one_provider_config("openai_compat", &base, extra, "smollm2"));
+        let _node = edge.node(NODE_TOKEN, &[]);
+        edge.wait_nodes_ready(1);
+        let v = anthropic_flows(&format!("http://{}", edge.http), "m", flows);
+        let what = if native { "native" } else { "translated" };
+        let failed: Vec<String> = v
+            .as_object()
+            .unwrap()
+            .iter()
+            .filter_map(|(flow, r)| r.get("exception").map(|e| format!("{flow}: {e}")))
+            .collect();
+        assert!(failed.is_empty(), "{what}: {failed:#?}");
+        let text = v["text"]["content"].as_array().and_then(|c| c.last()).cloned().unwrap_or_default();
+        assert_eq!(text["type"], "text", "{what}: {v:#}");
+        assert!(!text["text"].as_str().unwrap_or("").is_empty(), "{what}: {v:#}");
+        assert!(v["text"]["usage"]["input_tokens"].as_u64().unwrap() > 0, "{what}: {v:#}");
+        assert_eq!(v["max_tokens"]["stop_reason"], "max_tokens", "{what}");
+        assert_eq!(v["error_not_found"]["status"], 404, "{what}");
+        assert_eq!(v["count_tokens"]["positive"], true, "{what}");
+        // The native count is llama.cpp's own tokenizer's; the translated one an estimate.
+        let ask = json!({"model": "m", "messages": [{"role": "user", "content": "hello there"}]});
+        let r = request(edge.http, "POST", "/v1/messages/count_tokens", Some(ask.to_string().as_bytes()), &[]);
+        assert_eq!(r.status, 200, "{what}: {}", String::from_utf8_lossy(&r.body));
+        assert_eq!(r.header("iop-token-count").is_some(), !native, "{what}");
+    }
+}
