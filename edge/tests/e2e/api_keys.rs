@@ -152,3 +152,33 @@ fn a_client_that_speaks_anthropic_gets_its_refusals_in_anthropic_shape() {
     let r = chat(&edge, "o", &[("authorization", &format!("Bearer {ALICE}"))]);
     assert_eq!((r.status, code(&r)), (403, json!("model_not_allowed")));
 }
+
+#[test]
+fn the_messages_api_takes_x_api_key_and_answers_refusals_in_anthropics_shape() {
+    let mock = MockProv::start(&["--tokens", "4", "--without", "messages"]);
+    let edge = Edge::start(&config(&mock));
+    let _node = edge.node(NODE_TOKEN, &[]);
+    edge.wait_nodes_ready(1);
+    let messages = |model: &str, auth: &[(&str, &str)]| {
+        let body = json!({"model": model, "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]});
+        let mut headers = vec![("anthropic-version", "2023-06-01")];
+        headers.extend_from_slice(auth);
+        request(edge.http, "POST", "/v1/messages", Some(body.to_string().as_bytes()), &headers)
+    };
+    let kind = |r: &Response| r.json()["error"]["type"].as_str().map(str::to_owned);
+    let r = messages("m", &[]);
+    assert_eq!((r.status, kind(&r).as_deref()), (401, Some("authentication_error")));
+    let r = messages("o", &[("x-api-key", ALICE)]);
+    assert_eq!((r.status, kind(&r).as_deref()), (403, Some("permission_error")));
+    // Bob's 3 tokens a minute: the first answer's usage spends them.
+    let r = messages("m", &[("x-api-key", BOB)]);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.json()["type"], "message");
+    eventually(std::time::Duration::from_secs(5), "bob's tokens charged", || {
+        let r = messages("m", &[("x-api-key", BOB)]);
+        r.status == 429 && kind(&r).as_deref() == Some("rate_limit_error")
+    });
+    // The gateway's key never reaches the provider.
+    let rec = request(mock.addr, "GET", "/log", None, &[]).json();
+    assert!(!rec.to_string().contains(BOB), "the client's key reached the provider");
+}
