@@ -16,6 +16,9 @@
 //! - [`request`]: top-level fields of an OpenAI request body, edited in place.
 //! - [`messages`]: an Anthropic Messages request translated onto an OpenAI
 //!   chat-completions body.
+//! - [`responses`]: an OpenAI Responses request translated onto an OpenAI
+//!   chat-completions body.
+//! - `translate` (crate-private): what those two translations share.
 
 pub mod config;
 pub mod exec;
@@ -27,7 +30,9 @@ pub mod liveness;
 pub mod messages;
 pub mod net;
 pub mod request;
+pub mod responses;
 pub mod rt;
 pub mod sse;
+mod translate;
 pub mod tunnel;
 pub mod wire;

@@ -9,6 +9,7 @@ use super::{
     read::{array, block, boolean, invalid, object, required, shown, string, take, Dropped, Path},
     request::{Invalid, Limits},
 };
+use crate::translate::image;
 
 /// Text blocks of one message (or of `system`) become one string joined
 /// with this, as the node joins text parts for Ollama (and vLLM for its
@@ -306,18 +307,7 @@ fn image(b: &mut Map<String, Value>, at: Path<'_>, ctx: &mut Ctx<'_>) -> Result<
                 return Err(invalid(sat.key("media_type"), format_args!("must be one of {}", MEDIA_TYPES.join(", "))));
             }
             let data = string(required(&mut src, "data", sat)?, sat.key("data"))?;
-            let size = decoded_len(&data);
-            if size > ctx.limits.max_image_bytes {
-                let param = sat.key("data").to_string();
-                return Err(Invalid {
-                    status: 413,
-                    message: format!(
-                        "{param}: the image is {size} bytes decoded, over the limit of {} bytes",
-                        ctx.limits.max_image_bytes
-                    ),
-                    param,
-                });
-            }
+            image::within(image::decoded_len(&data), ctx.limits.max_image_bytes, sat.key("data"))?;
             Some(format!("data:{media_type};base64,{data}"))
         }
         "url" => Some(string(required(&mut src, "url", sat)?, sat.key("url"))?),
@@ -334,14 +324,6 @@ fn image(b: &mut Map<String, Value>, at: Path<'_>, ctx: &mut Ctx<'_>) -> Result<
     };
     ctx.dropped.rest(src, "image.source");
     Ok(url)
-}
-
-/// The decoded size of base64 `data` (padding counted off; whitespace, which
-/// encoders do not write, counted in).
-fn decoded_len(data: &str) -> usize {
-    let n = data.len();
-    let pad = data.bytes().rev().take_while(|&b| b == b'=').count().min(2);
-    (n / 4 * 3 + n % 4 * 3 / 4).saturating_sub(pad)
 }
 
 /// A `tool_result` block: the call's id and the tool message's text.

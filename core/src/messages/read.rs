@@ -1,159 +1,17 @@
-//! Reading typed values out of the request's JSON tree, each refusal naming
-//! its param as a dotted path (`messages.1.content.0.tool_use_id`).
-//!
-//! Values are moved out of the tree, not cloned: a prompt can be megabytes.
-
-use std::{collections::BTreeSet, fmt};
+//! The shared readers ([`crate::translate::read`]) and what only
+//! Anthropic's blocks carry: `cache_control` and a block's `type`.
 
 use serde_json::{Map, Value};
 
-use super::request::Invalid;
+pub(super) use crate::translate::read::{
+    array, boolean, count, invalid, number, object, required, required_top, shown, string, take, Dropped, Path,
+};
+use crate::translate::Invalid;
 
-/// Where a value sits in the request. Built on the stack as the reader
-/// descends and rendered only for a refusal, so a valid request pays no
-/// string per field.
-#[derive(Clone, Copy)]
-pub(super) struct Path<'a> {
-    parent: Option<&'a Path<'a>>,
-    seg: Seg<'a>,
-}
-
-#[derive(Clone, Copy)]
-enum Seg<'a> {
-    Key(&'a str),
-    Index(usize),
-}
-
-impl<'a> Path<'a> {
-    /// A top-level field.
-    pub(super) fn top(key: &'a str) -> Self {
-        Self { parent: None, seg: Seg::Key(key) }
-    }
-
-    pub(super) fn key<'b>(&'b self, key: &'b str) -> Path<'b> {
-        Path { parent: Some(self), seg: Seg::Key(key) }
-    }
-
-    pub(super) fn index<'b>(&'b self, index: usize) -> Path<'b> {
-        Path { parent: Some(self), seg: Seg::Index(index) }
-    }
-}
-
-impl fmt::Display for Path<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if let Some(parent) = self.parent {
-            write!(f, "{parent}.")?;
-        }
-        match self.seg {
-            Seg::Key(k) => f.write_str(k),
-            Seg::Index(i) => write!(f, "{i}"),
-        }
-    }
-}
-
-/// A 400 naming `at`.
-pub(super) fn invalid(at: Path<'_>, what: impl fmt::Display) -> Invalid {
-    let param = at.to_string();
-    Invalid { status: 400, message: format!("{param}: {what}"), param }
-}
-
-/// A client-chosen string shown in a message or a dropped name, cut short
-/// (a key or a type can be megabytes).
-pub(super) fn shown(s: &str) -> &str {
-    const MAX: usize = 64;
-    if s.len() <= MAX {
-        return s;
-    }
-    let mut end = MAX;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
-}
-
-/// What was left out, by stable name; sorted and deduplicated.
-#[derive(Default)]
-pub(super) struct Dropped(BTreeSet<String>);
-
-impl Dropped {
-    pub(super) fn add(&mut self, name: &str) {
-        if !self.0.contains(name) {
-            self.0.insert(name.to_owned());
-        }
-    }
-
-    /// Every non-null field left in `m` (the known ones were taken out), as
-    /// `<prefix>.<key>`.
-    pub(super) fn rest(&mut self, m: Map<String, Value>, prefix: &str) {
-        for (k, v) in m {
-            if !v.is_null() {
-                self.add(&format!("{prefix}.{}", shown(&k)));
-            }
-        }
-    }
-
-    /// `cache_control` taken out of `m`; only caching is lost with it.
-    pub(super) fn cache_control(&mut self, m: &mut Map<String, Value>) {
-        if take(m, "cache_control").is_some() {
-            self.add("cache_control");
-        }
-    }
-
-    pub(super) fn into_vec(self) -> Vec<String> {
-        self.0.into_iter().collect()
-    }
-}
-
-/// Removes `key`; `null` counts as absent.
-pub(super) fn take(m: &mut Map<String, Value>, key: &str) -> Option<Value> {
-    m.remove(key).filter(|v| !v.is_null())
-}
-
-/// Removes `key`, which must be there (`at` is the object holding it).
-pub(super) fn required(m: &mut Map<String, Value>, key: &str, at: Path<'_>) -> Result<Value, Invalid> {
-    take(m, key).ok_or_else(|| invalid(at.key(key), "field required"))
-}
-
-/// Removes the top-level `key`, which must be there.
-pub(super) fn required_top(m: &mut Map<String, Value>, key: &str) -> Result<Value, Invalid> {
-    take(m, key).ok_or_else(|| invalid(Path::top(key), "field required"))
-}
-
-pub(super) fn string(v: Value, at: Path<'_>) -> Result<String, Invalid> {
-    match v {
-        Value::String(s) => Ok(s),
-        _ => Err(invalid(at, "must be a string")),
-    }
-}
-
-pub(super) fn object(v: Value, at: Path<'_>) -> Result<Map<String, Value>, Invalid> {
-    match v {
-        Value::Object(m) => Ok(m),
-        _ => Err(invalid(at, "must be an object")),
-    }
-}
-
-pub(super) fn array(v: Value, at: Path<'_>) -> Result<Vec<Value>, Invalid> {
-    match v {
-        Value::Array(a) => Ok(a),
-        _ => Err(invalid(at, "must be an array")),
-    }
-}
-
-pub(super) fn boolean(v: Value, at: Path<'_>) -> Result<bool, Invalid> {
-    v.as_bool().ok_or_else(|| invalid(at, "must be a boolean"))
-}
-
-/// A non-negative integer.
-pub(super) fn count(v: Value, at: Path<'_>) -> Result<u64, Invalid> {
-    v.as_u64().ok_or_else(|| invalid(at, "must be a non-negative integer"))
-}
-
-/// A number, kept as written (integer or float).
-pub(super) fn number(v: Value, at: Path<'_>) -> Result<Value, Invalid> {
-    match v {
-        Value::Number(_) => Ok(v),
-        _ => Err(invalid(at, "must be a number")),
+/// `cache_control` taken out of `m`; only caching is lost with it.
+pub(super) fn cache_control(dropped: &mut Dropped, m: &mut Map<String, Value>) {
+    if take(m, "cache_control").is_some() {
+        dropped.add("cache_control");
     }
 }
 
@@ -161,6 +19,6 @@ pub(super) fn number(v: Value, at: Path<'_>) -> Result<Value, Invalid> {
 pub(super) fn block(v: Value, at: Path<'_>, dropped: &mut Dropped) -> Result<(String, Map<String, Value>), Invalid> {
     let mut m = object(v, at)?;
     let kind = string(required(&mut m, "type", at)?, at.key("type"))?;
-    dropped.cache_control(&mut m);
+    cache_control(dropped, &mut m);
     Ok((kind, m))
 }

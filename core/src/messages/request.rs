@@ -1,9 +1,6 @@
 //! [`to_chat`]: the top level of a Messages request, read as a JSON tree
 //! (duplicate keys refused), and the fields that tune the answer.
 
-use std::fmt;
-
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::{json, Map, Value};
 
 use super::{
@@ -13,6 +10,8 @@ use super::{
     },
     tools,
 };
+use crate::translate::top::{self, read_top};
+pub use crate::translate::Invalid;
 
 /// A Messages request translated onto an OpenAI chat-completions body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -31,19 +30,6 @@ pub struct Translated {
     /// The `stop_sequences` asked, to tell `stop_sequence` from `end_turn`
     /// when the provider says which matched.
     pub stop_sequences: Vec<String>,
-}
-
-/// A request the translation refuses; `message` is client-facing and names
-/// the field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{message}")]
-pub struct Invalid {
-    /// 400, or 413 for an oversized image.
-    pub status: u16,
-    /// The field as a dotted path (`messages.1.content.0.tool_use_id`);
-    /// empty for the body as a whole.
-    pub param: String,
-    pub message: String,
 }
 
 /// Bounds on what a request may carry.
@@ -150,70 +136,8 @@ pub fn to_chat(body: &[u8], target_model: &str, limits: &Limits) -> Result<Trans
         }
     }
 
-    let body = serde_json::to_vec(&Value::Object(out)).map_err(|e| Invalid {
-        status: 400,
-        param: String::new(),
-        message: format!("invalid request body: {e}"),
-    })?;
+    let body = top::write(out)?;
     Ok(Translated { body, stream, dropped: ctx.dropped.into_vec(), thinking, stop_sequences })
-}
-
-/// The refusal of the body as a whole.
-fn bad_body(what: impl fmt::Display) -> Invalid {
-    Invalid { status: 400, param: String::new(), message: format!("invalid request body: {what}") }
-}
-
-/// The top-level object; a key given twice is refused (which one would a
-/// reader honour?).
-fn read_top(body: &[u8]) -> Result<Map<String, Value>, Invalid> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(bad_body("empty; expected a JSON object"));
-    }
-    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(bad_body("expected a JSON object"));
-    }
-    let Top(top) = serde_json::from_slice(body).map_err(bad_body)?;
-    top.map_err(|key| {
-        let param = shown(&key).to_owned();
-        Invalid { status: 400, message: format!("{param}: given twice"), param }
-    })
-}
-
-/// The top-level object, or the first key given twice.
-struct Top(Result<Map<String, Value>, String>);
-
-impl<'de> Deserialize<'de> for Top {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_map(TopVisitor)
-    }
-}
-
-struct TopVisitor;
-
-impl<'de> Visitor<'de> for TopVisitor {
-    type Value = Top;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a JSON object")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Top, A::Error> {
-        let mut map = Map::new();
-        let mut twice = None;
-        while let Some(key) = access.next_key::<String>()? {
-            // After a duplicate the rest is only checked for syntax, so a
-            // later syntax error still reads as one.
-            if twice.is_some() {
-                access.next_value::<IgnoredAny>()?;
-            } else if map.contains_key(&key) {
-                access.next_value::<IgnoredAny>()?;
-                twice = Some(key);
-            } else {
-                map.insert(key, access.next_value()?);
-            }
-        }
-        Ok(Top(twice.map_or(Ok(map), Err)))
-    }
 }
 
 /// `metadata.user_id` as `user`; other keys (Anthropic knows none) left

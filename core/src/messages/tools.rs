@@ -6,7 +6,7 @@ use std::collections::HashSet;
 use serde_json::{json, Map, Value};
 
 use super::{
-    read::{array, boolean, invalid, object, required, shown, string, take, Dropped, Path},
+    read::{array, boolean, cache_control, invalid, object, required, shown, string, take, Dropped, Path},
     request::Invalid,
 };
 
@@ -24,7 +24,7 @@ pub(super) fn tools(
     for (k, tool) in tools.map(|t| array(t, at)).transpose()?.unwrap_or_default().into_iter().enumerate() {
         let tat = at.index(k);
         let mut tool = object(tool, tat)?;
-        dropped.cache_control(&mut tool);
+        cache_control(dropped, &mut tool);
         let kind = take(&mut tool, "type").map(|t| string(t, tat.key("type"))).transpose()?;
         if let Some(kind) = kind.filter(|k| k != "custom") {
             // A server tool runs at Anthropic; no provider here has it.
