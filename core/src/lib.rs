@@ -16,6 +16,8 @@
 //! - [`request`]: top-level fields of an OpenAI request body, edited in place.
 //! - [`messages`]: an Anthropic Messages request translated onto an OpenAI
 //!   chat-completions body.
+//! - [`ws`]: a sans-IO WebSocket (RFC 6455) server codec: the upgrade
+//!   handshake, a frame reader with limits, frame writers.
 
 pub mod config;
 pub mod exec;
@@ -31,3 +33,4 @@ pub mod rt;
 pub mod sse;
 pub mod tunnel;
 pub mod wire;
+pub mod ws;
