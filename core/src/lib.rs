@@ -19,6 +19,8 @@
 //! - [`responses`]: an OpenAI Responses request translated onto an OpenAI
 //!   chat-completions body.
 //! - `translate` (crate-private): what those two translations share.
+//! - [`ws`]: a sans-IO WebSocket (RFC 6455) server codec: the upgrade
+//!   handshake, a frame reader with limits, frame writers.
 
 pub mod config;
 pub mod exec;
@@ -36,3 +38,4 @@ pub mod sse;
 mod translate;
 pub mod tunnel;
 pub mod wire;
+pub mod ws;

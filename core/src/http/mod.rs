@@ -141,7 +141,10 @@ fn httparse_error(e: httparse::Error) -> &'static str {
 }
 
 /// Comma-separated list elements of every `name` header, trimmed, empty ones skipped.
-fn list_values<'a>(headers: &'a [(HeaderName, Bytes)], name: &'a str) -> impl Iterator<Item = &'a [u8]> + 'a {
+pub(crate) fn list_values<'a>(
+    headers: &'a [(HeaderName, Bytes)],
+    name: &'a str,
+) -> impl Iterator<Item = &'a [u8]> + 'a {
     headers
         .iter()
         .filter(move |(n, _)| n == name)
@@ -150,7 +153,7 @@ fn list_values<'a>(headers: &'a [(HeaderName, Bytes)], name: &'a str) -> impl It
         .filter(|s| !s.is_empty())
 }
 
-fn trim_ows(mut s: &[u8]) -> &[u8] {
+pub(crate) fn trim_ows(mut s: &[u8]) -> &[u8] {
     while let [b' ' | b'\t', rest @ ..] = s {
         s = rest;
     }
