@@ -12,7 +12,11 @@ that CA only (the TLS end-to-end test's own CA).
 
 Flows: tools_stream, tools, agent_loop, choices, choices_stream, refusal,
 refusal_stream, error_429, embeddings, embeddings_base64, completions,
-completions_stream, responses, responses_stream.
+completions_stream, responses, responses_stream, responses_tools,
+responses_tools_stream, responses_json_schema, responses_system, responses_multiturn,
+responses_image. The Responses flows also validate every streamed event and
+the final response against the SDK's published types (pydantic, strict
+about required fields and their types), so a shape error fails the flow.
 """
 import json
 import os
@@ -167,19 +171,119 @@ def completions_stream():
     return {"text": text}
 
 
+def checked(response):
+    """The response, validated against the SDK's `Response` type."""
+    from openai.types.responses import Response
+
+    Response.model_validate(response.model_dump(mode="json", by_alias=True, exclude_unset=True))
+    return response
+
+
+def responses_create(**kw):
+    return checked(client.responses.create(model=model, **kw))
+
+
+def responses_streamed(**kw):
+    """Streams one response, validating each event against the published
+    event union; returns the event types, the text and the final response."""
+    from pydantic import TypeAdapter
+    from openai.types.responses import ResponseStreamEvent
+
+    adapter = TypeAdapter(ResponseStreamEvent)
+    types, text, seqs = [], [], []
+    with client.responses.stream(model=model, **kw) as s:
+        for e in s:
+            if not e.type.startswith("response."):
+                continue  # the helper's own convenience events
+            adapter.validate_python(e.model_dump(mode="json", by_alias=True, exclude_unset=True))
+            types.append(e.type)
+            seqs.append(e.sequence_number)
+            if e.type == "response.output_text.delta":
+                text.append(e.delta)
+        final = checked(s.get_final_response())
+    assert seqs == list(range(seqs[0], seqs[0] + len(seqs))), "sequence numbers: %s" % seqs
+    return types, "".join(text), final
+
+
 def responses():
-    return {"response": dump(client.responses.create(model=model, input="hello"))}
+    return {"response": dump(responses_create(input="hello"))}
 
 
 def responses_stream():
-    types, text = [], []
-    with client.responses.stream(model=model, input="hello") as s:
-        for e in s:
-            types.append(e.type)
-            if e.type == "response.output_text.delta":
-                text.append(e.delta)
-        final = s.get_final_response()
-    return {"types": types, "text": "".join(text), "final": dump(final)}
+    types, text, final = responses_streamed(input="hello")
+    return {"types": types, "text": text, "final": dump(final)}
+
+
+RESPONSES_TOOLS = [{
+    "type": "function",
+    "name": "get_weather",
+    "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "n": {"type": "integer"}}},
+}]
+
+
+def responses_tool_turns(first):
+    """A function call, then its output sent back as an item."""
+    calls = [o for o in first.output if o.type == "function_call"]
+    items = [{"role": "user", "content": "What is the weather in Paris?"}]
+    items += [{"type": "function_call", "call_id": c.call_id, "name": c.name, "arguments": c.arguments} for c in calls]
+    items += [{"type": "function_call_output", "call_id": c.call_id, "output": "sunny"} for c in calls]
+    second = responses_create(input=items, tools=RESPONSES_TOOLS)
+    return {
+        "names": [c.name for c in calls],
+        "arguments": [json.loads(c.arguments) for c in calls],
+        "answer": second.output_text,
+        "status": second.status,
+    }
+
+
+def responses_tools():
+    first = responses_create(input="What is the weather in Paris?", tools=RESPONSES_TOOLS,
+                             tool_choice=os.environ.get("IOP_TOOL_CHOICE", "required"))
+    return responses_tool_turns(first)
+
+
+def responses_tools_stream():
+    types, _, first = responses_streamed(input="What is the weather in Paris?", tools=RESPONSES_TOOLS,
+                                         tool_choice=os.environ.get("IOP_TOOL_CHOICE", "required"))
+    out = responses_tool_turns(first)
+    out["types"] = sorted(set(types))
+    return out
+
+
+def responses_json_schema():
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+              "additionalProperties": False}
+    r = responses_create(input="A city?", text={"format": {"type": "json_schema", "name": "city", "schema": schema,
+                                                           "strict": True}})
+    return {"status": r.status, "text": r.output_text != "", "format": r.text.format.type}
+
+
+def responses_system():
+    r = responses_create(instructions="Answer briefly.", input=[
+        {"role": "developer", "content": "Be polite."},
+        {"role": "user", "content": [{"type": "input_text", "text": "hello"}]},
+    ])
+    return {"status": r.status, "instructions": r.instructions, "text": r.output_text}
+
+
+def responses_multiturn():
+    r = responses_create(input=[
+        {"role": "user", "content": "hello"},
+        {"role": "assistant", "content": [{"type": "output_text", "text": "hi"}]},
+        {"role": "user", "content": "again"},
+    ], max_output_tokens=2)
+    return {"status": r.status, "reason": r.incomplete_details and r.incomplete_details.reason,
+            "output_tokens": r.usage.output_tokens}
+
+
+def responses_image():
+    png = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNkYPhfDwAChwGA60e6kgAAAABJRU5ErkJggg=="
+    r = responses_create(input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "what is this?"},
+        {"type": "input_image", "image_url": "data:image/png;base64," + png},
+    ]}])
+    return {"status": r.status, "text": r.output_text != ""}
 
 
 out = {}

@@ -40,7 +40,7 @@ pub struct Translated {
 
 /// Request fields the Responses API repeats in its response object, as
 /// the client gave them (defaults where it gave none).
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Echo {
     pub instructions: Option<String>,
     pub max_output_tokens: Option<u64>,

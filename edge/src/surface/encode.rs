@@ -10,3 +10,9 @@ pub trait EventEncoder {
     /// Appends the wire form of `ev` to `out`; true when it ended the stream.
     fn event(&mut self, out: &mut BytesMut, ev: ExecEvent) -> bool;
 }
+
+/// One dialect's whole answer, gathered from a run's events.
+pub trait EventAggregate {
+    /// Takes `ev`; `Ok(true)` once the run completed, `Err` when it failed.
+    fn on_event(&mut self, ev: ExecEvent) -> Result<bool, iop_core::exec::RunFailure>;
+}

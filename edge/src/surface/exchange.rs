@@ -102,6 +102,9 @@ pub fn answer<'a>(
             let keep = parts.head.keep_alive;
             super::anthropic::count::estimate(conn, &parts.bytes, keep).await
         }),
+        (false, Route::Responses) => {
+            Box::pin(super::openai::responses::normalized::answer(worker, conn, parts, permit, admitted, chance))
+        }
         (false, Route::Messages) => {
             Box::pin(super::anthropic::normalized::answer(worker, conn, parts, permit, admitted, chance))
         }

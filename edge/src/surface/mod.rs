@@ -16,6 +16,7 @@ pub mod relay;
 pub mod replay;
 mod reply;
 pub mod route;
+mod translated;
 mod tunnel;
 pub mod write;
 

@@ -81,11 +81,12 @@ impl Route {
     }
 
     /// Whether `p` can serve this route at all: natively, or on the
-    /// normalized run (chat, embeddings, and Messages translated to chat).
+    /// normalized run (chat, embeddings, and Messages and Responses
+    /// translated to chat).
     /// A token count no target serves natively is estimated by the edge
     /// ([`super::anthropic::count`]), without a provider.
     pub fn served_by(self, p: &ProviderEntry) -> bool {
-        self.native_on(p) || matches!(self, Route::Chat | Route::Embeddings | Route::Messages)
+        self.native_on(p) || matches!(self, Route::Chat | Route::Embeddings | Route::Messages | Route::Responses)
     }
 
     /// Whether a failure before the first byte may be replayed elsewhere

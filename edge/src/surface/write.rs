@@ -26,6 +26,7 @@ const MAX_WRITE_BATCH: usize = 256 * 1024;
 /// it named none), its head carrying the `extra` headers. Errors before the first byte become a plain HTTP error
 /// in the dialect `d`, with the mapped status; after it, the encoder's
 /// error event.
+#[allow(clippy::too_many_arguments)] // the stream's parts, each used once
 pub async fn stream<E: EventEncoder>(
     conn: &mut Conn,
     run: &mut RunStream,

@@ -202,11 +202,12 @@ fn a_provider_reset_mid_stream_ends_the_client_stream_cleanly() {
 
 #[test]
 fn routes_an_openai_provider_cannot_serve_through_a_mock_are_refused() {
-    // The in-process mock runs normalized: chat and embeddings only.
+    // The in-process mock runs normalized: chat and embeddings, and the
+    // Responses and Messages APIs translated; legacy completions not.
     let edge = Edge::start(&pool_config(&[mock_node("n1", 4, 0, 3, 0)], &[mock_model("m", &["n1"], "")], ""));
     let _n1 = edge.start_node("n1", "");
     edge.wait_nodes_ready(1);
-    for path in ["/v1/completions", "/v1/responses"] {
+    for path in ["/v1/completions"] {
         let r = post_json(edge.http, path, &json!({"model": "m", "input": "x", "prompt": "x"}));
         assert_eq!(r.status, 400, "{path}");
         assert_eq!(r.json()["error"]["code"], "unsupported_endpoint", "{path}");

@@ -152,7 +152,7 @@ impl ResponsePlan {
                 self.created_at.to_string(),
                 self.item(State::Done, text),
                 format!(
-                    "{{\"input_tokens\":{},\"input_tokens_details\":{{\"cached_tokens\":0}},\"output_tokens\":{},\
+                    "{{\"input_tokens\":{},\"input_tokens_details\":{{\"cached_tokens\":0,\"cache_write_tokens\":0}},\"output_tokens\":{},\
                      \"output_tokens_details\":{{\"reasoning_tokens\":0}},\"total_tokens\":{}}}",
                     self.input_tokens,
                     self.tokens,

@@ -198,6 +198,12 @@ fn input_json(out: &mut BytesMut, arguments: &str) {
     }
 }
 
+impl crate::surface::encode::EventAggregate for MessageAggregate {
+    fn on_event(&mut self, ev: ExecEvent) -> Result<bool, RunFailure> {
+        MessageAggregate::on_event(self, ev)
+    }
+}
+
 #[cfg(test)]
 #[path = "message_tests.rs"]
 mod tests;

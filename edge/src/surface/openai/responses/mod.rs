@@ -10,6 +10,7 @@
 //! (`write_response`), so the whole answer is what a client makes of the
 //! stream. Only choice 0 counts.
 
+pub mod normalized;
 pub mod object;
 pub mod stream;
 
@@ -31,36 +32,8 @@ use crate::surface::{
 /// as the other aggregates.
 const MAX_OUTPUT_BYTES: usize = 64 * 1024 * 1024;
 
-/// The request fields a `response` object echoes.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Echo {
-    /// `instructions`.
-    pub instructions: Option<String>,
-    /// `max_output_tokens`.
-    pub max_output_tokens: Option<u64>,
-    /// `temperature`.
-    pub temperature: Option<f64>,
-    /// `top_p`.
-    pub top_p: Option<f64>,
-    /// `parallel_tool_calls`.
-    pub parallel_tool_calls: bool,
-    /// `tool_choice` (null: `"auto"`).
-    pub tool_choice: serde_json::Value,
-    /// `tools` (null: `[]`).
-    pub tools: serde_json::Value,
-    /// `text` (`{"format":{"type":"text"}}` and the like).
-    pub text: serde_json::Value,
-    /// `reasoning`.
-    pub reasoning: serde_json::Value,
-    /// `metadata`.
-    pub metadata: serde_json::Value,
-    /// `store`.
-    pub store: bool,
-    /// `user`.
-    pub user: Option<String>,
-    /// `previous_response_id`.
-    pub previous_response_id: Option<String>,
-}
+/// The request fields a `response` object echoes (read by the translation).
+pub use iop_core::responses::Echo;
 
 /// What the answer says besides the run's events.
 #[derive(Debug, Clone, Default, PartialEq)]

@@ -42,6 +42,12 @@ impl ResponseAggregate {
     }
 }
 
+impl crate::surface::encode::EventAggregate for ResponseAggregate {
+    fn on_event(&mut self, ev: ExecEvent) -> Result<bool, RunFailure> {
+        ResponseAggregate::on_event(self, ev)
+    }
+}
+
 #[cfg(test)]
 #[path = "object_tests.rs"]
 mod tests;

@@ -1,0 +1,89 @@
+//! `POST /v1/responses` for a provider that does not speak the Responses
+//! API: the request is translated onto an OpenAI chat body
+//! ([`iop_core::responses::to_chat`]), run on the normalized path, and its
+//! events rendered as the Responses API answers (typed events, or one
+//! `response` object); see [`crate::surface::translated`].
+
+use std::{
+    rc::Rc,
+    time::{SystemTime, UNIX_EPOCH},
+};
+
+use iop_core::responses;
+
+use super::{object::ResponseAggregate, stream::ResponsesEncoder, ResponseMeta};
+use crate::{
+    ctx::Ctx,
+    pool::Admitted,
+    server::{BodyPermit, Conn},
+    surface::{
+        dialect::Dialect,
+        replay::{Replay, ReplayChance},
+        reply, translated, write,
+    },
+};
+
+const D: Dialect = Dialect::OpenAi;
+
+/// Translates and runs an admitted Responses request on the normalized
+/// path; resolves to whether the connection may be kept. It submits before
+/// the returned future, which holds only what answering needs.
+pub fn answer<'a>(
+    worker: &Rc<Ctx>,
+    conn: &'a mut Conn,
+    parts: Replay,
+    permit: Option<BodyPermit>,
+    admitted: Admitted,
+    chance: &'a mut ReplayChance,
+) -> impl std::future::Future<Output = bool> + 'a {
+    let keep = parts.head.keep_alive;
+    let target = admitted.target.upstream_model.clone();
+    // Over HTTP there is no earlier response to chain onto: the
+    // translation refuses `previous_response_id` and `store: true`.
+    let submitted = responses::to_chat(&parts.bytes, &target, &responses::Options::default())
+        .and_then(|t| translated::refuse_if_strict(&parts.group, &t.dropped).map(|()| t))
+        .map(|t| {
+            let s = translated::submit(worker, conn, &parts, admitted, t.body, t.stream, &t.dropped);
+            (s, t.stream, t.echo, t.namespaced)
+        });
+    drop(permit);
+    chance.keep(parts);
+    let write_timeout = worker.config.borrow().http.idle_timeout;
+    async move {
+        let (translated::Submitted { mut run, dropped }, streams, echo, namespaced) = match submitted {
+            Ok(s) => s,
+            Err(invalid) => return translated::refuse(conn, D, invalid, keep, chance).await,
+        };
+        let extra = translated::dropped_headers(&dropped);
+        let run = match &mut run {
+            Ok(run) => run,
+            Err(e) => return reply::dispatch_error(&mut conn.responder(), D, e, keep).await,
+        };
+        let meta = ResponseMeta {
+            id: ["resp_", run.run_id()].concat(),
+            model: target.to_string(),
+            created_at: unix_now(),
+            echo,
+            namespaced,
+        };
+        if streams {
+            let make = |reported: &str| {
+                let mut meta = meta;
+                if !reported.is_empty() {
+                    meta.model = reported.to_owned();
+                }
+                ResponsesEncoder::new(meta)
+            };
+            write::stream(conn, run, D, &extra, make, keep, write_timeout, chance).await
+        } else {
+            let mut agg = ResponseAggregate::new(meta);
+            let write = |a: &ResponseAggregate, out: &mut bytes::BytesMut| a.write(out);
+            translated::whole(conn, run, D, &mut agg, write, &extra, keep, chance).await
+        }
+    }
+}
+
+/// Seconds since the Unix epoch (`created_at`).
+pub fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs())
+}
