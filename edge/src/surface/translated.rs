@@ -12,12 +12,7 @@ use bytes::BytesMut;
 use iop_core::{config::ModelGroup, exec::RunFailure, messages::Invalid, wire::pb};
 
 use super::{
-    dialect::Dialect,
-    encode::EventAggregate,
-    error::clip,
-    failures::ended_without_result,
-    replay::{Replay, ReplayChance},
-    reply,
+    dialect::Dialect, encode::EventAggregate, error::clip, failures::ended_without_result, replay::ReplayChance, reply,
 };
 use crate::{
     ctx::Ctx,
@@ -62,12 +57,12 @@ pub fn dropped_headers(dropped: &str) -> Vec<(&'static str, &str)> {
     }
 }
 
-/// Submits the translated chat `body` for `parts` on the admitted target,
-/// noting what was left out on the request's record.
+/// Submits the translated chat `body` for model group `model` on the
+/// admitted target, noting what was left out on the request's record.
 pub fn submit(
     worker: &Rc<Ctx>,
     conn: &mut Conn,
-    parts: &Replay,
+    model: &str,
     admitted: Admitted,
     body: Vec<u8>,
     stream: bool,
@@ -82,7 +77,7 @@ pub fn submit(
         ..Default::default()
     };
     let key = admitted.lease.key().clone();
-    let mut run = dispatch::submit(worker, &parts.group.name, admitted, run_req);
+    let mut run = dispatch::submit(worker, model, admitted, run_req);
     if let Ok(s) = &mut run {
         s.report_to(&conn.exchange.finish, &key);
     }

@@ -29,7 +29,7 @@ use crate::{
 
 /// The client's headers that go to the provider, plus `x-request-id` when
 /// the client sent none (the run id, so both ends log the same id).
-fn forwarded_headers(head: &RequestHead, request_id: &str) -> Vec<pb::Header> {
+pub(super) fn forwarded_headers(head: &RequestHead, request_id: &str) -> Vec<pb::Header> {
     let mut out: Vec<pb::Header> = head
         .headers
         .iter()

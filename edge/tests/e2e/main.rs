@@ -27,6 +27,7 @@ mod pool;
 mod real_upstream;
 mod recovery;
 mod responses;
+mod responses_ws;
 mod robustness;
 pub mod sdk_fidelity;
 mod secrets;

@@ -43,7 +43,7 @@ pub fn answer<'a>(
     let submitted = responses::to_chat(&parts.bytes, &target, &responses::Options::default())
         .and_then(|t| translated::refuse_if_strict(&parts.group, &t.dropped).map(|()| t))
         .map(|t| {
-            let s = translated::submit(worker, conn, &parts, admitted, t.body, t.stream, &t.dropped);
+            let s = translated::submit(worker, conn, &parts.group.name, admitted, t.body, t.stream, &t.dropped);
             (s, t.stream, t.echo, t.namespaced)
         });
     drop(permit);
