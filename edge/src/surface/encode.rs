@@ -9,6 +9,16 @@ use iop_core::exec::ExecEvent;
 pub trait EventEncoder {
     /// Appends the wire form of `ev` to `out`; true when it ended the stream.
     fn event(&mut self, out: &mut BytesMut, ev: ExecEvent) -> bool;
+
+    /// How long the stream may go without an event before the dialect says
+    /// something to keep it alive (Anthropic's `ping`); `None`: never, and
+    /// no timer is armed.
+    fn keepalive(&self) -> Option<std::time::Duration> {
+        None
+    }
+
+    /// Appends the keep-alive event.
+    fn ping(&mut self, _out: &mut BytesMut) {}
 }
 
 /// One dialect's whole answer, gathered from a run's events.

@@ -150,7 +150,33 @@ async fn stream_body<W: AsyncWriteRentExt, E: EventEncoder>(
                     written.clear();
                     *out = written;
                 }
-                match pacing.wait(run.next()).await {
+                let next = match render.keepalive() {
+                    None => pacing.wait(run.next()).await,
+                    Some(every) => loop {
+                        // A wait cut short loses nothing (the queue pops only when ready).
+                        match iop_core::rt::time::timeout(every, pacing.wait(run.next())).await {
+                            Ok(next) => break next,
+                            Err(_) => {
+                                // The model is silent: the stream says it is alive.
+                                let at = framing.begin(out);
+                                render.ping(out);
+                                framing.end(out, at);
+                                let Ok((res, mut w)) =
+                                    iop_core::rt::time::timeout(write_timeout, wr.write_all(std::mem::take(out))).await
+                                else {
+                                    return Err(std::io::Error::new(
+                                        std::io::ErrorKind::TimedOut,
+                                        "client stopped reading",
+                                    ));
+                                };
+                                res?;
+                                w.clear();
+                                *out = w;
+                            }
+                        }
+                    },
+                };
+                match next {
                     Some(ev) => ev,
                     None => return Ok(()),
                 }

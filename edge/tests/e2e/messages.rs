@@ -488,3 +488,20 @@ fn a_strict_model_refuses_what_its_provider_cannot_honour() {
         edge.proc.log_text().contains("dropped=\"tools.web_search_20250305\"")
     });
 }
+
+#[test]
+fn a_silent_model_gets_pings_between_its_events() {
+    // A model that thinks for 6 s before its one token: the stream says
+    // it is alive meanwhile (every 5 s), as Anthropic's does.
+    let node = mock_node("n1", 8, 0, 1, 0) + "first_token_delay_ms = 6000\n";
+    let edge = Edge::start(&pool_config(&[node], &[mock_model("m", &["n1"], "")], ""));
+    let _n = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+    let body = json!({"model": "m", "max_tokens": 5, "stream": true, "messages": [{"role": "user", "content": "x"}]});
+    let r = post(&edge, "/v1/messages", &body, &[]);
+    assert_eq!(r.status, 200);
+    let seq = names(&sse_events(&r.body));
+    let pings = seq.iter().filter(|n| *n == "ping").count();
+    assert_eq!(pings, 2, "the first after message_start, one more while the model was silent: {seq:?}");
+    assert_eq!(seq.last().map(String::as_str), Some("message_stop"));
+}

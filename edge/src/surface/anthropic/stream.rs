@@ -81,6 +81,9 @@ impl MessagesEncoder {
         tail(out);
     }
 
+    /// How long a stream may be silent before a `ping` goes out.
+    pub const KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(5);
+
     fn message_start(&mut self, out: &mut BytesMut, reported: &str) {
         self.started = true;
         let model = if reported.is_empty() { self.model.as_str() } else { reported };
@@ -224,6 +227,14 @@ impl MessagesEncoder {
 }
 
 impl EventEncoder for MessagesEncoder {
+    fn keepalive(&self) -> Option<std::time::Duration> {
+        Some(Self::KEEPALIVE)
+    }
+
+    fn ping(&mut self, out: &mut BytesMut) {
+        MessagesEncoder::ping(self, out);
+    }
+
     fn event(&mut self, out: &mut BytesMut, ev: ExecEvent) -> bool {
         if self.ended {
             return true;
