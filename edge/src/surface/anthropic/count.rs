@@ -27,12 +27,16 @@ pub async fn estimate(conn: &mut Conn, body: &[u8], keep: bool) -> bool {
         let body = d.error_body(400, "messages: field required (an array)", "invalid_request");
         return conn.respond(400, "application/json", &[], &body, keep).await.is_ok() && keep;
     };
-    let text: usize = ["system", "messages", "tools"].iter().filter_map(|k| v.get(*k)).map(text_bytes).sum();
-    let framing = 4 * messages.len() as u64;
-    let tokens = (text as u64).div_ceil(4) + framing;
+    let tokens = (request_text_bytes(&v) as u64).div_ceil(4) + 4 * messages.len() as u64;
     let body = serde_json::json!({ "input_tokens": tokens }).to_string();
     let headers = [(ESTIMATE_HEADER, "estimate")];
     conn.respond(200, "application/json", &headers, body.as_bytes(), keep).await.is_ok() && keep
+}
+
+/// Bytes of the text a request carries: its system prompt, messages and
+/// tool definitions.
+fn request_text_bytes(v: &Value) -> usize {
+    ["system", "messages", "tools"].iter().filter_map(|k| v.get(*k)).map(text_bytes).sum()
 }
 
 /// Bytes of the strings in `v` (keys left out: they are the format's).
@@ -56,8 +60,7 @@ mod tests {
             r#"{"system":"abcd","messages":[{"role":"user","content":[{"type":"text","text":"abcdefgh"}]}]}"#,
         )
         .unwrap();
-        let text: usize = ["system", "messages", "tools"].iter().filter_map(|k| v.get(*k)).map(text_bytes).sum();
         // "abcd" + "user" + "abcdefgh"
-        assert_eq!(text, 16);
+        assert_eq!(request_text_bytes(&v), 16);
     }
 }
