@@ -3,7 +3,7 @@ rounds) and iop's ratios against the targets of issue 8, met or not met."""
 
 import statistics
 
-from scenarios import TITLES, describe
+from scenarios import DIALECT_IDS, KNOWN, TITLES, base, describe
 
 IOP = ["iop-tunnel", "iop-normalized"]
 ORDER = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized", "iop-mock"]
@@ -14,7 +14,7 @@ def metrics(rec, cores=1):
     machine's, for the share of it the run kept busy."""
     if "error" in rec or "load" not in rec:
         return None
-    sid, load = rec["scenario"], rec["load"]
+    sid, load = base(rec["scenario"]), rec["load"]
     m = {"errors": load["errors"]["total"], "completed": load["completed"]}
     cpu = rec.get("cpu_sec", {})
     if load["completed"] and "system" in cpu:
@@ -216,6 +216,46 @@ def targets(agg, workers):
     return out
 
 
+# Issue 25's speed targets. "Within noise" is taken as 1.1×: the spread
+# of one system's rounds on this 2-core machine is ±5-15%.
+NOISE = 1.1
+
+
+def dialect_targets(agg, workers):
+    """(scenario, target, system, value, verdict) for the Messages and
+    Responses scenarios: native passthrough (iop-tunnel) costs what the chat
+    tunnel costs; translation (iop-normalized) at most 1.1× the chat tunnel's
+    CPU per request (x1) and per event (x2), and against the chat normalized
+    path it rides on; memory per open translated stream (x4) ≤ 8 KiB."""
+    out, w = [], workers
+
+    def cost(sid, system, name, other_sid, other_system, label, limit):
+        r = ratio(agg.value(sid, system, w, name), agg.value(other_sid, other_system, w, name))
+        out.append((sid, label, system, fmt(r) + "×" if r is not None else "n/a", verdict(None if r is None else r <= limit)))
+
+    for sid in DIALECT_IDS:
+        shape = base(sid)
+        if shape in ("S1", "S2"):
+            name, per = ("cpu_us_req", "request") if shape == "S1" else ("cpu_us_event", "event")
+            cost(sid, "iop-tunnel", name, shape, "iop-tunnel", "native: CPU/%s ≤ %.1f× chat tunnel" % (per, NOISE), NOISE)
+            cost(sid, "iop-normalized", name, shape, "iop-tunnel", "translated: CPU/%s ≤ 1.1× chat tunnel" % per, 1.1)
+            cost(sid, "iop-normalized", name, shape, "iop-normalized",
+                 "translated: CPU/%s ≤ 1.1× chat normalized" % per, 1.1)
+            rate = "req_s" if shape == "S1" else "events_s"
+            for s in ("iop-tunnel", "iop-normalized"):
+                r = ratio(agg.value(sid, s, w, rate), agg.value(sid, "nginx2", w, rate))
+                out.append((sid, "%s ≥ 1.0× nginx2" % rate.replace("_s", "/s"), s, fmt(r) + "×" if r is not None else "n/a",
+                            verdict(None if r is None else r >= 1.0)))
+        if shape == "S4":
+            for s in ("iop-tunnel", "iop-normalized"):
+                per = {g: agg.value(sid, s, w, "rss_" + g) for g in ("edge", "node")}
+                worst = max((v for v in per.values() if v is not None), default=None)
+                out.append((sid, "≤ 8 KiB per stream per process", s,
+                            "edge %s, node %s KiB" % (fmt(per["edge"]), fmt(per["node"])),
+                            verdict(None if worst is None else worst <= 8.0)))
+    return out
+
+
 def more_rounds(results):
     """" (S3: 6)": the scenarios that ran more rounds than the run's count."""
     most = {}
@@ -252,22 +292,7 @@ def header(results, md):
     return "\n".join(lines)
 
 
-def render(results, md=False):
-    agg = Agg(results)
-    w = results["meta"]["workers"]
-    out = ["iop vs nginx (issue 8 benchmark)", "", header(results, md), ""]
-
-    def section(sid, headers, rows, note=None):
-        if not rows:
-            return
-        title = "%s  %s" % (sid, TITLES[sid])
-        text = describe(sid, results["meta"]["params"][sid]) + ("; " + note if note else "")
-        if md:
-            out.extend(["**%s**" % title, "", text, "", table(headers, rows, md), ""])
-        else:
-            out.extend([title, text, table(headers, rows, md), ""])
-
-    sid = "S1"
+def _section_s1(agg, w, sid, section, results):
     section(sid, ["system", "req/s", "CPU µs/req", "of it user / kernel", "mock cores", "gen cores", "machine busy %",
                   "errors"],
             [[s, cell(agg, sid, s, w, "req_s"), cell(agg, sid, s, w, "cpu_us_req", 1),
@@ -275,13 +300,17 @@ def render(results, md=False):
               cell(agg, sid, s, w, "mock_cores"),
               cell(agg, sid, s, w, "gen_cores"), cell(agg, sid, s, w, "busy_pct", 0), fmt(agg.value(sid, s, w, "errors"), 0)]
              for s in agg.systems(sid)])
-    sid = "S2"
+
+
+def _section_s2(agg, w, sid, section, results):
     section(sid, ["system", "events/s", "MB/s", "tokens/s", "events/req", "CPU µs/req", "gen cores", "machine busy %",
                   "errors"],
             [[s, cell(agg, sid, s, w, "events_s"), cell(agg, sid, s, w, "mb_s"), cell(agg, sid, s, w, "tokens_s"),
               cell(agg, sid, s, w, "events_req", 0), cell(agg, sid, s, w, "cpu_us_req", 0), cell(agg, sid, s, w, "gen_cores"),
               cell(agg, sid, s, w, "busy_pct", 0), fmt(agg.value(sid, s, w, "errors"), 0)] for s in agg.systems(sid)])
-    sid = "S3"
+
+
+def _section_s3(agg, w, sid, section, results):
     rows = []
     for s in agg.systems(sid):
         added = [agg.added(sid, s, w, n)[0] if s != "direct" else None for n in ("ttft_p50", "ttft_p99", "gap_p50", "gap_p99")]
@@ -289,24 +318,32 @@ def render(results, md=False):
                      cell(agg, sid, s, w, "gap_p99")] + [fmt(a) for a in added] + [fmt(agg.value(sid, s, w, "errors"), 0)])
     section(sid, ["system", "TTFT p50", "TTFT p99", "gap p50", "gap p99", "+TTFT p50", "+TTFT p99", "+gap p50", "+gap p99",
                   "errors"], rows, "ms; + = added over direct in the same round (median over rounds)")
-    sid = "S4"
+
+
+def _section_s4(agg, w, sid, section, results):
     rows = []
     for s in agg.systems(sid):
         groups = sorted({k[4:] for m in agg.rounds(sid, s, w).values() for k in m if k.startswith("rss_")})
         rows.append([s, ", ".join("%s %s" % (g, cell(agg, sid, s, w, "rss_" + g)) for g in groups),
                      fmt(agg.value(sid, s, w, "completed"), 0), fmt(agg.value(sid, s, w, "errors"), 0)])
     section(sid, ["system", "RSS KiB per stream (VmRSS with all open − before, ÷ streams)", "streams done", "errors"], rows)
-    sid = "S5"
+
+
+def _section_s5(agg, w, sid, section, results):
     section(sid, ["system", "close p50 ms", "close p99 ms", "cut", "never closed", "errors"],
             [[s, cell(agg, sid, s, w, "close_p50", 3), cell(agg, sid, s, w, "close_p99", 3), fmt(agg.value(sid, s, w, "cut"), 0),
               fmt(agg.value(sid, s, w, "never_closed"), 0), fmt(agg.value(sid, s, w, "errors"), 0)] for s in agg.systems(sid)],
             "from the client's close to the mock seeing its upstream connection close (wall clock, per tagged request)")
-    sid = "S6"
+
+
+def _section_s6(agg, w, sid, section, results):
     section(sid, ["system", "gap p99 alone", "gap p99 beside big", "shift", "big done", "big late", "big total p99", "errors"],
             [[s, cell(agg, sid, s, w, "gap_p99_alone"), cell(agg, sid, s, w, "gap_p99_big"), cell(agg, sid, s, w, "gap_shift"),
               fmt(agg.value(sid, s, w, "big_done"), 0), fmt(agg.value(sid, s, w, "big_late"), 0),
               cell(agg, sid, s, w, "big_total_p99", 1), fmt(agg.value(sid, s, w, "errors"), 0)] for s in agg.systems(sid)], "ms")
-    sid = "S7"
+
+
+def _section_s7(agg, w, sid, section, results):
     rows = []
     for s in agg.systems(sid):
         one, two = agg.value(sid, s, 1, "events_s"), agg.value(sid, s, 2, "events_s")
@@ -323,10 +360,35 @@ def render(results, md=False):
             "the machine is the limit, not the binary; a process well below 1.0 core with 1 worker "
             "was not the limit either" % results["meta"]["machine"]["nproc"])
 
+
+# The table of each scenario shape (the dialects' M2 and R2 draw S2's).
+SECTIONS = {"S1": _section_s1, "S2": _section_s2, "S3": _section_s3, "S4": _section_s4, "S5": _section_s5,
+            "S6": _section_s6, "S7": _section_s7}
+
+
+def render(results, md=False):
+    agg = Agg(results)
+    w = results["meta"]["workers"]
+    out = ["iop vs nginx (issue 8 benchmark)", "", header(results, md), ""]
+
+    def section(sid, headers, rows, note=None):
+        if not rows:
+            return
+        title = "%s  %s" % (sid, TITLES[sid])
+        text = describe(sid, results["meta"]["params"][sid]) + ("; " + note if note else "")
+        if md:
+            out.extend(["**%s**" % title, "", text, "", table(headers, rows, md), ""])
+        else:
+            out.extend([title, text, table(headers, rows, md), ""])
+
+    ran = [sid for sid in KNOWN if sid in results["meta"]["scenarios"]]
+    for sid in ran:
+        SECTIONS[base(sid)](agg, w, sid, section, results)
+
     out.append(("**%s**\n" if md else "%s") % "Targets (iop, ratios within this run)")
-    ran = set(results["meta"]["scenarios"])
     out.append(table(["scenario", "target", "system", "value", "verdict"],
-                     [t for t in targets(agg, w) if t[0] in ran and t[2] in results["meta"]["systems"]], md, left=3))
+                     [t for t in targets(agg, w) + dialect_targets(agg, w)
+                      if t[0] in ran and t[2] in results["meta"]["systems"]], md, left=3))
     if agg.failed:
         out.append("")
         out.append("failed runs:")

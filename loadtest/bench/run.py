@@ -48,7 +48,8 @@ def parse_args(argv):
     r.add_argument("--warmup", type=int, help="seconds of unmeasured load before S1, S2, S3, S6, S7 (default 2; --quick 1)")
     r.add_argument("--systems", default=",".join(systems.DEFAULT_SYSTEMS),
                    help="comma-separated, from %s, or 'all' (default: the first five)" % ",".join(systems.SYSTEMS))
-    r.add_argument("--scenarios", default=",".join(scenarios.ALL), help="comma-separated subset of S1..S7")
+    r.add_argument("--scenarios", default=",".join(scenarios.ALL), help="comma-separated subset of S1..S7 and the dialects' M1, M2, M4 (Messages), R1, R2, R4 (Responses); "
+                        "`dialects` is all six")
     r.add_argument("--workers", type=int, help="workers per process outside S7 (default: cores)")
     r.add_argument("--bin-dir", help="where the four binaries are (default: $CARGO_TARGET_DIR/release or target/release)")
     r.add_argument("--build", action="store_true", help="run `%s` first" % " ".join(BUILD))
@@ -129,7 +130,7 @@ def estimate(runs, params):
     for sid, _, system, _ in runs:
         p = params[sid]
         secs += p.get("warmup", 0) + (p["tokens"] * p["interval_ms"] / 1000 if p.get("warmup") else 0)
-        if sid == "S4":
+        if scenarios.base(sid) == "S4":
             secs += p["tokens"] * p["interval_ms"] / 1000 + 2
         elif sid == "S6":
             d = int(p["paced"][p["paced"].index("--duration-sec") + 1])
@@ -146,7 +147,7 @@ def summary_line(rec):
     if "error" in rec:
         return "ERROR " + rec["error"] + retried
     m = compare.metrics(rec, os.cpu_count() or 1) or {}
-    sid = rec["scenario"]
+    sid = scenarios.base(rec["scenario"])
     keys = {"S1": ["req_s", "cpu_us_req"], "S2": ["events_s", "mb_s", "cpu_us_req"], "S3": ["ttft_p99", "gap_p99"],
             "S4": [k for k in m if k.startswith("rss_")], "S5": ["close_p50", "close_p99", "never_closed"],
             "S6": ["gap_p99_alone", "gap_p99_big", "gap_shift"], "S7": ["events_s"]}[sid]
@@ -169,10 +170,10 @@ def cmd_run(a):
     for s in names:
         if s not in systems.SYSTEMS:
             raise SystemExit("unknown system %r (known: %s)" % (s, ", ".join(systems.SYSTEMS)))
-    sids = [s.strip().upper() for s in a.scenarios.split(",") if s.strip()]
+    sids = scenarios.expand([s.strip().upper() for s in a.scenarios.split(",") if s.strip()])
     for s in sids:
-        if s not in scenarios.ALL:
-            raise SystemExit("unknown scenario %r (known: %s)" % (s, ", ".join(scenarios.ALL)))
+        if s not in scenarios.KNOWN:
+            raise SystemExit("unknown scenario %r (known: %s, or dialects)" % (s, ", ".join(scenarios.KNOWN)))
     warmup = a.warmup if a.warmup is not None else (1 if quick else 2)
     params = scenarios.params(quick, duration, warmup)
     workers = a.workers or os.cpu_count() or 1

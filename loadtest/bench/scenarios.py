@@ -1,5 +1,7 @@
-"""The seven scenarios of issue 8: their parameters (full and --quick) and
-how one run of one scenario on one system is measured."""
+"""The seven scenarios of issue 8, and the same shapes spoken in the other
+dialects (issue 25: M1, M2, M4 for the Anthropic Messages API, R1, R2, R4
+for the Responses API): their parameters (full and --quick) and how one
+run of one scenario on one system is measured."""
 
 import json
 import math
@@ -22,6 +24,33 @@ TITLES = {
     "S7": "scaling: S2 with 1 and 2 workers",
 }
 ALL = list(TITLES)
+# The other dialects, by the letter that replaces S1/S2/S4's S: the load
+# generator's --api. Not in the default run: `--scenarios dialects`.
+DIALECTS = {"M": "messages", "R": "responses"}
+DIALECT_SHAPES = ["1", "2", "4"]
+DIALECT_IDS = [letter + n for letter in DIALECTS for n in DIALECT_SHAPES]
+for _sid in DIALECT_IDS:
+    TITLES[_sid] = "%s API, S%s's shape: %s" % (
+        {"M": "Messages", "R": "Responses"}[_sid[0]], _sid[1:], TITLES["S" + _sid[1:]])
+KNOWN = ALL + DIALECT_IDS
+
+
+def base(sid):
+    """The scenario whose shape `sid` has: S2 for M2 and R2."""
+    return "S" + sid[1:] if sid[0] in DIALECTS else sid
+
+
+def api_of(sid):
+    """The load generator's --api of scenario `sid` (None: chat)."""
+    return DIALECTS.get(sid[0])
+
+
+def expand(names):
+    """Scenario ids from a --scenarios list (`dialects` is every M and R)."""
+    out = []
+    for n in names:
+        out.extend(DIALECT_IDS if n == "DIALECTS" else [n])
+    return out
 
 
 def params(quick, duration, warmup):
@@ -39,6 +68,11 @@ def params(quick, duration, warmup):
     for sid, load in (("S3", "load"), ("S6", "paced")):
         p = out[sid]
         p[load] = p[load] + ["--ramp-ms", p["tokens"] * p["interval_ms"]]
+    for sid in DIALECT_IDS:
+        p = dict(out[base(sid)], api=api_of(sid))
+        if "load" in p:
+            p["load"] = p["load"] + ["--api", p["api"]]
+        out[sid] = p
     return out
 
 
@@ -70,9 +104,11 @@ def _params(quick, d):
 
 def describe(sid, p):
     """The parameters of a scenario in words (they differ with --quick)."""
+    sid = base(sid)
     mock = "mock: %d tokens at %d ms" % (p["tokens"], p["interval_ms"])
     if sid == "S4":
-        return "%s; %d streams at once, RSS sampled one token interval after all are open" % (mock, p["streams"])
+        api = " (--api %s)" % p["api"] if p.get("api") else ""
+        return "%s; %d streams at once%s, RSS sampled one token interval after all are open" % (mock, p["streams"], api)
     if sid == "S5":
         return "%s; load: %s, each stream cut after %d tokens" % (mock, " ".join(map(str, p["load"])), p["disconnect_after"])
     if sid == "S6":
@@ -93,11 +129,12 @@ ROUND_FACTOR = {"S3": 2}
 
 def rounds_of(sid, rounds):
     """How many rounds scenario `sid` runs when the run asks for `rounds`."""
-    return rounds * ROUND_FACTOR.get(sid, 1)
+    return rounds * ROUND_FACTOR.get(base(sid), 1)
 
 
 def applies(sid, system):
     """Whether scenario `sid` means anything on `system`."""
+    sid = base(sid)
     if sid == "S5" and system == "iop-mock":
         return False  # no upstream connection to close
     if sid == "S7" and system == "direct":
@@ -199,6 +236,7 @@ def time_limit(load_args, extra=0):
 def measure(sid, run, ctx, p, gens):
     """Measures scenario `sid` on the started system `run`; `gens` collects
     the generator commands. Returns the scenario's raw results."""
+    sid = base(sid)
     if sid in ("S1", "S2", "S3", "S7"):
         warm_up(run, ctx, p, p["load"], gens)
         return closed_loop(run, ctx, p["load"], gens)
@@ -242,6 +280,8 @@ def many_streams(run, ctx, p, gens):
     leases for the in-process mock); otherwise the run fails."""
     n, tokens, interval = p["streams"], p["tokens"], p["interval_ms"]
     load = ["--concurrency", n, "--requests", n, "--stream", "--timeout-sec", 120]
+    if p.get("api"):
+        load += ["--api", p["api"]]
     before = group_rss(run)
     gen = Gen(ctx, run.url, load, "loadtest", 300)
     gens.append(gen.command())

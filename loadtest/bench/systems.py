@@ -4,7 +4,9 @@
 - nginx1:          nginx -> mock
 - nginx2:          nginx -> nginx -> mock (two instances: the hop-count twin of edge + node)
 - iop-tunnel:      iop-edge + iop-node (two processes), provider openai_compat -> the mock's /v1
+                   (the Messages and Responses APIs too: native, tunnelled)
 - iop-normalized:  iop-edge + iop-node, provider ollama -> the mock's /api/chat
+                   (the Messages and Responses APIs translated onto it)
 - iop-mock:        iop-edge + iop-node, the node's in-process mock provider (no upstream; extra row)
 """
 
@@ -164,7 +166,8 @@ def wait_port(proc, host, port, timeout=10):
 
 def edge_config(name, mock_addr, scen, workers):
     provider = {
-        "iop-tunnel": 'kind = "openai_compat"\nbase_url = "http://%s/v1"\n' % mock_addr,
+        "iop-tunnel": 'kind = "openai_compat"\nbase_url = "http://%s/v1"\nnative_apis = ["responses", "messages"]\n'
+                      % mock_addr,
         "iop-normalized": 'kind = "ollama"\nbase_url = "http://%s"\n' % mock_addr,
         "iop-mock": 'kind = "mock"\n',
     }[name]

@@ -7,8 +7,8 @@ use std::time::Duration;
 use bytes::{Bytes, BytesMut};
 use iop_core::http::write_request_head;
 
-/// Default endpoint when `--url` carries no path.
-pub const DEFAULT_PATH: &str = "/v1/chat/completions";
+use super::api::Api;
+
 /// Requests sent when neither `--requests` nor `--duration-sec` is given.
 pub const DEFAULT_REQUESTS: u64 = 1000;
 /// Distinct prompt sizes of a `--prompt-bytes-max` run.
@@ -25,13 +25,17 @@ const TAG_DIGITS: usize = 16;
 #[command(
     name = "iop-loadtest",
     version,
-    about = "SSE load generator for OpenAI-compatible chat completions (iop-edge, iop-mockprov, vLLM, ...)"
+    about = "SSE load generator for OpenAI chat completions, the Responses API and the Anthropic Messages API (iop-edge, iop-mockprov, vLLM, ...)"
 )]
 pub struct LoadArgs {
-    /// Server: `http://host:port` (the path defaults to /v1/chat/completions)
-    /// or a full endpoint URL `http://host:port/some/path`.
+    /// Server: `http://host:port` (the path defaults to the API's:
+    /// /v1/chat/completions, /v1/messages or /v1/responses) or a full
+    /// endpoint URL `http://host:port/some/path`.
     #[arg(long, default_value = "http://127.0.0.1:8080")]
     pub url: String,
+    /// The API requests speak: its body, and how its answer is read.
+    #[arg(long, value_enum, default_value_t = Api::Chat)]
+    pub api: Api,
     /// `model` sent in every request.
     #[arg(long, default_value = "mock")]
     pub model: String,
@@ -48,10 +52,11 @@ pub struct LoadArgs {
     /// Ask for an SSE stream (the default).
     #[arg(long, overrides_with = "no_stream")]
     pub stream: bool,
-    /// Ask for one JSON `chat.completion` instead of a stream.
+    /// Ask for one JSON answer (a `chat.completion`, a `message` or a `response`) instead of a stream.
     #[arg(long, overrides_with = "stream")]
     pub no_stream: bool,
-    /// `max_tokens` sent in every request (omitted when not given).
+    /// `max_tokens` (`max_output_tokens` for responses) sent in every
+    /// request (omitted when not given; 4096 for messages, which require it).
     #[arg(long)]
     pub max_tokens: Option<u64>,
     /// Size of the user message, in bytes.
@@ -108,8 +113,9 @@ pub struct Target {
 }
 
 impl Target {
-    /// Parses `http://host[:port][/path]`. Only plain `http` is supported.
-    pub fn parse(url: &str) -> Result<Self, String> {
+    /// Parses `http://host[:port][/path]`, the path `default_path` when
+    /// absent. Only plain `http` is supported.
+    pub fn parse(url: &str, default_path: &str) -> Result<Self, String> {
         let rest =
             url.strip_prefix("http://").ok_or_else(|| format!("--url {url:?}: only http:// URLs are supported"))?;
         let (authority, path) = match rest.find(['/', '?', '#']) {
@@ -143,8 +149,8 @@ impl Target {
             return Err(format!("--url {url:?}: empty host"));
         }
         let path = match path {
-            "" | "/" => DEFAULT_PATH.to_owned(),
-            p if p.starts_with('?') => format!("{DEFAULT_PATH}{p}"),
+            "" | "/" => default_path.to_owned(),
+            p if p.starts_with('?') => format!("{default_path}{p}"),
             p => p.to_owned(),
         };
         Ok(Self { authority: authority.to_owned(), host: host.to_owned(), port, path })
@@ -174,6 +180,8 @@ pub struct Bounds {
 pub struct Settings {
     /// Where requests go.
     pub target: Target,
+    /// The API they speak.
+    pub api: Api,
     /// Resolved address of `target`.
     pub addr: SocketAddr,
     /// `model`.
@@ -209,7 +217,7 @@ pub struct Settings {
 impl Settings {
     /// Checks the flags and resolves the host.
     pub fn from_args(args: &LoadArgs) -> Result<Self, String> {
-        let target = Target::parse(&args.url)?;
+        let target = Target::parse(&args.url, args.api.default_path())?;
         let concurrency = NonZeroUsize::new(args.concurrency).ok_or("--concurrency must be at least 1")?;
         let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
         let workers = match args.workers {
@@ -263,6 +271,7 @@ impl Settings {
         let addr = target.resolve()?;
         Ok(Self {
             target,
+            api: args.api,
             addr,
             model: args.model.clone(),
             concurrency,
@@ -284,17 +293,7 @@ impl Settings {
     /// The JSON request body with a user message of `prompt_bytes` bytes
     /// (and the placeholder tag of request 0, when requests are tagged).
     pub fn body_of(&self, prompt_bytes: usize) -> String {
-        let mut body = serde_json::json!({
-            "model": self.model,
-            "messages": [{"role": "user", "content": prompt(prompt_bytes)}],
-            "stream": self.stream,
-        });
-        if self.stream {
-            body["stream_options"] = serde_json::json!({"include_usage": true});
-        }
-        if let Some(n) = self.max_tokens {
-            body["max_tokens"] = n.into();
-        }
+        let mut body = self.api.body(&self.model, &prompt(prompt_bytes), self.stream, self.max_tokens);
         if let Some(prefix) = &self.tag_prefix {
             body["mock"] = serde_json::json!({"tag": tag(prefix, 0)});
         }
@@ -433,19 +432,20 @@ mod tests {
 
     #[test]
     fn parses_urls() {
-        let t = Target::parse("http://127.0.0.1:8080").unwrap();
+        const DEFAULT_PATH: &str = "/v1/chat/completions";
+        let t = Target::parse("http://127.0.0.1:8080", DEFAULT_PATH).unwrap();
         assert_eq!(
             (t.authority.as_str(), t.host.as_str(), t.port, t.path.as_str()),
             ("127.0.0.1:8080", "127.0.0.1", 8080, DEFAULT_PATH)
         );
-        let t = Target::parse("http://localhost/").unwrap();
+        let t = Target::parse("http://localhost/", DEFAULT_PATH).unwrap();
         assert_eq!((t.port, t.path.as_str()), (80, DEFAULT_PATH));
-        let t = Target::parse("http://[::1]:9000/v1/chat/completions?x=1").unwrap();
+        let t = Target::parse("http://[::1]:9000/v1/chat/completions?x=1", DEFAULT_PATH).unwrap();
         assert_eq!((t.host.as_str(), t.port, t.path.as_str()), ("::1", 9000, "/v1/chat/completions?x=1"));
         for bad in
             ["https://x", "x:80", "http://", "http://:80", "http://h:99999", "http://u@h", "http://[::1", "http://h/#f"]
         {
-            assert!(Target::parse(bad).is_err(), "{bad}");
+            assert!(Target::parse(bad, DEFAULT_PATH).is_err(), "{bad}");
         }
     }
 

@@ -70,6 +70,7 @@ pub(crate) struct WorkerCtx {
     pub(crate) addr: SocketAddr,
     /// The requests (one per prompt size), request `n` sends `n % len`.
     pub(crate) requests: Vec<RequestBytes>,
+    pub(crate) api: super::api::Api,
     pub(crate) stream: bool,
     /// Open loop, when set.
     pub(crate) schedule: Option<Schedule>,
@@ -136,7 +137,7 @@ pub(crate) async fn drive(ctx: std::rc::Rc<WorkerCtx>, first: Instant) {
             Some(r) => r.for_request(n),
             None => break,
         };
-        let ex = Exchange::new(ctx.stream, Instant::now()).cut_after(ctx.disconnect_after);
+        let ex = Exchange::new(ctx.stream, Instant::now()).with_api(ctx.api).cut_after(ctx.disconnect_after);
         // On timeout the exchange future (and with it the socket) is dropped.
         match monoio::time::timeout(ctx.timeout, exchange(stream, &mut buf, request, ex)).await {
             Err(_) => ctx.record(&Err(Failure::Timeout)),

@@ -3,62 +3,23 @@
 //! body (Content-Length, chunked or until close), parses SSE events, takes
 //! the timings and validates the answer.
 //!
-//! Valid means: status 200; for a stream, every `data:` event is a JSON chunk
-//! without an `error` member until `data: [DONE]`, and nothing follows it; for
-//! JSON, the body is a `chat.completion` with a `choices` array.
+//! Valid means: status 200; for a stream, every `data:` event is a JSON
+//! event that is not an error until the API's last event (`data: [DONE]`
+//! for chat), and nothing follows it; for JSON, the body is the API's whole
+//! answer (see [`Api`]).
 
-use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use iop_core::http::{parse_response_head, BodyDecoder, Limits};
 use iop_core::sse::SseParser;
-use serde::de::IgnoredAny;
-use serde::Deserialize;
-
+use super::api::Api;
 use super::stats::{Failure, Measure};
 
 /// Largest response body accepted.
 const MAX_BODY_BYTES: usize = 64 << 20;
 /// Largest single SSE event accepted.
 const MAX_EVENT_BYTES: usize = 1 << 20;
-
-#[derive(Debug, Deserialize)]
-struct Chunk<'a> {
-    #[serde(default, borrow)]
-    choices: Option<Vec<ChunkChoice<'a>>>,
-    #[serde(default)]
-    usage: Option<Usage>,
-    #[serde(default)]
-    error: Option<IgnoredAny>,
-}
-
-#[derive(Debug, Deserialize)]
-struct ChunkChoice<'a> {
-    #[serde(default, borrow)]
-    delta: Option<Delta<'a>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Delta<'a> {
-    #[serde(default, borrow)]
-    content: Option<Cow<'a, str>>,
-    #[serde(default, borrow)]
-    reasoning_content: Option<Cow<'a, str>>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Usage {
-    #[serde(default)]
-    completion_tokens: Option<u64>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Completion {
-    choices: Vec<IgnoredAny>,
-    #[serde(default)]
-    usage: Option<Usage>,
-}
 
 /// What happens to the body.
 #[derive(Debug)]
@@ -90,6 +51,7 @@ pub struct Done {
 /// One request in flight on a connection.
 #[derive(Debug)]
 pub struct Exchange {
+    api: Api,
     stream: bool,
     start: Instant,
     phase: Phase,
@@ -104,6 +66,7 @@ impl Exchange {
     /// An exchange whose request was sent at `start`; `stream` is what was asked for.
     pub fn new(stream: bool, start: Instant) -> Self {
         Self {
+            api: Api::Chat,
             stream,
             start,
             phase: Phase::Head,
@@ -112,6 +75,12 @@ impl Exchange {
             limits: Limits { max_body_bytes: MAX_BODY_BYTES, ..Limits::default() },
             cut_after: None,
         }
+    }
+
+    /// Reads the answer as `api` speaks it (chat completions by default).
+    pub fn with_api(mut self, api: Api) -> Self {
+        self.api = api;
+        self
     }
 
     /// Ends a valid stream early, as done (`cut`, and the connection not to
@@ -185,7 +154,7 @@ impl Exchange {
                         match body {
                             Body::Sse { parser, done } => {
                                 parser.push(&data);
-                                sse_events(parser, done, &mut self.measure, &mut self.last_token, self.start, now)?;
+                                sse_events(self.api, parser, done, &mut self.measure, &mut self.last_token, self.start, now)?;
                                 if self.cut_after.is_some_and(|n| self.measure.tokens >= n) {
                                     self.phase = Phase::Finished;
                                     self.measure.total = now.saturating_duration_since(self.start);
@@ -229,12 +198,7 @@ impl Exchange {
                 }
             }
             Body::Json(collected) => {
-                let c: Completion =
-                    serde_json::from_slice(&collected).map_err(|_| Failure::Protocol("invalid_json"))?;
-                if c.choices.is_empty() {
-                    return Err(Failure::Protocol("no_choices"));
-                }
-                let tokens = c.usage.and_then(|u| u.completion_tokens);
+                let tokens = self.api.whole(&collected)?;
                 self.measure.usage_tokens = tokens;
                 self.measure.tokens = tokens.unwrap_or(0);
             }
@@ -254,6 +218,7 @@ fn starts_with_ci(value: &[u8], prefix: &[u8]) -> bool {
 
 /// Handles every complete event in `parser`.
 fn sse_events(
+    api: Api,
     parser: &mut SseParser,
     done: &mut bool,
     m: &mut Measure,
@@ -266,25 +231,12 @@ fn sse_events(
             return Err(Failure::Protocol("data_after_done"));
         }
         m.events += 1;
-        if event.data == "[DONE]" {
-            *done = true;
-            continue;
-        }
-        let chunk: Chunk<'_> = serde_json::from_str(&event.data).map_err(|_| Failure::Protocol("invalid_chunk"))?;
-        if chunk.error.is_some() {
-            return Err(Failure::Protocol("error_event"));
-        }
-        if let Some(n) = chunk.usage.and_then(|u| u.completion_tokens) {
+        let ev = api.event(&event.data)?;
+        *done = ev.last;
+        if let Some(n) = ev.usage {
             m.usage_tokens = Some(n);
         }
-        let deltas = chunk.choices.iter().flatten().filter_map(|c| c.delta.as_ref());
-        let tokens = deltas
-            .filter(|d| {
-                d.content.as_deref().is_some_and(|s| !s.is_empty())
-                    || d.reasoning_content.as_deref().is_some_and(|s| !s.is_empty())
-            })
-            .count() as u64;
-        for _ in 0..tokens {
+        for _ in 0..ev.tokens {
             match *last_token {
                 None => m.ttft = Some(now.saturating_duration_since(start)),
                 Some(prev) => m.gaps_us.push(micros(now.saturating_duration_since(prev))),

@@ -13,6 +13,7 @@
 //! but an atomic request counter. Each thread keeps its own [`Recorder`];
 //! they are merged when all have finished.
 
+pub mod api;
 pub mod args;
 mod conn;
 pub mod exchange;
@@ -81,8 +82,8 @@ pub fn run(settings: &Settings) -> anyhow::Result<Outcome> {
     for index in 0..workers {
         let connections = settings.connections_of(index);
         let (budget, worker_gate, ready, requests) = (budget.clone(), gate.clone(), ready_tx.clone(), requests.clone());
-        let (addr, stream, timeout, duration) =
-            (settings.addr, settings.stream, settings.timeout, settings.bounds.duration);
+        let (addr, api, stream, timeout, duration) =
+            (settings.addr, settings.api, settings.stream, settings.timeout, settings.bounds.duration);
         let (rate, disconnect_after) = (settings.rate, settings.disconnect_after);
         let firsts: Vec<Duration> = (0..connections).map(|j| settings.first_request_after(index, j)).collect();
         let spawned =
@@ -100,6 +101,7 @@ pub fn run(settings: &Settings) -> anyhow::Result<Outcome> {
                 let ctx = Rc::new(WorkerCtx {
                     addr,
                     requests,
+                    api,
                     stream,
                     schedule: rate.map(|rate| conn::Schedule { start, rate }),
                     disconnect_after,

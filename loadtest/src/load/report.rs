@@ -81,6 +81,8 @@ pub struct Report {
     pub url: String,
     /// `model` sent.
     pub model: String,
+    /// The API spoken.
+    pub api: super::api::Api,
     /// SSE stream requested.
     pub stream: bool,
     /// Connections.
@@ -166,6 +168,7 @@ impl Report {
             command,
             url: format!("http://{}{}", t.authority, t.path),
             model: settings.model.clone(),
+            api: settings.api,
             stream: settings.stream,
             concurrency: settings.concurrency.get(),
             workers: settings.workers.get(),
@@ -238,8 +241,9 @@ impl Report {
         };
         let _ = writeln!(
             s,
-            "target       {} model={} {} max_tokens={} prompt_bytes={prompt}",
+            "target       {} api={} model={} {} max_tokens={} prompt_bytes={prompt}",
             self.url,
+            self.api.name(),
             self.model,
             if self.stream { "stream" } else { "no-stream" },
             self.max_tokens.map_or_else(|| "-".to_owned(), |n| n.to_string()),
