@@ -288,7 +288,8 @@ mod tests {
         assert_eq!(ev(text).unwrap().tokens, 1);
         let empty = r#"{"type":"response.output_text.delta","sequence_number":4,"delta":""}"#;
         assert_eq!(ev(empty).unwrap().tokens, 0);
-        let done = r#"{"type":"response.completed","response":{"object":"response","output":[],"usage":{"output_tokens":9}}}"#;
+        let done =
+            r#"{"type":"response.completed","response":{"object":"response","output":[],"usage":{"output_tokens":9}}}"#;
         assert_eq!(ev(done).unwrap(), Event { tokens: 0, usage: Some(9), last: true });
         let failed = r#"{"type":"response.failed","response":{"object":"response"}}"#;
         assert_eq!(ev(failed), Err(Failure::Protocol("error_event")));

@@ -10,11 +10,11 @@
 
 use std::time::{Duration, Instant};
 
+use super::api::Api;
+use super::stats::{Failure, Measure};
 use bytes::BytesMut;
 use iop_core::http::{parse_response_head, BodyDecoder, Limits};
 use iop_core::sse::SseParser;
-use super::api::Api;
-use super::stats::{Failure, Measure};
 
 /// Largest response body accepted.
 const MAX_BODY_BYTES: usize = 64 << 20;
@@ -154,7 +154,15 @@ impl Exchange {
                         match body {
                             Body::Sse { parser, done } => {
                                 parser.push(&data);
-                                sse_events(self.api, parser, done, &mut self.measure, &mut self.last_token, self.start, now)?;
+                                sse_events(
+                                    self.api,
+                                    parser,
+                                    done,
+                                    &mut self.measure,
+                                    &mut self.last_token,
+                                    self.start,
+                                    now,
+                                )?;
                                 if self.cut_after.is_some_and(|n| self.measure.tokens >= n) {
                                     self.phase = Phase::Finished;
                                     self.measure.total = now.saturating_duration_since(self.start);
