@@ -286,6 +286,8 @@ pub enum ExecEvent {
         choice: u32,
         /// OpenAI finish_reason.
         finish_reason: String,
+        /// The stop sequence that ended it, when the provider named it.
+        stop_sequence: Option<String>,
     },
     /// The vectors of an embeddings run, one per input, in order.
     Embeddings(Vec<Vec<f32>>),
@@ -332,7 +334,9 @@ impl ExecEvent {
                 };
                 part + d.logprobs.as_ref().map_or(0, bytes::Bytes::len)
             }
-            ExecEvent::ChoiceFinish { finish_reason, .. } => finish_reason.len(),
+            ExecEvent::ChoiceFinish { finish_reason, stop_sequence, .. } => {
+                finish_reason.len() + stop_sequence.as_ref().map_or(0, String::len)
+            }
             ExecEvent::Embeddings(v) => v.iter().map(|e| e.len() * 4).sum(),
             ExecEvent::Complete { finish_reason, .. } => finish_reason.len(),
             ExecEvent::Error(f) => f.message.len(),
@@ -362,9 +366,9 @@ impl ExecEvent {
                     }),
                 }
             }
-            ExecEvent::ChoiceFinish { choice, finish_reason } => {
+            ExecEvent::ChoiceFinish { choice, finish_reason, stop_sequence } => {
                 ev.choice = choice;
-                Kind::ChoiceFinish(pb::ChoiceFinish { finish_reason })
+                Kind::ChoiceFinish(pb::ChoiceFinish { finish_reason, stop_sequence: stop_sequence.unwrap_or_default() })
             }
             ExecEvent::Embeddings(vectors) => Kind::Embeddings(pb::Embeddings {
                 data: vectors.into_iter().map(|values| pb::Embedding { values }).collect(),
@@ -398,7 +402,11 @@ impl ExecEvent {
                 name: c.name,
                 arguments: c.arguments,
             }))),
-            Kind::ChoiceFinish(f) => Some(ExecEvent::ChoiceFinish { choice, finish_reason: f.finish_reason }),
+            Kind::ChoiceFinish(f) => Some(ExecEvent::ChoiceFinish {
+                choice,
+                finish_reason: f.finish_reason,
+                stop_sequence: (!f.stop_sequence.is_empty()).then_some(f.stop_sequence),
+            }),
             Kind::Embeddings(e) => Some(ExecEvent::Embeddings(e.data.into_iter().map(|v| v.values).collect())),
             Kind::Complete(c) => {
                 Some(ExecEvent::Complete { finish_reason: c.finish_reason, usage: ev.usage.map(Usage::from) })
@@ -446,7 +454,7 @@ mod tests {
                 })),
                 logprobs: None,
             }),
-            ExecEvent::ChoiceFinish { choice: 1, finish_reason: "tool_calls".into() },
+            ExecEvent::ChoiceFinish { choice: 1, finish_reason: "tool_calls".into(), stop_sequence: None },
             ExecEvent::Embeddings(vec![vec![0.5, -1.25], vec![]]),
             ExecEvent::Complete {
                 finish_reason: "stop".into(),

@@ -212,6 +212,7 @@ impl Issuer {
 pub fn run_route(operation: i32) -> &'static str {
     match pb::RunOperation::try_from(operation) {
         Ok(pb::RunOperation::Embeddings) => "embeddings",
+        Ok(pb::RunOperation::Tokenize) => "tokenize",
         _ => "chat",
     }
 }

@@ -209,6 +209,17 @@ fn apply(body: &Bytes, mut edits: Vec<(Range<usize>, String)>) -> Bytes {
     out.freeze()
 }
 
+/// The non-empty stop strings of an OpenAI request's `stop` (a string or
+/// a list of them; anything else asks for none).
+pub fn stop_strings(stop: Option<&serde_json::Value>) -> Vec<&str> {
+    let all = match stop {
+        Some(serde_json::Value::String(s)) => vec![s.as_str()],
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(serde_json::Value::as_str).collect(),
+        _ => Vec::new(),
+    };
+    all.into_iter().filter(|s| !s.is_empty()).collect()
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {

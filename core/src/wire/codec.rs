@@ -886,7 +886,8 @@ mod tests {
                     arguments,
                 })
             }),
-            ".{0,10}".prop_map(|finish_reason| Kind::ChoiceFinish(pb::ChoiceFinish { finish_reason })),
+            ".{0,10}"
+                .prop_map(|finish_reason| Kind::ChoiceFinish(pb::ChoiceFinish { finish_reason, ..Default::default() })),
             proptest::collection::vec(any::<f32>().prop_filter("comparable", |f| !f.is_nan()), 0..20)
                 .prop_map(|values| Kind::Embeddings(pb::Embeddings { data: vec![pb::Embedding { values }] })),
         ];

@@ -96,12 +96,10 @@ pub fn answer<'a>(
     // Boxed apart: a tunnel's answer is much smaller than a normalized one.
     match (tunnels, route) {
         (true, _) => Box::pin(super::tunnel::run(worker, conn, route, parts, permit, admitted, chance)),
-        // The provider stopped counting natively (a reload): estimated.
-        (false, Route::CountTokens) => Box::pin(async move {
-            drop((admitted, permit));
-            let keep = parts.head.keep_alive;
-            super::anthropic::count::estimate(conn, &parts.bytes, keep).await
-        }),
+        // Counted by the provider's tokenizer, or estimated.
+        (false, Route::CountTokens) => {
+            Box::pin(super::anthropic::count::tokenize(worker, conn, parts, permit, admitted))
+        }
         (false, Route::Responses) => {
             Box::pin(super::openai::responses::normalized::answer(worker, conn, parts, permit, admitted, chance))
         }

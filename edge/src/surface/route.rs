@@ -82,11 +82,13 @@ impl Route {
 
     /// Whether `p` can serve this route at all: natively, or on the
     /// normalized run (chat, embeddings, and Messages and Responses
-    /// translated to chat).
-    /// A token count no target serves natively is estimated by the edge
+    /// translated to chat; a token count by an OpenAI-compatible server's
+    /// tokenizer). A token count no target serves is estimated by the edge
     /// ([`super::anthropic::count`]), without a provider.
     pub fn served_by(self, p: &ProviderEntry) -> bool {
-        self.native_on(p) || matches!(self, Route::Chat | Route::Embeddings | Route::Messages | Route::Responses)
+        self.native_on(p)
+            || matches!(self, Route::Chat | Route::Embeddings | Route::Messages | Route::Responses)
+            || (self == Route::CountTokens && p.kind.is_openai_compatible())
     }
 
     /// Whether a failure before the first byte may be replayed elsewhere

@@ -343,6 +343,40 @@ fn without_native_messages_the_same_mock_is_served_translated() {
 }
 
 #[test]
+fn count_tokens_asks_the_providers_tokenizer_and_estimates_without_one() {
+    let ask = json!({"model": "gpt-test", "system": "be brief",
+                     "messages": [{"role": "user", "content": "count these words, please, all of them"}]});
+    let answer = json!({"model": "gpt-test", "max_tokens": 5, "system": "be brief",
+                        "messages": [{"role": "user", "content": "count these words, please, all of them"}]});
+    // vLLM's /tokenize (the mock's): the provider's own count, which is
+    // what the same prompt is charged as when answered.
+    let mock = MockProv::start(&["--tokens", "3", "--without", "messages"]);
+    let edge = Edge::start(&edge_config(&mock.base_url(), ""));
+    let _node = edge.node(NODE_TOKEN, &[]);
+    edge.wait_nodes_ready(1);
+    let r = post(&edge, "/v1/messages/count_tokens", &ask, &[]);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("iop-token-count"), None, "counted by the provider, not estimated");
+    assert!(r.header("request-id").is_some());
+    let counted = r.json()["input_tokens"].as_u64().unwrap();
+    let m = post(&edge, "/v1/messages", &answer, &[]);
+    assert_eq!(m.status, 200, "{}", String::from_utf8_lossy(&m.body));
+    assert_eq!(Some(counted), m.json()["usage"]["input_tokens"].as_u64(), "count_tokens vs the answer's usage");
+    // A server without a tokenizer (404): the estimate, said to be one.
+    let mock = MockProv::start(&["--tokens", "3", "--without", "messages,tokenize"]);
+    let edge = Edge::start(&edge_config(&mock.base_url(), ""));
+    let _node = edge.node(NODE_TOKEN, &[]);
+    edge.wait_nodes_ready(1);
+    let r = post(&edge, "/v1/messages/count_tokens", &ask, &[]);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_eq!(r.header("iop-token-count"), Some("estimate"));
+    // A malformed count is the client's error, in Anthropic's shape.
+    let bad = json!({"model": "gpt-test", "messages": [{"role": "user", "content": [{"type": "nope"}]}]});
+    let r = post(&edge, "/v1/messages/count_tokens", &bad, &[]);
+    assert_eq!((r.status, r.json()["error"]["type"].as_str()), (400, Some("invalid_request_error")));
+}
+
+#[test]
 fn provider_failures_come_in_anthropics_shape_before_and_after_the_first_byte() {
     let body =
         json!({"model": "gpt-test", "max_tokens": 50, "stream": true, "messages": [{"role": "user", "content": "hi"}]});
@@ -417,8 +451,10 @@ fn the_anthropic_sdk_sees_the_same_through_the_tunnel_as_from_the_provider() {
 const TRANSLATED_FLOWS: &str =
     "text,text_stream,system,stop_sequences,max_tokens,image,thinking,tool_loop,error_not_found,error_invalid,count_tokens";
 
-/// What every translated flow must show, whichever provider ran it.
-fn assert_translated(what: &str, v: &Value, thinks: bool) {
+/// What every translated flow must show, whichever provider ran it;
+/// `names_stops`: the provider says which stop sequence matched (as vLLM
+/// does, and both mocks of it).
+fn assert_translated(what: &str, v: &Value, thinks: bool, names_stops: bool) {
     assert_no_exceptions(what, v);
     // Reasoning a provider does (asked for or not) comes first as a
     // thinking block; the answer's text is the last block.
@@ -439,6 +475,11 @@ fn assert_translated(what: &str, v: &Value, thinks: bool) {
     assert_eq!(v["error_not_found"], json!({"class": "NotFoundError", "status": 404, "type": "not_found_error"}));
     assert_eq!(v["error_invalid"], json!({"class": "BadRequestError", "status": 400, "type": "invalid_request_error"}));
     assert_eq!(v["count_tokens"]["positive"], true, "{what}");
+    if names_stops {
+        let m = &v["stop_sequences"];
+        assert_eq!((&m["stop_reason"], &m["stop_sequence"]), (&json!("stop_sequence"), &json!("tok2")), "{what}");
+        assert_eq!(last(m)["text"], "tok0 tok1 ", "{what}: the answer ends before the sequence");
+    }
 }
 
 #[test]
@@ -446,7 +487,7 @@ fn assert_translated(what: &str, v: &Value, thinks: bool) {
 fn the_anthropic_sdk_gets_every_part_of_a_translated_answer() {
     // The in-process mock provider.
     let (edge, _node) = mock_setup(4, true);
-    assert_translated("mock", &anthropic_flows(&format!("http://{}", edge.http), "m", TRANSLATED_FLOWS), true);
+    assert_translated("mock", &anthropic_flows(&format!("http://{}", edge.http), "m", TRANSLATED_FLOWS), true, true);
     // An OpenAI-compatible server without the Messages API, and Ollama
     // (which cannot be made to call a tool: asked with `auto`, its mock
     // calls one when tools are declared).
@@ -461,7 +502,7 @@ fn the_anthropic_sdk_gets_every_part_of_a_translated_answer() {
         let _node = edge.node(NODE_TOKEN, &[]);
         edge.wait_nodes_ready(1);
         let v = anthropic_flows_with(&format!("http://{}", edge.http), "m", TRANSLATED_FLOWS, envs);
-        assert_translated(kind, &v, true);
+        assert_translated(kind, &v, true, kind == "openai_compat");
     }
 }
 

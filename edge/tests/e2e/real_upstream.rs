@@ -153,6 +153,7 @@ fn real_llama_cpp_serves_the_messages_api_natively_and_translated() {
     // prompt, stop sequences, a cap, errors and a token count.
     // (A block type llama.cpp does not know it ignores: natively that is
     // the provider's call; translated, the edge refuses it.)
+    let mut counts = Vec::new();
     for native in [true, false] {
         let flows = if native {
             "text,text_stream,system,stop_sequences,max_tokens,error_not_found,count_tokens"
@@ -179,10 +180,15 @@ fn real_llama_cpp_serves_the_messages_api_natively_and_translated() {
         assert_eq!(v["max_tokens"]["stop_reason"], "max_tokens", "{what}");
         assert_eq!(v["error_not_found"]["status"], 404, "{what}");
         assert_eq!(v["count_tokens"]["positive"], true, "{what}");
-        // The native count is llama.cpp's own tokenizer's; the translated one an estimate.
-        let ask = json!({"model": "m", "messages": [{"role": "user", "content": "hello there"}]});
+        // Both counts are llama.cpp's own tokenizer's: natively its
+        // count_tokens, translated its /apply-template and /tokenize.
+        let ask = json!({"model": "m", "messages": [{"role": "user", "content": "hello there, how are you today?"}]});
         let r = request(edge.http, "POST", "/v1/messages/count_tokens", Some(ask.to_string().as_bytes()), &[]);
         assert_eq!(r.status, 200, "{what}: {}", String::from_utf8_lossy(&r.body));
-        assert_eq!(r.header("iop-token-count").is_some(), !native, "{what}");
+        assert_eq!(r.header("iop-token-count"), None, "{what}: counted, not estimated");
+        counts.push(r.json()["input_tokens"].as_u64().unwrap());
     }
+    // The same prompt through the same chat template: the same count, give
+    // or take the generation prompt's tokens.
+    assert!(counts[0].abs_diff(counts[1]) <= 8, "native vs translated count: {counts:?}");
 }

@@ -35,6 +35,9 @@ struct ChatRequest {
     tools: Vec<serde_json::Value>,
     #[serde(default)]
     tool_choice: Option<serde_json::Value>,
+    /// A string or a list of them.
+    #[serde(default)]
+    stop: Option<serde_json::Value>,
     #[serde(default)]
     mock: Option<MockOverrides>,
 }
@@ -109,6 +112,9 @@ pub struct Plan {
     pub content: u64,
     /// `"stop"`, `"length"` or `"tool_calls"`.
     pub finish_reason: &'static str,
+    /// The stop string the answer ended before, reported as vLLM does
+    /// (`stop_reason` beside the finish reason).
+    pub stop_reason: Option<String>,
     /// The kind of answer.
     pub answer: Answer,
     /// `n`: choices in the answer.
@@ -190,6 +196,8 @@ pub fn plan(body: &[u8], config: &MockConfig, seq: u64, created: u64) -> Result<
     } else {
         Answer::Tokens
     };
+    let stops = iop_core::request::stop_strings(req.stop.as_ref());
+    let mut stop_reason = None;
     let (answer, reasoning, content, finish_reason) = match answer {
         Answer::ToolCalls { calls, name } => {
             (Answer::ToolCalls { calls, name }, k.reasoning, calls * tool_calls::FRAGMENTS, "tool_calls")
@@ -199,9 +207,28 @@ pub fn plan(body: &[u8], config: &MockConfig, seq: u64, created: u64) -> Result<
                 Answer::Text(p) | Answer::Refusal(p) => p.len() as u64,
                 _ => k.tokens,
             };
+            // A stop string ends the answer before the first piece it occurs in.
+            let piece = |i: u64| match &answer {
+                Answer::Text(p) | Answer::Refusal(p) => usize::try_from(i).ok().and_then(|i| p.get(i)).cloned(),
+                _ => Some(overrides::content_token(0, i, k.token_bytes)),
+            };
+            let hit = if stops.is_empty() {
+                None
+            } else {
+                (0..units).find_map(|i| find_stop(&piece(i)?, &stops).map(|s| (i, s.to_owned())))
+            };
+            let (answer, units) = match hit {
+                Some((at, s)) => {
+                    stop_reason = Some(s);
+                    (truncate(answer, at), at)
+                }
+                None => (answer, units),
+            };
             let cap = req.max_completion_tokens.or(req.max_tokens).unwrap_or(u64::MAX);
             if k.reasoning.saturating_add(units) > cap {
                 let r = k.reasoning.min(cap);
+                // Cut by the cap first: the stop string was never reached.
+                stop_reason = None;
                 (truncate(answer, cap - r), r, cap - r, "length")
             } else {
                 (answer, k.reasoning, units, "stop")
@@ -220,6 +247,7 @@ pub fn plan(body: &[u8], config: &MockConfig, seq: u64, created: u64) -> Result<
         reasoning,
         content,
         finish_reason,
+        stop_reason,
         answer,
         choices,
         logprobs: (req.logprobs == Some(true) || k.logprobs).then_some(top),
@@ -233,6 +261,11 @@ pub fn plan(body: &[u8], config: &MockConfig, seq: u64, created: u64) -> Result<
         hangup: k.hangup,
         tag: k.tag,
     })
+}
+
+/// The first of `stops` that `piece` holds.
+fn find_stop<'s>(piece: &str, stops: &[&'s str]) -> Option<&'s str> {
+    stops.iter().find(|s| piece.contains(**s)).copied()
 }
 
 /// Keeps the first `n` pieces of a text answer.
@@ -317,6 +350,25 @@ mod tests {
     }
 
     #[test]
+    fn a_stop_string_ends_the_answer_before_it_as_vllm_says() {
+        let body = |stop: &str, max: u64| {
+            format!(
+                r#"{{"messages":[{{"role":"user","content":"x"}}],"stop":{stop},"max_tokens":{max},"mock":{{"tokens":5}}}}"#
+            )
+        };
+        let p = plan(body(r#"["zz","tok2"]"#, 9).as_bytes(), &config(), 1, 0).unwrap();
+        assert_eq!((p.content, p.finish_reason, p.stop_reason.as_deref()), (2, "stop", Some("tok2")));
+        let whole: Value = serde_json::from_str(&completion_body(&p)).unwrap();
+        assert_eq!(whole["choices"][0]["stop_reason"], "tok2");
+        assert_eq!(whole["choices"][0]["message"]["content"], "tok0 tok1 ");
+        // Past the cap it is a `length` answer; never met, a plain stop.
+        let p = plan(body(r#""tok4""#, 2).as_bytes(), &config(), 1, 0).unwrap();
+        assert_eq!((p.content, p.finish_reason, p.stop_reason), (2, "length", None));
+        let p = plan(body(r#""nope""#, 9).as_bytes(), &config(), 1, 0).unwrap();
+        assert_eq!((p.content, p.finish_reason, p.stop_reason), (5, "stop", None));
+    }
+
+    #[test]
     fn a_forced_tool_choice_is_one_call_of_that_tool() {
         let tools =
             r#""tools":[{"type":"function","function":{"name":"a"}},{"type":"function","function":{"name":"b"}}]"#;
@@ -393,7 +445,7 @@ mod tests {
         assert_eq!(tok["choices"][0]["delta"]["content"], "tok1 ");
         let think: Value = serde_json::from_str(&c.reasoning(0, &reasoning_token(0, 0))).unwrap();
         assert_eq!(think["choices"][0]["delta"]["reasoning_content"], "think0 ");
-        let fin: Value = serde_json::from_str(&c.finish(0, "stop")).unwrap();
+        let fin: Value = serde_json::from_str(&c.finish(0, "stop", None)).unwrap();
         assert_eq!(fin["choices"][0]["finish_reason"], "stop");
         assert_eq!(fin["choices"][0]["delta"], serde_json::json!({}));
         let usage: Value = serde_json::from_str(&c.usage(&p)).unwrap();

@@ -63,9 +63,10 @@ fn choice(plan: &Plan, c: u64) -> String {
     } else {
         String::new()
     };
+    let stop = plan.stop_reason.as_deref().map_or_else(String::new, |s| format!(",\"stop_reason\":{}", json_str(s)));
     format!(
         "{{\"index\":{c},\"message\":{{\"role\":\"assistant\",\"content\":{content},\"refusal\":{refusal}{calls}\
-         {reasoning},\"annotations\":[]}},\"logprobs\":{logprobs},\"finish_reason\":{}}}",
+         {reasoning},\"annotations\":[]}},\"logprobs\":{logprobs},\"finish_reason\":{}{stop}}}",
         json_str(plan.finish_reason)
     )
 }

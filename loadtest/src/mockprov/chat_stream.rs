@@ -43,8 +43,20 @@ impl Chunks {
     }
 
     fn choice(&self, index: u64, delta: &str, logprobs: Option<&str>, finish_reason: Option<&str>) -> String {
+        self.choice_stopped(index, delta, logprobs, finish_reason, "")
+    }
+
+    /// A choice with `stop` (`,"stop_reason":…` or nothing) after its finish reason.
+    fn choice_stopped(
+        &self,
+        index: u64,
+        delta: &str,
+        logprobs: Option<&str>,
+        finish_reason: Option<&str>,
+        stop: &str,
+    ) -> String {
         format!(
-            "{}\"choices\":[{{\"index\":{index},\"delta\":{delta},\"logprobs\":{},\"finish_reason\":{}}}]{}",
+            "{}\"choices\":[{{\"index\":{index},\"delta\":{delta},\"logprobs\":{},\"finish_reason\":{}{stop}}}]{}",
             self.head,
             logprobs.unwrap_or("null"),
             json_opt_str(finish_reason),
@@ -83,9 +95,11 @@ impl Chunks {
         self.choice(index, delta, None, None)
     }
 
-    /// The finish chunk: empty delta and the finish reason.
-    pub fn finish(&self, index: u64, finish_reason: &str) -> String {
-        self.choice(index, "{}", None, Some(finish_reason))
+    /// The finish chunk: empty delta and the finish reason, and the stop
+    /// string that ended the answer as vLLM names it (`stop_reason`).
+    pub fn finish(&self, index: u64, finish_reason: &str, stop_reason: Option<&str>) -> String {
+        let stop = stop_reason.map_or_else(String::new, |s| format!(",\"stop_reason\":{}", json_str(s)));
+        self.choice_stopped(index, "{}", None, Some(finish_reason), &stop)
     }
 
     /// The usage chunk (`choices: []`).
@@ -201,7 +215,8 @@ impl Script for ChatScript {
                 }
             }
             Stage::Tail => {
-                frames.extend(choices.map(|c| Frame::Data(self.chunks.finish(c, self.plan.finish_reason))));
+                let stop = self.plan.stop_reason.as_deref();
+                frames.extend(choices.map(|c| Frame::Data(self.chunks.finish(c, self.plan.finish_reason, stop))));
                 if self.plan.include_usage {
                     frames.push(Frame::Data(self.chunks.usage(&self.plan)));
                 }

@@ -270,6 +270,10 @@ impl Conn {
             },
             Meta::Log => (200, json, self.ctx.log.borrow().log_json()),
             Meta::Closes => (200, json, self.ctx.closes.borrow().to_json()),
+            Meta::Tokenize => match super::tokenize::tokenize_body(body) {
+                Ok(answer) => (200, json, answer),
+                Err(e) => error(400, &e.0),
+            },
             Meta::SetHealth => {
                 let (status, answer) = super::list_health::set(&self.ctx.list_health, body);
                 (status, json, answer)

@@ -16,9 +16,10 @@
 //! `POST /v1/responses` (streamed as SSE or whole JSON), `POST /v1/messages`
 //! (Anthropic, SSE or whole JSON), `POST /v1/messages/count_tokens`,
 //! `POST /api/chat` (NDJSON or whole JSON), `POST /api/embed`
-//! (`--without messages,responses` turns the native dialect routes off).
+//! (`--without messages,responses,tokenize` turns the native dialect
+//! routes and the tokenizer off).
 //! Metadata: `GET /v1/models`, `GET /api/tags`, `GET /api/ps`,
-//! `POST /api/show`, `GET /api/version`.
+//! `POST /api/show`, `GET /api/version`, `POST /tokenize` (vLLM's).
 //! The mock's own: `GET /healthz`, `GET /stats`, `GET /last`, `GET /log`,
 //! `GET /closes`.
 //!
@@ -51,6 +52,7 @@ pub mod record;
 pub mod reply;
 pub mod responses;
 pub mod routes;
+pub mod tokenize;
 pub mod tool_calls;
 
 use std::cell::RefCell;
@@ -149,7 +151,8 @@ pub struct MockConfig {
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
     /// Turn native dialect routes off (comma-separated): `messages`
-    /// (`/v1/messages` and its `count_tokens`), `responses` (`/v1/responses`).
+    /// (`/v1/messages` and its `count_tokens`), `responses` (`/v1/responses`),
+    /// `tokenize` (`/tokenize`).
     /// Their paths then answer 404, as on a server without them.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub without: Vec<routes::Native>,

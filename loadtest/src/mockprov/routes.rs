@@ -48,6 +48,8 @@ pub enum Meta {
     Closes,
     /// `POST /mock/health`.
     SetHealth,
+    /// `POST /tokenize` (vLLM's, beside `/v1`).
+    Tokenize,
 }
 
 /// Where a request goes.
@@ -71,6 +73,8 @@ pub enum Native {
     Messages,
     /// `/v1/responses`.
     Responses,
+    /// `/tokenize`.
+    Tokenize,
 }
 
 impl Endpoint {
@@ -104,14 +108,24 @@ const ROUTES: &[(&str, &str, Route)] = &[
     ("GET", "/log", Route::Meta(Meta::Log)),
     ("GET", "/closes", Route::Meta(Meta::Closes)),
     ("POST", "/mock/health", Route::Meta(Meta::SetHealth)),
+    ("POST", "/tokenize", Route::Meta(Meta::Tokenize)),
 ];
+
+/// The native family `route` belongs to, if `--without` can turn it off.
+fn native_of(route: Route) -> Option<Native> {
+    match route {
+        Route::Model(e) => e.native(),
+        Route::Meta(Meta::Tokenize) => Some(Native::Tokenize),
+        _ => None,
+    }
+}
 
 /// The route of `method` `path` (path without its query); the paths of the
 /// families in `without` are unknown.
 pub fn route(method: &str, path: &str, without: &[Native]) -> Route {
     let mut known = false;
     for (m, p, r) in ROUTES {
-        let off = matches!(r, Route::Model(e) if e.native().is_some_and(|n| without.contains(&n)));
+        let off = native_of(*r).is_some_and(|n| without.contains(&n));
         if *p == path && !off {
             if *m == method {
                 return *r;
@@ -159,5 +173,7 @@ mod tests {
         assert_eq!(route("POST", "/v1/responses", &off), Route::NotFound);
         assert_eq!(route("POST", "/v1/messages", &off), Route::Model(Endpoint::Messages));
         assert_eq!(route("POST", "/v1/chat/completions", &off), Route::Model(Endpoint::Chat));
+        assert_eq!(route("POST", "/tokenize", &off), Route::Meta(Meta::Tokenize));
+        assert_eq!(route("POST", "/tokenize", &[Native::Tokenize]), Route::NotFound);
     }
 }

@@ -60,7 +60,21 @@ struct Request {
     top_logprobs: Option<u32>,
     tools: Vec<serde_json::Value>,
     tool_choice: Option<serde_json::Value>,
+    /// A string or a list of them.
+    stop: Option<serde_json::Value>,
     mock: Option<Overrides>,
+}
+
+/// The first content token (of `content`) a stop string occurs in, and
+/// that string: the answer ends before it, as a server's stop check would.
+fn stopped_at(stops: &[&str], content: u32) -> Option<(u32, String)> {
+    if stops.is_empty() {
+        return None;
+    }
+    (0..content).find_map(|i| {
+        let token = format!("tok{i} ");
+        stops.iter().find(|s| token.contains(**s)).map(|s| (i, (*s).to_owned()))
+    })
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -180,12 +194,16 @@ impl MockAdapter {
         let mut step = 0u32;
         let mut output = 0u64;
         let mut finish = "stop";
+        let mut matched = None;
         let delta = |choice: u32, part: Part, lp: Option<Bytes>| ExecEvent::Delta(Delta { choice, part, logprobs: lp });
         match shape {
             Shape::Tokens => {
-                let content = s.tokens.min(cap);
+                let mut content = s.tokens.min(cap);
                 if content < s.tokens {
                     finish = "length";
+                }
+                if let Some((at, stop)) = stopped_at(&iop_core::request::stop_strings(req.stop.as_ref()), content) {
+                    (content, finish, matched) = (at, "stop", Some(stop));
                 }
                 for i in 0..reasoning {
                     self.pace(step).await;
@@ -247,9 +265,10 @@ impl MockAdapter {
                 }
             }
         }
-        if n > 1 {
+        if n > 1 || matched.is_some() {
             for c in 0..n {
-                sink.emit(ExecEvent::ChoiceFinish { choice: c, finish_reason: finish.into() }).await?;
+                let stop_sequence = matched.clone();
+                sink.emit(ExecEvent::ChoiceFinish { choice: c, finish_reason: finish.into(), stop_sequence }).await?;
             }
         }
         let chars: usize = req.messages.iter().map(|m| text_of(&m.content).chars().count()).sum();
@@ -414,6 +433,25 @@ mod tests {
             Usage { input_tokens: 4, output_tokens: 3, reasoning_tokens: None, cached_input_tokens: None }
         );
         assert_eq!(evs.len(), 5);
+    }
+
+    #[test]
+    fn a_stop_string_ends_the_answer_before_it_and_is_named() {
+        let body = r#"{"model":"m","stop":["zz","tok2"],"messages":[{"role":"user","content":"x"}]}"#;
+        let evs = run(&mock(5, false), spec_body("m", body));
+        assert_eq!(&evs[1..3], &[ExecEvent::content("tok0 "), ExecEvent::content("tok1 ")]);
+        let named =
+            ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into(), stop_sequence: Some("tok2".into()) };
+        assert_eq!(evs[3], named);
+        assert_eq!(complete(&evs[4]), ("stop", Usage { input_tokens: 1, output_tokens: 2, ..Default::default() }));
+        // A stop string past the cap leaves it a `length` answer; one never met, a plain stop.
+        for (stop, max, finish, len) in [(r#""tok4""#, 2, "length", 4), (r#""nope""#, 9, "stop", 7)] {
+            let body = format!(
+                r#"{{"model":"m","stop":{stop},"max_tokens":{max},"messages":[{{"role":"user","content":"x"}}]}}"#
+            );
+            let evs = run(&mock(5, false), spec_body("m", &body));
+            assert_eq!((complete(evs.last().unwrap()).0, evs.len()), (finish, len), "{stop}");
+        }
     }
 
     #[test]

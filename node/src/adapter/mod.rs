@@ -12,7 +12,8 @@
 //! dropping the future, which closes the upstream connection.
 //!
 //! - [`mock`]: in-process deterministic mock.
-//! - [`openai_compat`]: any OpenAI-compatible `/chat/completions` server.
+//! - [`openai_compat`]: any OpenAI-compatible `/chat/completions` server
+//!   (and its `/tokenize`, by `tokenize`).
 //! - [`ollama`]: Ollama's native API (`/api/chat`, `/api/embed`), with the
 //!   request translated by `ollama_request` and the answer mapped by
 //!   `ollama_stream` (both sans-IO).
@@ -27,6 +28,7 @@ mod ollama_stream;
 pub mod openai_compat;
 mod openai_stream;
 mod openai_tunnel;
+mod tokenize;
 
 use std::time::Duration;
 
@@ -274,7 +276,12 @@ impl Adapter {
     pub async fn execute<S: EventSink>(&self, spec: RunSpec, sink: &mut S) {
         // Boxed per kind: a run's task holds its own adapter's state, not
         // the largest of all kinds.
+        let tokenize = spec.operation == crate::run::Operation::Tokenize;
         match self {
+            Adapter::OpenAiCompat(a) if tokenize => Box::pin(tokenize::execute(a, spec, sink)).await,
+            Adapter::Mock(_) | Adapter::Ollama(_) if tokenize => {
+                let _ = sink.emit(iop_core::exec::ExecEvent::Error(tokenize::unsupported(self.id()))).await;
+            }
             Adapter::Mock(a) => Box::pin(a.execute(spec, sink)).await,
             Adapter::OpenAiCompat(a) => Box::pin(a.execute(spec, sink)).await,
             Adapter::Ollama(a) => Box::pin(a.execute(spec, sink)).await,

@@ -121,6 +121,8 @@ impl OllamaAdapter {
             match spec.operation {
                 Operation::Chat => self.chat(&spec, sink).await,
                 Operation::Embeddings => self.embed(&spec, sink).await,
+                // Ollama has no tokenizer endpoint (the adapter enum answers first).
+                Operation::Tokenize => Err(Halt::Fail(super::tokenize::unsupported(&self.id))),
             }
         };
         let failure = match iop_core::rt::time::timeout(self.request_timeout, attempt).await {

@@ -305,7 +305,7 @@ mod tests {
             ExecEvent::Start { model: "served".into() },
             ExecEvent::content("tok0 "),
             ExecEvent::content("tok1 "),
-            ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into() },
+            ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into(), stop_sequence: None },
             ExecEvent::Complete {
                 finish_reason: "stop".into(),
                 usage: Some(Usage { input_tokens: 5, output_tokens: 2, ..Default::default() }),
@@ -403,7 +403,7 @@ mod tests {
             vec![
                 ExecEvent::Start { model: "served".into() },
                 ExecEvent::content("hi"),
-                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into() },
+                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into(), stop_sequence: None },
                 ExecEvent::Complete {
                     finish_reason: "stop".into(),
                     usage: Some(Usage { input_tokens: 1, output_tokens: 1, ..Default::default() }),

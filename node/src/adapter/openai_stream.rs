@@ -30,6 +30,9 @@ struct ChoiceJson<'a> {
     /// Non-streaming completions.
     message: Option<MessageJson>,
     finish_reason: Option<String>,
+    /// vLLM: the stop string that ended the choice (a token id, or null,
+    /// otherwise: only a string names a stop sequence).
+    stop_reason: Option<Value>,
     /// Passed on as sent.
     #[serde(borrow)]
     logprobs: Option<&'a RawValue>,
@@ -202,7 +205,11 @@ impl StreamState {
         }
         if let Some(reason) = choice.finish_reason.filter(|r| !r.is_empty()) {
             self.finished.push((index, reason.clone()));
-            out.push(ExecEvent::ChoiceFinish { choice: index, finish_reason: reason });
+            let stop_sequence = match choice.stop_reason {
+                Some(Value::String(s)) if reason == "stop" && !s.is_empty() => Some(s),
+                _ => None,
+            };
+            out.push(ExecEvent::ChoiceFinish { choice: index, finish_reason: reason, stop_sequence });
         }
     }
 
@@ -402,13 +409,35 @@ mod tests {
                 start("served-m"),
                 ExecEvent::content("Hel"),
                 ExecEvent::content("lo"),
-                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "length".into() },
+                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "length".into(), stop_sequence: None },
                 ExecEvent::Complete {
                     finish_reason: "length".into(),
                     usage: Some(Usage { input_tokens: 7, output_tokens: 2, ..Default::default() }),
                 },
             ]
         );
+    }
+
+    #[test]
+    fn a_stop_string_vllm_names_is_the_stop_sequence() {
+        let evs = map(
+            &[
+                r#"{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null,"stop_reason":null}]}"#,
+                r#"{"choices":[{"index":0,"delta":{},"finish_reason":"stop","stop_reason":"END"}]}"#,
+                "[DONE]",
+            ],
+            false,
+        );
+        let stop =
+            ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into(), stop_sequence: Some("END".into()) };
+        assert_eq!(evs[2], stop);
+        // A stop token's id (or no stop string) names no sequence.
+        for reason in ["128001", "null", "\"\""] {
+            let chunk = format!(r#"{{"choices":[{{"delta":{{}},"finish_reason":"stop","stop_reason":{reason}}}]}}"#);
+            let evs = map(&[&chunk, "[DONE]"], false);
+            let none = ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into(), stop_sequence: None };
+            assert_eq!(evs[1], none, "{reason}");
+        }
     }
 
     #[test]
@@ -432,7 +461,7 @@ mod tests {
                 ExecEvent::reasoning("think a"),
                 ExecEvent::reasoning("think b"),
                 ExecEvent::content("answer"),
-                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into() },
+                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into(), stop_sequence: None },
                 ExecEvent::Complete {
                     finish_reason: "stop".into(),
                     usage: Some(Usage {
@@ -551,13 +580,13 @@ mod tests {
                     part: Part::Refusal("no".into()),
                     logprobs: lp(r#"{"refusal":[{"token":"no","logprob":-0.1}]}"#),
                 }),
-                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "tool_calls".into() },
+                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "tool_calls".into(), stop_sequence: None },
                 ExecEvent::Delta(Delta {
                     choice: 1,
                     part: Part::Content("x".into()),
                     logprobs: lp(r#"{"content":[]}"#)
                 }),
-                ExecEvent::ChoiceFinish { choice: 1, finish_reason: "stop".into() },
+                ExecEvent::ChoiceFinish { choice: 1, finish_reason: "stop".into(), stop_sequence: None },
                 ExecEvent::Complete { finish_reason: "tool_calls".into(), usage: None },
             ]
         );
@@ -577,7 +606,7 @@ mod tests {
                 start("served"),
                 ExecEvent::reasoning("hmm"),
                 ExecEvent::content("Hi!"),
-                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into() },
+                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into(), stop_sequence: None },
                 ExecEvent::Complete {
                     finish_reason: "stop".into(),
                     usage: Some(Usage { input_tokens: 3, output_tokens: 2, ..Default::default() }),

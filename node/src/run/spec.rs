@@ -12,12 +12,15 @@ pub enum Operation {
     Chat,
     /// An OpenAI embeddings request.
     Embeddings,
+    /// The tokens of a chat request's prompt, by the provider's tokenizer.
+    Tokenize,
 }
 
 impl From<i32> for Operation {
     fn from(v: i32) -> Self {
         match pb::RunOperation::try_from(v) {
             Ok(pb::RunOperation::Embeddings) => Operation::Embeddings,
+            Ok(pb::RunOperation::Tokenize) => Operation::Tokenize,
             _ => Operation::Chat,
         }
     }
@@ -33,7 +36,7 @@ pub struct RunSpec {
     /// The client's request body (OpenAI JSON, `model` already `target`),
     /// exactly as sent: adapters read what they need from it.
     pub body: Bytes,
-    /// Chat or embeddings.
+    /// Chat, embeddings or a token count.
     pub operation: Operation,
     /// Managed mode: the `Authorization` value from the run's opened
     /// credential lease (else the adapter's own, if any).

@@ -8,16 +8,18 @@ use iop_core::{exec::Usage, http::put_decimal};
 use crate::surface::openai::chunk::json_str;
 
 /// What a run ended with, as Anthropic says it: `stop_reason` and
-/// `stop_sequence`, from the OpenAI `finish` reason of choice 0.
+/// `stop_sequence`, from the OpenAI `finish` reason of choice 0 and the
+/// stop sequence the provider said matched (`matched`: vLLM names it).
 ///
 /// A refusal seen makes it `refusal` whatever the finish reason. A plain
 /// `stop` beside tool calls is `tool_use` (OpenAI answers `stop` when
 /// `tool_choice` names the function; Anthropic's clients run tools on
-/// `tool_use`). The normalized run does not say which stop sequence
-/// matched; a finish reason that is not one of OpenAI's and equals one of
-/// `stop_sequences` (some servers send the sequence itself) is reported as it.
+/// `tool_use`). A finish reason that is not one of OpenAI's and equals one
+/// of `stop_sequences` (some servers send the sequence itself) is reported
+/// as the sequence too.
 pub(super) fn stop_reason<'a>(
     finish: &'a str,
+    matched: Option<&'a str>,
     refusal: bool,
     tool_calls: bool,
     stop_sequences: &[String],
@@ -26,7 +28,8 @@ pub(super) fn stop_reason<'a>(
         return ("refusal", None);
     }
     let reason = match finish {
-        "stop" => "end_turn",
+        "stop" if tool_calls => return ("tool_use", None),
+        "stop" => return matched.map_or(("end_turn", None), |m| ("stop_sequence", Some(m))),
         "length" => "max_tokens",
         "tool_calls" | "function_call" => "tool_use",
         "content_filter" => "refusal",
@@ -127,8 +130,13 @@ mod tests {
             ("END", false, true, ("stop_sequence", Some("END"))),
         ];
         for (finish, refusal, tools, want) in cases {
-            assert_eq!(stop_reason(finish, refusal, tools, &seqs), want, "{finish} {refusal} {tools}");
+            assert_eq!(stop_reason(finish, None, refusal, tools, &seqs), want, "{finish} {refusal} {tools}");
         }
+        // The sequence the provider named ends a plain stop, whichever it is.
+        assert_eq!(stop_reason("stop", Some("###"), false, false, &seqs), ("stop_sequence", Some("###")));
+        assert_eq!(stop_reason("stop", Some("###"), true, false, &seqs), ("refusal", None));
+        assert_eq!(stop_reason("stop", Some("###"), false, true, &seqs), ("tool_use", None));
+        assert_eq!(stop_reason("length", Some("###"), false, false, &seqs), ("max_tokens", None));
     }
 
     #[test]

@@ -40,6 +40,8 @@ pub struct MessageAggregate {
     refusal: bool,
     /// Choice 0's finish reason.
     finish: Option<String>,
+    /// The stop sequence the provider said ended choice 0.
+    matched: Option<String>,
     usage: Option<Usage>,
     bytes: usize,
 }
@@ -54,6 +56,7 @@ impl MessageAggregate {
             tools: Vec::new(),
             refusal: false,
             finish: None,
+            matched: None,
             usage: None,
             bytes: 0,
         }
@@ -84,7 +87,10 @@ impl MessageAggregate {
                 Part::ToolCall(c) => self.tool_call(*c),
             },
             ExecEvent::Delta(_) => {}
-            ExecEvent::ChoiceFinish { choice: 0, finish_reason } => self.finish = Some(finish_reason),
+            ExecEvent::ChoiceFinish { choice: 0, finish_reason, stop_sequence } => {
+                self.finish = Some(finish_reason);
+                self.matched = stop_sequence;
+            }
             ExecEvent::ChoiceFinish { .. } => {}
             ExecEvent::Embeddings(_) => {
                 return Err(protocol("the provider answered a messages request with embeddings"))
@@ -172,7 +178,8 @@ impl MessageAggregate {
         }
         out.put_slice(b"],");
         let finish = self.finish.as_deref().unwrap_or("");
-        stop_fields(out, stop_reason(finish, self.refusal, !self.tools.is_empty(), &self.stop_sequences));
+        let matched = self.matched.as_deref();
+        stop_fields(out, stop_reason(finish, matched, self.refusal, !self.tools.is_empty(), &self.stop_sequences));
         out.put_slice(b",\"usage\":");
         match &self.usage {
             Some(u) => usage_json(out, u),

@@ -139,8 +139,8 @@ fn finish_reasons_become_stop_reasons() {
         assert_eq!(stop(vec![complete(finish, None)], &[]), (json!(want), Value::Null), "{finish}");
     }
     let evs = vec![
-        ExecEvent::ChoiceFinish { choice: 1, finish_reason: "tool_calls".into() },
-        ExecEvent::ChoiceFinish { choice: 0, finish_reason: "length".into() },
+        ExecEvent::ChoiceFinish { choice: 1, finish_reason: "tool_calls".into(), stop_sequence: None },
+        ExecEvent::ChoiceFinish { choice: 0, finish_reason: "length".into(), stop_sequence: None },
         complete("stop", None),
     ];
     assert_eq!(stop(evs, &[]), (json!("max_tokens"), Value::Null));
@@ -149,6 +149,8 @@ fn finish_reasons_become_stop_reasons() {
         (json!("refusal"), Value::Null)
     );
     assert_eq!(stop(vec![complete("###", None)], &["###"]), (json!("stop_sequence"), json!("###")));
+    let named = ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into(), stop_sequence: Some("END".into()) };
+    assert_eq!(stop(vec![named, complete("stop", None)], &["END"]), (json!("stop_sequence"), json!("END")));
     assert_eq!(stop(vec![tool(0, "c", "f", "{}"), complete("stop", None)], &[]), (json!("tool_use"), Value::Null));
 }
 

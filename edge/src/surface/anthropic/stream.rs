@@ -52,6 +52,8 @@ pub struct MessagesEncoder {
     refusal: bool,
     /// Choice 0's own finish reason, when it came before the terminal.
     finish: Option<String>,
+    /// The stop sequence the provider said ended choice 0.
+    matched: Option<String>,
 }
 
 impl MessagesEncoder {
@@ -72,6 +74,7 @@ impl MessagesEncoder {
             tools: Vec::new(),
             refusal: false,
             finish: None,
+            matched: None,
         }
     }
 
@@ -198,7 +201,8 @@ impl MessagesEncoder {
     fn complete(&mut self, out: &mut BytesMut, finish: &str, usage: Option<&Usage>) {
         self.stop_block(out);
         let finish = self.finish.as_deref().unwrap_or(finish);
-        let stop = stop_reason(finish, self.refusal, !self.tools.is_empty(), &self.stop_sequences);
+        let matched = self.matched.as_deref();
+        let stop = stop_reason(finish, matched, self.refusal, !self.tools.is_empty(), &self.stop_sequences);
         head(out, b"message_delta");
         out.put_slice(b",\"delta\":{");
         stop_fields(out, stop);
@@ -256,7 +260,10 @@ impl EventEncoder for MessagesEncoder {
                 Part::ToolCall(c) => self.tool_call(out, c),
             },
             ExecEvent::Delta(_) => {}
-            ExecEvent::ChoiceFinish { choice: 0, finish_reason } => self.finish = Some(finish_reason),
+            ExecEvent::ChoiceFinish { choice: 0, finish_reason, stop_sequence } => {
+                self.finish = Some(finish_reason);
+                self.matched = stop_sequence;
+            }
             ExecEvent::ChoiceFinish { .. } => {}
             ExecEvent::Embeddings(_) => {
                 self.ended = true;

@@ -226,7 +226,7 @@ fn text_then_two_tool_calls_in_many_fragments() {
     // No id from the provider: one is made up; an empty fragment sends nothing.
     evs.push(tool(1, "", "search", ""));
     evs.extend(pieces(args1, 1).iter().map(|p| tool(1, "", "", p)));
-    evs.push(ExecEvent::ChoiceFinish { choice: 0, finish_reason: "tool_calls".into() });
+    evs.push(ExecEvent::ChoiceFinish { choice: 0, finish_reason: "tool_calls".into(), stop_sequence: None });
     evs.push(complete("stop", None));
     let events = sse(&[], evs);
 
@@ -362,8 +362,8 @@ fn finish_reasons_become_stop_reasons() {
     }
     // Choice 0's own finish wins over the terminal's; other choices count for nothing.
     let evs = vec![
-        ExecEvent::ChoiceFinish { choice: 1, finish_reason: "tool_calls".into() },
-        ExecEvent::ChoiceFinish { choice: 0, finish_reason: "length".into() },
+        ExecEvent::ChoiceFinish { choice: 1, finish_reason: "tool_calls".into(), stop_sequence: None },
+        ExecEvent::ChoiceFinish { choice: 0, finish_reason: "length".into(), stop_sequence: None },
         complete("stop", None),
     ];
     assert_eq!(end(evs, &[]), sd("max_tokens", Value::Null));
@@ -374,6 +374,9 @@ fn finish_reasons_become_stop_reasons() {
     assert_eq!(events[5]["delta"], sd("refusal", Value::Null));
     // The matched sequence as the finish reason (some servers send it).
     assert_eq!(end(vec![complete("###", None)], &["END", "###"]), sd("stop_sequence", json!("###")));
+    // The sequence the provider named beside a plain stop (vLLM's `stop_reason`).
+    let named = ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into(), stop_sequence: Some("END".into()) };
+    assert_eq!(end(vec![named, complete("stop", None)], &["END", "###"]), sd("stop_sequence", json!("END")));
     // `stop` beside tool calls (OpenAI's answer to a named tool_choice).
     assert_eq!(end(vec![tool(0, "c", "f", "{}"), complete("stop", None)], &[]), sd("tool_use", Value::Null));
 }

@@ -161,7 +161,7 @@ impl Aggregate {
                     }
                 }
             }
-            ExecEvent::ChoiceFinish { choice, finish_reason } => {
+            ExecEvent::ChoiceFinish { choice, finish_reason, .. } => {
                 self.choices.entry(choice).or_default().finish_reason = Some(finish_reason);
             }
             ExecEvent::Embeddings(_) => return Err(protocol("the provider answered a chat request with embeddings")),
@@ -264,7 +264,7 @@ mod tests {
             d(0, Part::ToolCall(Box::new(first))),
             d(0, Part::ToolCall(Box::new(rest))),
             d(2, Part::Refusal("no".into())),
-            ExecEvent::ChoiceFinish { choice: 2, finish_reason: "stop".into() },
+            ExecEvent::ChoiceFinish { choice: 2, finish_reason: "stop".into(), stop_sequence: None },
         ] {
             assert!(!agg.on_event(ev).unwrap());
         }

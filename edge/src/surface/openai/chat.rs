@@ -150,7 +150,7 @@ impl EventEncoder for StreamRender {
                 self.enc.delta(sse, &d);
                 false
             }
-            ExecEvent::ChoiceFinish { choice, finish_reason } => {
+            ExecEvent::ChoiceFinish { choice, finish_reason, .. } => {
                 self.ensure_started(sse, choice);
                 if !self.finished.contains(&choice) {
                     self.finished.push(choice);
@@ -311,8 +311,8 @@ mod tests {
                 ExecEvent::Start { model: "x".into() },
                 d(0, Part::Content("a".into())),
                 d(1, Part::Content("b".into())),
-                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into() },
-                ExecEvent::ChoiceFinish { choice: 1, finish_reason: "length".into() },
+                ExecEvent::ChoiceFinish { choice: 0, finish_reason: "stop".into(), stop_sequence: None },
+                ExecEvent::ChoiceFinish { choice: 1, finish_reason: "length".into(), stop_sequence: None },
                 ExecEvent::Complete { finish_reason: "stop".into(), usage: None },
             ],
             true,

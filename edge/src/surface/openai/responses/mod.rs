@@ -412,7 +412,7 @@ impl State {
                 Part::ToolCall(c) => self.output.tool_call(*c, sink),
             },
             ExecEvent::Delta(_) => {}
-            ExecEvent::ChoiceFinish { choice: 0, finish_reason } => self.finish = Some(finish_reason),
+            ExecEvent::ChoiceFinish { choice: 0, finish_reason, .. } => self.finish = Some(finish_reason),
             ExecEvent::ChoiceFinish { .. } => {}
             ExecEvent::Embeddings(_) => {
                 return Outcome::Failed(protocol("the provider answered a responses request with embeddings"))

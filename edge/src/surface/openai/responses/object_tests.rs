@@ -167,7 +167,10 @@ fn the_aggregate_is_what_a_client_makes_of_the_stream() {
             complete("tool_calls", usage),
         ],
         vec![ExecEvent::reasoning("cut"), tool(0, "a", "f", "{\"x\""), complete("length", None)],
-        vec![ExecEvent::ChoiceFinish { choice: 0, finish_reason: "content_filter".into() }, complete("stop", usage)],
+        vec![
+            ExecEvent::ChoiceFinish { choice: 0, finish_reason: "content_filter".into(), stop_sequence: None },
+            complete("stop", usage),
+        ],
     ];
     for events in runs {
         let streamed = accumulate(&sse(events.clone()));

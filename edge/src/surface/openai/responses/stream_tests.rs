@@ -345,7 +345,7 @@ fn text_then_two_tool_calls_in_many_fragments() {
     // own name and namespace back; an empty fragment sends nothing.
     evs.push(tool(1, "", "crm__lookup", ""));
     evs.extend(pieces(args1, 1).iter().map(|p| tool(1, "", "", p)));
-    evs.push(ExecEvent::ChoiceFinish { choice: 0, finish_reason: "tool_calls".into() });
+    evs.push(ExecEvent::ChoiceFinish { choice: 0, finish_reason: "tool_calls".into(), stop_sequence: None });
     evs.push(complete("stop", None));
     let events = sse(evs);
 
@@ -472,8 +472,8 @@ fn max_tokens_make_the_response_incomplete() {
 
     // Choice 0's own finish wins over the terminal's; other choices count for nothing.
     let events = sse(vec![
-        ExecEvent::ChoiceFinish { choice: 1, finish_reason: "length".into() },
-        ExecEvent::ChoiceFinish { choice: 0, finish_reason: "content_filter".into() },
+        ExecEvent::ChoiceFinish { choice: 1, finish_reason: "length".into(), stop_sequence: None },
+        ExecEvent::ChoiceFinish { choice: 0, finish_reason: "content_filter".into(), stop_sequence: None },
         complete("stop", None),
     ]);
     assert_eq!(events[2]["type"], "response.incomplete");
