@@ -52,20 +52,25 @@ pub struct ResponseMeta {
     pub namespaced: Vec<(String, String, String)>,
 }
 
-/// A JSON string literal's opening: `"<prefix><run id>_`, escaped, without
-/// its closing quote; ids are it, a number and `"` (no allocation per event).
-struct IdPrefix(Vec<u8>);
+/// The run id and `_`, escaped for a JSON string: every item and call id
+/// is `"<kind><run id>_<n>"` (no allocation per event, one per response).
+struct RunIds(Vec<u8>);
 
-impl IdPrefix {
-    fn new(prefix: &str, run: &str) -> Self {
-        let mut lit = BytesMut::with_capacity(prefix.len() + run.len() + 8);
-        json_str(&mut lit, &[prefix, run, "_"].concat());
-        let mut bytes = lit.to_vec();
-        bytes.pop();
+impl RunIds {
+    fn new(run: &str) -> Self {
+        let mut lit = BytesMut::with_capacity(run.len() + 8);
+        json_str(&mut lit, run);
+        // Without the quotes.
+        let mut bytes = lit.get(1..lit.len().saturating_sub(1)).unwrap_or_default().to_vec();
+        bytes.push(b'_');
         Self(bytes)
     }
 
-    fn write(&self, out: &mut BytesMut, n: u64) {
+    /// Appends the id `n` of `kind` (`rs_`, `msg_`, `fc_`, `call_`: no
+    /// escaping needed) as a JSON string.
+    fn write(&self, out: &mut BytesMut, kind: &[u8], n: u64) {
+        out.put_slice(b"\"");
+        out.put_slice(kind);
         out.put_slice(&self.0);
         put_decimal(out, n);
         out.put_slice(b"\"");
@@ -80,10 +85,7 @@ pub(super) struct Head {
     /// `,"instructions":…,"metadata":…`: the echoed request fields.
     echo: Vec<u8>,
     namespaced: Vec<(String, String, String)>,
-    reasoning_ids: IdPrefix,
-    message_ids: IdPrefix,
-    function_ids: IdPrefix,
-    call_ids: IdPrefix,
+    ids: RunIds,
 }
 
 impl Head {
@@ -91,10 +93,7 @@ impl Head {
         let run = meta.id.strip_prefix("resp_").unwrap_or(&meta.id);
         Self {
             echo: echo_json(&meta.echo),
-            reasoning_ids: IdPrefix::new("rs_", run),
-            message_ids: IdPrefix::new("msg_", run),
-            function_ids: IdPrefix::new("fc_", run),
-            call_ids: IdPrefix::new("call_", run),
+            ids: RunIds::new(run),
             id: meta.id,
             model: meta.model,
             created_at: meta.created_at,
@@ -104,12 +103,12 @@ impl Head {
 
     /// Appends the id of the item at output `index`.
     fn item_id(&self, out: &mut BytesMut, item: &Item, index: usize) {
-        let ids = match item {
-            Item::Texts { reasoning: true, .. } => &self.reasoning_ids,
-            Item::Texts { .. } => &self.message_ids,
-            Item::Call(_) => &self.function_ids,
+        let kind: &[u8] = match item {
+            Item::Texts { reasoning: true, .. } => b"rs_",
+            Item::Texts { .. } => b"msg_",
+            Item::Call(_) => b"fc_",
         };
-        ids.write(out, index as u64);
+        self.ids.write(out, kind, index as u64);
     }
 
     /// `(namespace, name)` of a flattened function name.
@@ -566,7 +565,7 @@ pub(super) fn write_item(out: &mut BytesMut, head: &Head, index: usize, item: &I
             json_str(out, &c.arguments);
             out.put_slice(b",\"call_id\":");
             if c.call_id.is_empty() {
-                head.call_ids.write(out, u64::from(c.index));
+                head.ids.write(out, b"call_", u64::from(c.index));
             } else {
                 json_str(out, &c.call_id);
             }

@@ -44,13 +44,15 @@ pub fn answer<'a>(
         .and_then(|t| translated::refuse_if_strict(&parts.group, &t.dropped).map(|()| t))
         .map(|t| {
             let s = translated::submit(worker, conn, &parts.group.name, admitted, t.body, t.stream, &t.dropped);
-            (s, t.stream, t.echo, t.namespaced)
+            // Boxed: held by the answer's future, and a stream holds its future
+            // for as long as it is open.
+            (s, t.stream, Box::new((t.echo, t.namespaced)))
         });
     drop(permit);
     chance.keep(parts);
     let write_timeout = worker.config.borrow().http.idle_timeout;
     async move {
-        let (translated::Submitted { mut run, dropped }, streams, echo, namespaced) = match submitted {
+        let (translated::Submitted { mut run, dropped }, streams, echoed) = match submitted {
             Ok(s) => s,
             Err(invalid) => return translated::refuse(conn, D, invalid, keep, chance).await,
         };
@@ -59,16 +61,17 @@ pub fn answer<'a>(
             Ok(run) => run,
             Err(e) => return reply::dispatch_error(&mut conn.responder(), D, e, keep).await,
         };
-        let meta = ResponseMeta {
+        let (echo, namespaced) = *echoed;
+        let meta = Box::new(ResponseMeta {
             id: ["resp_", run.run_id()].concat(),
             model: target.to_string(),
             created_at: unix_now(),
             echo,
             namespaced,
-        };
+        });
         if streams {
             let make = |reported: &str| {
-                let mut meta = meta;
+                let mut meta = *meta;
                 if !reported.is_empty() {
                     meta.model = reported.to_owned();
                 }
@@ -76,7 +79,7 @@ pub fn answer<'a>(
             };
             write::stream(conn, run, D, &extra, make, keep, write_timeout, chance).await
         } else {
-            let mut agg = ResponseAggregate::new(meta);
+            let mut agg = ResponseAggregate::new(*meta);
             let write = |a: &ResponseAggregate, out: &mut bytes::BytesMut| a.write(out);
             translated::whole(conn, run, D, &mut agg, write, &extra, keep, chance).await
         }
