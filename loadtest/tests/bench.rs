@@ -1,12 +1,14 @@
 //! The benchmark harness (`loadtest/bench/run.py`), exercised from cargo.
 //!
-//! - `dry_run_interleaves_rounds`: the run plan (python3 only).
+//! - `dry_run_interleaves_rounds`, `dry_run_of_the_dialects_...`: the run
+//!   plan (python3 only).
 //! - `quick_run_direct_and_compare`: a short `--quick` run of every scenario
 //!   that applies to `direct` (the mock alone: S1-S6) with this package's
 //!   binaries, then `compare` as text and markdown. Needs python3 only.
 //! - `quick_run_nginx_and_iop` (ignored: it needs nginx and the iop-edge and
 //!   iop-node binaries, which `cargo test -p iop-loadtest` does not build):
-//!   a short `--quick` run through one and two nginx and both iop paths.
+//!   a short `--quick` run through one and two nginx and both iop paths,
+//!   then one of S2 beside the Messages and Responses scenarios (M2, R4).
 //!
 //! ```sh
 //! cargo test -p iop-loadtest --test bench
@@ -90,7 +92,7 @@ fn check_runs(r: &Value, stdout: &str) {
         assert_eq!(errors, 0, "{what}: request errors");
         assert!(rec["load"]["completed"].as_u64().unwrap() > 0, "{what}");
         match rec["scenario"].as_str().unwrap() {
-            "S4" => {
+            "S4" | "M4" | "R4" => {
                 // Read from /proc with every stream open before and after the reading.
                 let n = rec["streams"].as_u64().unwrap();
                 assert_eq!(rec["open_at_sample"], serde_json::json!([n, n]), "{what}");
@@ -131,7 +133,10 @@ fn check_compare(results: &Path, sids: &[&str], targets: usize) {
         let rows: Vec<&str> = rest
             .lines()
             .map(|l| l.trim().trim_start_matches('|').trim())
-            .filter(|l| l.starts_with('S') && l.as_bytes().get(1).is_some_and(u8::is_ascii_digit))
+            .filter(|l| {
+                let b = l.as_bytes();
+                matches!(b.first(), Some(b'S' | b'M' | b'R')) && b.get(1).is_some_and(u8::is_ascii_digit)
+            })
             .collect();
         assert_eq!(rows.len(), targets, "{targets} targets expected:\n{out}");
         for row in rows {
@@ -159,6 +164,18 @@ fn dry_run_interleaves_rounds() {
     let s7: Vec<(&str, &str)> = runs.iter().filter(|r| r[1] == "S7" && r[3] == "1").map(|r| (r[4], r[6])).collect();
     assert_eq!(s7[..2], [("nginx1", "1"), ("nginx1", "2")], "{out}");
     assert!(out.contains("min"), "no time estimate:\n{out}");
+}
+
+#[test]
+fn dry_run_of_the_dialects_is_s1_s2_s4_in_the_other_apis() {
+    let (ok, out, stderr) = python(&["run", "--dry-run", "--scenarios", "dialects", "--rounds", "1"]);
+    assert!(ok, "{stderr}");
+    let sids: Vec<&str> =
+        out.lines().filter(|l| l.contains(" round ")).filter_map(|l| l.split_whitespace().nth(1)).collect();
+    let mut seen = sids.clone();
+    seen.dedup();
+    assert_eq!(seen, ["M1", "M2", "M4", "R1", "R2", "R4"], "{out}");
+    assert_eq!(sids.len(), 6 * 5, "every dialect scenario on the five systems:\n{out}");
 }
 
 #[test]
@@ -201,4 +218,19 @@ fn quick_run_nginx_and_iop() {
     check_compare(&dir.join("results.json"), &["S1", "S2", "S4", "S5", "S7"], 4 + 3 + 2 + 2 + 2);
     assert!(stdout.contains("CPU per event"), "S7's target does not show the CPU per event:\n{stdout}");
     std::fs::remove_dir_all(&dir).ok();
+    // The other dialects, judged against chat in the same run.
+    let (r, stdout, dir) = quick_run(
+        "dialects",
+        &bin_dir,
+        &["--systems", "direct,nginx1,nginx2,iop-tunnel,iop-normalized", "--scenarios", "S2,M2,R4"],
+    );
+    assert_eq!(r["runs"].as_array().unwrap().len(), 3 * 5, "{stdout}");
+    check_runs(&r, &stdout);
+    check_compare(&dir.join("results.json"), &["S2", "M2", "R4"], DIALECT_TARGETS);
+    std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Target rows of S2, M2 and R4 on both iop paths: S2's three, M2's
+/// native, translated (against the chat tunnel and chat normalized) and
+/// rate rows, R4's memory rows.
+const DIALECT_TARGETS: usize = 3 + 5 + 2;
