@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use iop_core::{exec::ExecEvent, net::WriteHalf, sse::SseParser, tunnel::TunnelItem, ws};
+use iop_core::{exec::ExecEvent, exec::RunFailure, net::WriteHalf, sse::SseParser, tunnel::TunnelItem, ws};
 use monoio::io::AsyncWriteRentExt;
 use serde_json::Value;
 
@@ -19,11 +19,22 @@ use super::{
 use crate::{
     dispatch::{RunStream, TunnelStream},
     server::Conn,
-    surface::{encode::EventEncoder, failures::ended_without_result, openai::responses::stream::ResponsesEncoder},
+    surface::{
+        encode::EventEncoder, failures::ended_without_result, openai::responses::stream::ResponsesEncoder, replay,
+    },
 };
 
 /// Events that end a response.
 const TERMINAL: [&str; 3] = ["response.completed", "response.incomplete", "response.failed"];
+
+/// How a relay ended, when not with an `error` event or the socket's end.
+pub enum Relayed {
+    /// The response went out to its end.
+    Done,
+    /// The attempt failed retryably before its first frame: a second
+    /// attempt elsewhere may answer instead.
+    Failed(RunFailure),
+}
 
 /// Server-sent events turned into text frames, one per event, with the
 /// terminal event's response kept.
@@ -31,11 +42,14 @@ pub struct Frames {
     parser: SseParser,
     /// The terminal event's `response`, once it went out.
     pub terminal: Option<Value>,
+    /// Whether a frame of this response was written (or began to be): from
+    /// then on a failure is the response's own, never replayed.
+    sent: bool,
 }
 
 impl Frames {
     pub fn new(max_event: usize) -> Self {
-        Self { parser: SseParser::new(max_event), terminal: None }
+        Self { parser: SseParser::new(max_event), terminal: None, sent: false }
     }
 
     /// Frames the events `bytes` complete into `out`.
@@ -63,6 +77,7 @@ impl Frames {
         if conn.out.is_empty() {
             return Ok(());
         }
+        self.sent = true;
         if !write(&mut conn.wr, &mut conn.out, timeout).await {
             return Err(End::Gone.into());
         }
@@ -85,6 +100,17 @@ async fn write(wr: &mut WriteHalf, out: &mut BytesMut, timeout: Duration) -> boo
     }
 }
 
+/// A failure before the response's first frame: handed back for a second
+/// attempt when this attempt may have one and the replay rules allow it
+/// ([`replay::eligible`]); else the `error` event.
+fn before_first_frame(f: RunFailure, replayable: bool) -> Result<Relayed, Stop> {
+    if replayable && replay::eligible(&f, true) {
+        Ok(Relayed::Failed(f))
+    } else {
+        Err(Refused::of_failure(&f).into())
+    }
+}
+
 /// Relays a tunnel's Responses stream as frames.
 pub async fn tunnel(
     conn: &mut Conn,
@@ -92,7 +118,8 @@ pub async fn tunnel(
     stream: &mut TunnelStream,
     frames: &mut Frames,
     timeout: Duration,
-) -> Result<(), Stop> {
+    replayable: bool,
+) -> Result<Relayed, Stop> {
     stream.credit_on_write();
     let mut status = 200;
     let mut error_body = Vec::new();
@@ -111,6 +138,7 @@ pub async fn tunnel(
             TunnelItem::Body(b) => vec![b],
             TunnelItem::Parts(p) => p,
             TunnelItem::End { .. } => break,
+            TunnelItem::Error(f) if !frames.sent => return before_first_frame(f, replayable),
             TunnelItem::Error(f) => return Err(Refused::of_failure(&f).into()),
         };
         for p in parts {
@@ -129,7 +157,7 @@ pub async fn tunnel(
         let msg = v["error"]["message"].as_str().unwrap_or("the provider refused the request").to_owned();
         return Err(Refused::new(status, "upstream_status", msg).into());
     }
-    Ok(())
+    Ok(Relayed::Done)
 }
 
 /// Relays a normalized run rendered by `enc` as frames.
@@ -140,14 +168,16 @@ pub async fn run(
     mut enc: ResponsesEncoder,
     frames: &mut Frames,
     timeout: Duration,
-) -> Result<(), Stop> {
+    replayable: bool,
+) -> Result<Relayed, Stop> {
     run.credit_on_write();
     let mut sse = BytesMut::new();
     let mut started = false;
     while let Some(ev) = inbox.during(conn, run.next(), timeout).await? {
         let ev = match ev {
-            // Before anything went out: an error event, not a failed response.
-            ExecEvent::Error(f) if !started => return Err(Refused::of_failure(&f).into()),
+            // Before anything went out: an error event (or a second
+            // attempt), not a failed response.
+            ExecEvent::Error(f) if !started => return before_first_frame(f, replayable),
             ev => ev,
         };
         if !started {
@@ -164,7 +194,7 @@ pub async fn run(
         frames.send(conn, timeout).await?;
         run.written();
         if terminal {
-            return Ok(());
+            return Ok(Relayed::Done);
         }
     }
     Err(Refused::of_failure(&ended_without_result()).into())

@@ -1,7 +1,11 @@
 //! One `response.create` on a Responses API WebSocket: read, admitted like
 //! a `POST /v1/responses` (model group, API key, capacity), answered
 //! through the tunnel when the provider speaks the Responses API, else
-//! translated onto the normalized run ([`super::relay`]). What cannot be served is an `error` event; the socket stays open. The
+//! translated onto the normalized run ([`super::relay`]). An attempt that
+//! fails retryably before the response's first frame (a provider it could
+//! not reach, a stall, a node that went away) is followed by one more on
+//! another provider, as a `POST` is ([`crate::surface::replay`]'s rules).
+//! What cannot be served is an `error` event; the socket stays open. The
 //! client is heard all along, queueing included ([`super::inbox`]): a close
 //! ends the turn and the socket, and drops the stream (cancelled on the
 //! node).
@@ -9,24 +13,26 @@
 use std::{rc::Rc, sync::Arc};
 
 use bytes::Bytes;
-use iop_core::{config::ModelGroup, http::RequestHead, request::Top, responses, wire::pb};
+use iop_core::{config::ModelGroup, exec::RunFailure, http::RequestHead, request::Top, responses, wire::pb};
 use serde_json::{Map, Value};
 
 use super::{
     inbox::{End, Inbox},
     refused::{Refused, Stop},
-    relay::{self, Frames},
+    relay::{self, Frames, Relayed},
 };
 use crate::{
     ctx::Ctx,
     dispatch,
-    pool::{keys::KeyState, Admitted, LeaseClass},
+    pool::{keys::KeyState, Admitted, LeaseClass, ResourceKey},
+    registry::Generation,
     server::Conn,
     surface::{
         api_keys,
         error::clip,
         exchange::{admit_reachable, estimated_tokens, refusal, serving, tunnels_to},
         openai::responses::{normalized::unix_now, stream::ResponsesEncoder, ResponseMeta},
+        replay,
         route::Route,
         translated,
     },
@@ -39,8 +45,10 @@ pub struct History {
     items: Vec<Value>,
 }
 
-/// A message read and ready to send.
-struct Prepared {
+/// A message read and ready to send, once or (replayed) twice.
+struct Prepared<'a> {
+    /// The socket's upgrade request (its headers go to a tunnel).
+    head: &'a RequestHead,
     /// The body the provider gets: the message's fields, `stream: true`,
     /// a continued response's items before the new input.
     body: Bytes,
@@ -89,7 +97,7 @@ fn items_of(input: Option<Value>) -> Vec<Value> {
 
 /// Reads a message into the body to send: a `response.create`, streamed,
 /// continuing the socket's last response when it names it.
-fn prepare(text: &[u8], history: Option<&History>) -> Result<Prepared, Refused> {
+fn prepare<'a>(head: &'a RequestHead, text: &[u8], history: Option<&History>) -> Result<Prepared<'a>, Refused> {
     let Ok(mut obj) = serde_json::from_slice::<Map<String, Value>>(text) else {
         return Err(Refused::new(400, "invalid_request", "a message must be a JSON object"));
     };
@@ -125,10 +133,10 @@ fn prepare(text: &[u8], history: Option<&History>) -> Result<Prepared, Refused> 
     let body = Bytes::from(serde_json::to_vec(&obj).unwrap_or_default());
     drop(obj);
     let top = Top::parse(&body).map_err(|m| Refused::new(400, "invalid_request", m))?;
-    Ok(Prepared { body, top, asked })
+    Ok(Prepared { head, body, top, asked })
 }
 
-/// Reads, admits and answers one message.
+/// Reads, admits and answers one message (twice at most).
 async fn turn(
     worker: &Rc<Ctx>,
     conn: &mut Conn,
@@ -138,7 +146,7 @@ async fn turn(
     history: &mut Option<History>,
     inbox: &mut Inbox,
 ) -> Result<(), Stop> {
-    let p = prepare(text, history.as_ref())?;
+    let p = prepare(head, text, history.as_ref())?;
     let group = worker.config.borrow().model(&p.top.model).cloned();
     let Some(group) = group else {
         let msg = format!("The model `{}` does not exist", clip(&p.top.model));
@@ -159,7 +167,10 @@ async fn turn(
         _ => LeaseClass::Normal,
     };
     let admitted = admit(worker, conn, inbox, &group, class).await?;
-    let terminal = attempt(worker, conn, inbox, head, &p, &group, admitted).await?;
+    let terminal = match attempt(worker, conn, inbox, &p, &group, admitted, true).await? {
+        Attempted::Answered(terminal) => terminal,
+        Attempted::Failed(failed) => Box::pin(replay(worker, conn, inbox, &p, class, failed)).await?,
+    };
     // Kept for a continuation: what was asked and what came back, while it
     // fits in one message.
     *history = terminal.and_then(|r| {
@@ -194,23 +205,75 @@ async fn admit(
     }
 }
 
-/// Answers `p` on `admitted`'s provider: through the tunnel when it speaks
-/// the Responses API, else translated; the terminal event's `response`,
-/// when one came.
+/// How an attempt ended, when not with an `error` event or the socket's end.
+enum Attempted {
+    /// Relayed to its end; the terminal event's `response`, when one came.
+    Answered(Option<Value>),
+    /// Failed retryably before its first frame.
+    Failed(Failed),
+}
+
+/// A first attempt's retryable failure before its first frame.
+struct Failed {
+    failure: RunFailure,
+    /// Its provider, and the node connection it ran over.
+    avoid: ResourceKey,
+    generation: Generation,
+}
+
+/// The second attempt after the first `failed`: admitted to another
+/// provider of the model, or the first's failure as the `error` event when
+/// there is none.
+async fn replay(
+    worker: &Rc<Ctx>,
+    conn: &mut Conn,
+    inbox: &mut Inbox,
+    p: &Prepared<'_>,
+    class: LeaseClass,
+    failed: Failed,
+) -> Result<Option<Value>, Stop> {
+    let Failed { failure: failed, avoid, generation } = failed;
+    let Some((full, group)) =
+        replay::second_attempt(worker, Route::Responses, &p.top.model, &avoid, generation, &failed)
+    else {
+        return Err(Refused::of_failure(&failed).into());
+    };
+    let admitted = match admit(worker, conn, inbox, &group, class).await {
+        Ok(a) => a,
+        Err(Stop::Refused(_)) => {
+            replay::readmission_refused();
+            return Err(Refused::of_failure(&failed).into());
+        }
+        Err(end) => return Err(end),
+    };
+    tracing::debug!(node = %admitted.target.node, provider = %admitted.target.provider, "replaying before the first frame");
+    let second = attempt(worker, conn, inbox, p, &full, admitted, false).await;
+    replay::answered();
+    match second? {
+        Attempted::Answered(terminal) => Ok(terminal),
+        // Not replayable: never handed back, but answered if it were.
+        Attempted::Failed(f) => Err(Refused::of_failure(&f.failure).into()),
+    }
+}
+
+/// One attempt at `p` on `admitted`'s provider: through the tunnel when it
+/// speaks the Responses API, else translated. `replayable`: a retryable
+/// failure before the first frame is handed back instead of answered.
 async fn attempt(
     worker: &Rc<Ctx>,
     conn: &mut Conn,
     inbox: &mut Inbox,
-    head: &RequestHead,
-    p: &Prepared,
+    p: &Prepared<'_>,
     group: &ModelGroup,
     admitted: Admitted,
-) -> Result<Option<Value>, Stop> {
+    replayable: bool,
+) -> Result<Attempted, Stop> {
     let target = admitted.target.upstream_model.clone();
-    let resource = admitted.lease.key().clone();
+    let avoid = admitted.lease.key().clone();
+    let generation = dispatch::generation_of(worker, &admitted);
     let write_timeout = worker.config.borrow().http.idle_timeout;
     let mut frames = Frames::new(inbox.limits().max_message_bytes);
-    if tunnels_to(worker, &admitted, Route::Responses) {
+    let relayed = if tunnels_to(worker, &admitted, Route::Responses) {
         let req = pb::ProviderTunnelRequest {
             method: "POST".into(),
             path: Route::Responses.provider_path().into(),
@@ -219,14 +282,14 @@ async fn attempt(
             ..Default::default()
         };
         let headers = |id: &str| {
-            let mut h = crate::surface::tunnel::forwarded_headers(head, id);
+            let mut h = crate::surface::tunnel::forwarded_headers(p.head, id);
             h.retain(|h| !h.name.starts_with(b"sec-websocket"));
             h
         };
         let mut stream = dispatch::submit_tunnel(worker, &group.name, admitted, req, headers)
             .map_err(|e| Refused::new(503, "no_ready_node", e.to_string()))?;
-        stream.report_to(&conn.exchange.finish, &resource);
-        relay::tunnel(conn, inbox, &mut stream, &mut frames, write_timeout).await?;
+        stream.report_to(&conn.exchange.finish, &avoid);
+        relay::tunnel(conn, inbox, &mut stream, &mut frames, write_timeout, replayable).await?
     } else {
         let t = responses::to_chat(&p.body, &target, &responses::Options::default())
             .and_then(|t| translated::refuse_if_strict(group, &t.dropped).map(|()| t))
@@ -241,7 +304,10 @@ async fn attempt(
             namespaced: t.namespaced,
         };
         let enc = ResponsesEncoder::new(meta);
-        relay::run(conn, inbox, &mut run, enc, &mut frames, write_timeout).await?;
-    }
-    Ok(frames.terminal.take())
+        relay::run(conn, inbox, &mut run, enc, &mut frames, write_timeout, replayable).await?
+    };
+    Ok(match relayed {
+        Relayed::Done => Attempted::Answered(frames.terminal.take()),
+        Relayed::Failed(failure) => Attempted::Failed(Failed { failure, avoid, generation }),
+    })
 }
