@@ -413,6 +413,30 @@ fn a_response_create_sent_mid_response_is_answered_after_it_and_a_third_is_refus
 }
 
 #[test]
+fn while_a_response_queues_a_ping_is_answered_and_a_close_leaves_the_queue() {
+    // One slot, held by a slow response (40 tokens, 50 ms apart) on another socket.
+    let node = mock_node("n1", 1, 0, 40, 50);
+    let edge = Edge::start(&pool_config_with("", "", &[node], &[mock_model("m", &["n1"], "")], ""));
+    let _node = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+    let mut busy = Ws::open(edge.http, &[]).2.unwrap();
+    busy.create(json!({"input": "slow"}));
+    busy.frames_until(is_delta);
+    let mut queued = Ws::open(edge.http, &[]).2.unwrap();
+    queued.create(json!({"input": "waits"}));
+    edge.wait_model_waiters("m", 1);
+    queued.send(9, b"still there?");
+    assert_eq!(queued.recv(), Some((10, b"still there?".to_vec())), "answered while queued");
+    queued.send(8, &1000u16.to_be_bytes());
+    assert_eq!(queued.close_code(), 1000);
+    edge.wait_model_waiters("m", 0);
+    // The slow response went on undisturbed.
+    let events = texts(&busy.frames_until(ends));
+    assert_eq!(events.last().unwrap()["type"], "response.completed", "{events:#?}");
+    edge.assert_idle();
+}
+
+#[test]
 fn a_provider_that_cannot_be_reached_is_replaced_before_the_first_frame() {
     for (mode, native) in MODES {
         // Nothing listens on a port we bound and closed.
