@@ -336,6 +336,14 @@ fn a_ping_mid_response_is_answered_at_once_between_two_events() {
         // The socket serves on.
         ws.create(json!({"input": "again", "max_output_tokens": 2}));
         assert_eq!(ws.response().last().unwrap()["type"], "response.incomplete", "{mode}");
+        // A client that vanishes between responses: the socket's own line
+        // comes (once), not the last response's again.
+        drop(ws);
+        eventually(Duration::from_secs(5), "the socket's access-log line", || {
+            edge.proc.log_text().contains("status=101")
+        });
+        let log = edge.proc.log_text();
+        assert_eq!(log.matches("path=\"/v1/responses\"").count(), 3, "{mode}: two responses and the socket");
         edge.assert_idle();
     }
 }
