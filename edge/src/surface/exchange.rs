@@ -155,11 +155,7 @@ pub async fn admit(
         None => return Err(false), // client left while queued; the wait guard left the queue
         Some(Ok(a)) => a,
         Some(Err(e)) => {
-            let (status, code) = match e {
-                AdmitError::QueueFull(_) => (429, "queue_full"),
-                AdmitError::Timeout(_) => (503, "queue_timeout"),
-                AdmitError::Unavailable(_) => (503, "no_ready_node"),
-            };
+            let (status, code) = refusal(&e);
             return Err(reply::error(&mut conn.responder(), d, status, &e.to_string(), code, keep).await);
         }
     };
@@ -181,18 +177,29 @@ pub(super) async fn take_capacity(
     group: &ModelGroup,
     class: LeaseClass,
 ) -> Option<Result<Admitted, AdmitError>> {
-    let mut regrants = 0;
     let asked = std::time::Instant::now();
+    let admitted = {
+        let Conn { rd, buf, .. } = &mut *conn;
+        with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, std::pin::pin!(admit_reachable(worker, group, class)))
+            .await?
+    };
+    if admitted.is_ok() {
+        conn.exchange.queue_wait = Some(asked.elapsed());
+    }
+    Some(admitted)
+}
+
+/// Capacity on `group` for a request of `class`, queueing if need be, on
+/// a node this core can still reach. The caller watches its client
+/// meanwhile (dropping this leaves the queue).
+pub(super) async fn admit_reachable(
+    worker: &Rc<Ctx>,
+    group: &ModelGroup,
+    class: LeaseClass,
+) -> Result<Admitted, AdmitError> {
+    let mut regrants = 0;
     loop {
-        let admitted = {
-            let Conn { rd, buf, .. } = &mut *conn;
-            with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, std::pin::pin!(pool::admit(worker, group, class)))
-                .await?
-        };
-        let admitted = match admitted {
-            Ok(a) => a,
-            Err(e) => return Some(Err(e)),
-        };
+        let admitted = pool::admit(worker, group, class).await?;
         // Granted through links that closed meanwhile (the node is going
         // away): the lease goes back and the request asks again, so a
         // queued client is not failed by a node it never reached. The
@@ -203,8 +210,16 @@ pub(super) async fn take_capacity(
             iop_core::rt::yield_now().await;
             continue;
         }
-        conn.exchange.queue_wait = Some(asked.elapsed());
-        return Some(Ok(admitted));
+        return Ok(admitted);
+    }
+}
+
+/// The status and error code a refused admission is answered with.
+pub(super) fn refusal(e: &AdmitError) -> (u16, &'static str) {
+    match e {
+        AdmitError::QueueFull(_) => (429, "queue_full"),
+        AdmitError::Timeout(_) => (503, "queue_timeout"),
+        AdmitError::Unavailable(_) => (503, "no_ready_node"),
     }
 }
 

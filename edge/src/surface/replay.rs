@@ -8,6 +8,11 @@
 //! forwarded headers, the lease class, the provider to avoid) is kept in
 //! the [`ReplayChance`] only until the answer commits; a committed stream
 //! holds none of it.
+//!
+//! A Responses API WebSocket's turn keeps its message for the whole turn
+//! and answers over the socket, not with an HTTP answer: it makes the same
+//! decisions with [`eligible`] and [`second_attempt`], and admits and
+//! answers the second attempt itself.
 
 use std::rc::Rc;
 
@@ -171,11 +176,10 @@ impl ReplayChance {
         if !self.armed {
             return Some(f); // not a replayed route, or the second attempt
         }
-        if self.replay.is_some() && f.retryable {
+        if eligible(&f, self.replay.is_some()) {
             self.failed = Some(Box::new(f));
             return None;
         }
-        observe("ineligible", if f.retryable { "no_replay_left" } else { "not_retryable" }, None);
         Some(f)
     }
 
@@ -185,6 +189,58 @@ impl ReplayChance {
         let failed = self.failed.take()?;
         Some((self.replay.take()?, *failed))
     }
+}
+
+/// Whether a first attempt's failure before commit gets a second attempt:
+/// when it is retryable and the request's parts are at hand
+/// (`replay_left`). When not, the decision is observed here.
+pub(super) fn eligible(f: &RunFailure, replay_left: bool) -> bool {
+    if replay_left && f.retryable {
+        return true;
+    }
+    observe("ineligible", if f.retryable { "no_replay_left" } else { "not_retryable" }, None);
+    false
+}
+
+/// Where the second attempt of a request for `model` on `route` goes after
+/// `failed` on `avoid` (on its node connection `avoid_generation`): the
+/// model's group as the config has it now (a reload may have changed it),
+/// and that group narrowed to the targets to try ([`targets_avoiding`]).
+/// `None`, observed: nowhere else to go; the client gets `failed`.
+pub(super) fn second_attempt(
+    worker: &Ctx,
+    route: Route,
+    model: &str,
+    avoid: &ResourceKey,
+    avoid_generation: Generation,
+    failed: &RunFailure,
+) -> Option<(std::sync::Arc<ModelGroup>, ModelGroup)> {
+    let allow_avoided = failed.stall.as_ref().is_some_and(|s| s.health == ProviderHealth::Available);
+    let full = worker.config.borrow().model(model).cloned();
+    let Some(full) = full.and_then(|g| exchange::serving(worker, &g, route)) else {
+        observe("ineligible", "no_alternate", None);
+        return None;
+    };
+    // Asked of the registry, which ends a connection before its runs fail:
+    // the pool's view of it may lag on another core.
+    let ended = !worker.shared.registry.lock().is_current_ready(&avoid.node, avoid_generation);
+    let view = worker.pool.borrow().clone();
+    let Some(group) = targets_avoiding(&view, &full, avoid, allow_avoided, ended) else {
+        observe("ineligible", "no_alternate", None);
+        return None;
+    };
+    observe("eligible", if allow_avoided { "stalled_provider_available" } else { "alternate" }, None);
+    Some((full, group))
+}
+
+/// The second attempt could not be admitted: the client gets the first's failure.
+pub(super) fn readmission_refused() {
+    observe("eligible", "readmission_refused", Some("failed"));
+}
+
+/// The second attempt answered the client.
+pub(super) fn answered() {
+    observe("eligible", "replayed", Some("answered"));
 }
 
 /// The targets a replay may use: the live alternates of the avoided
@@ -236,30 +292,16 @@ fn observe(decision: &'static str, reason: &'static str, result: Option<&'static
 /// kept.
 pub async fn replay(worker: &Rc<Ctx>, conn: &mut Conn, route: Route, r: Kept, failed: RunFailure) -> bool {
     let (keep, d) = (r.head.keep_alive(), route.dialect());
-    let allow_avoided = failed.stall.as_ref().is_some_and(|s| s.health == ProviderHealth::Available);
     // It parsed the first time: it parses again.
     let Ok(top) = Top::parse(&r.bytes) else { return reply::failure(&mut conn.responder(), d, &failed, keep).await };
-    // The group as the config has it now (a reload may have changed it).
-    let full = worker.config.borrow().model(&top.model).cloned();
-    let Some(full) = full.and_then(|g| exchange::serving(worker, &g, route)) else {
-        observe("ineligible", "no_alternate", None);
+    let Some((full, group)) = second_attempt(worker, route, &top.model, &r.avoid, r.avoid_generation, &failed) else {
         return reply::failure(&mut conn.responder(), d, &failed, keep).await;
     };
-    // Asked of the registry, which ends a connection before its runs fail:
-    // the pool's view of it may lag on another core.
-    let ended = !worker.shared.registry.lock().is_current_ready(&r.avoid.node, r.avoid_generation);
-    let view = worker.pool.borrow().clone();
-    let Some(group) = targets_avoiding(&view, &full, &r.avoid, allow_avoided, ended) else {
-        observe("ineligible", "no_alternate", None);
-        return reply::failure(&mut conn.responder(), d, &failed, keep).await;
-    };
-    drop(view);
-    observe("eligible", if allow_avoided { "stalled_provider_available" } else { "alternate" }, None);
     let admitted = match exchange::take_capacity(worker, conn, &group, r.class).await {
         None => return false, // the client left while queued
         Some(Ok(a)) => a,
         Some(Err(_)) => {
-            observe("eligible", "readmission_refused", Some("failed"));
+            readmission_refused();
             return reply::failure(&mut conn.responder(), d, &failed, keep).await;
         }
     };
@@ -268,7 +310,7 @@ pub async fn replay(worker: &Rc<Ctx>, conn: &mut Conn, route: Route, r: Kept, fa
     let a = Admission { top, bytes: r.bytes, permit: None, group: full, admitted, tunnels };
     let mut none = ReplayChance::none();
     let kept = exchange::answer(worker, conn, r.head.into_head(), route, a, &mut none).await;
-    observe("eligible", "replayed", Some("answered"));
+    answered();
     kept
 }
 
@@ -287,6 +329,14 @@ mod tests {
         // Armed but nothing kept yet (nothing to replay with): answered.
         assert!(chance.hold(f().retryable()).is_some());
         assert!(chance.take().is_none());
+    }
+
+    #[test]
+    fn a_second_attempt_needs_a_retryable_failure_and_the_parts() {
+        let f = || RunFailure::new(codes::UPSTREAM_CONNECT, 502, FailureSource::Provider, "x");
+        assert!(eligible(&f().retryable(), true));
+        assert!(!eligible(&f(), true), "not retryable");
+        assert!(!eligible(&f().retryable(), false), "nothing kept to replay with");
     }
 
     fn group_and_view(live: &[(&str, bool)]) -> (ModelGroup, PoolView) {

@@ -137,6 +137,27 @@ impl Ws {
         }
     }
 
+    /// Sends a `response.create` for model `m`: `fields` beside `type` and `model`.
+    fn create(&mut self, fields: Value) {
+        let mut v = json!({"type": "response.create", "model": "m"});
+        v.as_object_mut().unwrap().extend(fields.as_object().unwrap().clone());
+        self.send_json(&v);
+    }
+
+    /// Every frame up to the first text event for which `stop` holds
+    /// (included), control frames among them.
+    fn frames_until(&mut self, stop: impl Fn(&Value) -> bool) -> Vec<Frame> {
+        let mut out = Vec::new();
+        loop {
+            let f = self.recv().unwrap_or_else(|| panic!("the socket closed after {:?}", texts(&out)));
+            let end = f.0 == 1 && stop(&serde_json::from_slice(&f.1).unwrap());
+            out.push(f);
+            if end {
+                return out;
+            }
+        }
+    }
+
     /// The close frame's code.
     fn close_code(&mut self) -> u16 {
         loop {
@@ -147,6 +168,46 @@ impl Ws {
             }
         }
     }
+}
+
+/// The text frames of `frames` as JSON events.
+fn texts(frames: &[Frame]) -> Vec<Value> {
+    frames.iter().filter(|f| f.0 == 1).map(|f| serde_json::from_slice(&f.1).unwrap()).collect()
+}
+
+/// Whether `v` ends a response (or is the error event in its place).
+fn ends(v: &Value) -> bool {
+    ["response.completed", "response.incomplete", "response.failed", "error"]
+        .contains(&v["type"].as_str().unwrap_or(""))
+}
+
+fn is_delta(v: &Value) -> bool {
+    v["type"] == "response.output_text.delta"
+}
+
+/// The concatenated text deltas of `events`.
+fn text_of(events: &[Value]) -> String {
+    events.iter().filter(|e| is_delta(e)).map(|e| e["delta"].as_str().unwrap().to_owned()).collect()
+}
+
+/// The two ways a provider answers: through the tunnel (it speaks the
+/// Responses API), or translated onto chat completions.
+const MODES: [(&str, bool); 2] = [("tunnel", true), ("translated", false)];
+
+/// An edge with model `m` on one `iop-mockprov` started with `flags`,
+/// reached through the tunnel when `native`, else translated (the mock
+/// without its Responses API, the provider with `native_apis = []`).
+fn mock_edge(native: bool, flags: &[&str]) -> (MockProv, Edge, Proc) {
+    let mut flags = flags.to_vec();
+    if !native {
+        flags.extend(["--without", "responses"]);
+    }
+    let mock = MockProv::start(&flags);
+    let extra = if native { "" } else { "native_apis = []" };
+    let edge = Edge::start(&one_provider_config("openai_compat", &mock.base_url(), extra, "mock-upstream"));
+    let node = edge.node(NODE_TOKEN, &[]);
+    edge.wait_nodes_ready(1);
+    (mock, edge, node)
 }
 
 fn edge_with(http: &str) -> (Edge, Proc) {
@@ -249,6 +310,204 @@ fn sockets_are_capped_and_an_idle_one_is_closed() {
     assert_eq!(first.close_code(), 1008);
     // Its slot is free again.
     eventually(Duration::from_secs(5), "a socket again", || Ws::open(edge.http, &[]).0 == 101);
+}
+
+#[test]
+fn a_ping_mid_response_is_answered_at_once_between_two_events() {
+    for (mode, native) in MODES {
+        // Twelve tokens, 100 ms apart: the response streams for over a second.
+        let (_mock, edge, _node) = mock_edge(native, &["--tokens", "12", "--token-interval-ms", "100"]);
+        let mut ws = Ws::open(edge.http, &[]).2.unwrap();
+        ws.create(json!({"input": "hello"}));
+        let mut frames = ws.frames_until(is_delta);
+        ws.send(9, b"mid-response");
+        let rest = ws.frames_until(ends);
+        let pong = rest.iter().position(|f| f == &(10, b"mid-response".to_vec()));
+        let pong = pong.unwrap_or_else(|| panic!("{mode}: no pong before the response's end: {:?}", texts(&rest)));
+        // Answered at once: the response's events go on after it.
+        assert!(texts(&rest[pong..]).iter().filter(|e| is_delta(e)).count() >= 2, "{mode}: {:?}", texts(&rest));
+        frames.extend(rest);
+        let events = texts(&frames);
+        assert_eq!(events.last().unwrap()["type"], "response.completed", "{mode}: {events:#?}");
+        for (i, e) in events.iter().enumerate() {
+            assert_eq!(e["sequence_number"], i, "{mode}: every event whole and in order: {e}");
+        }
+        assert_eq!(text_of(&events), (0..12).map(|i| format!("tok{i} ")).collect::<String>(), "{mode}");
+        // The socket serves on.
+        ws.create(json!({"input": "again", "max_output_tokens": 2}));
+        assert_eq!(ws.response().last().unwrap()["type"], "response.incomplete", "{mode}");
+        // A client that vanishes between responses: the socket's own line
+        // comes (once), not the last response's again.
+        drop(ws);
+        eventually(Duration::from_secs(5), "the socket's access-log line", || {
+            edge.proc.log_text().contains("status=101")
+        });
+        let log = edge.proc.log_text();
+        assert_eq!(log.matches("path=\"/v1/responses\"").count(), 3, "{mode}: two responses and the socket");
+        edge.assert_idle();
+    }
+}
+
+#[test]
+fn a_close_mid_response_cancels_it_upstream_and_the_edge_serves_on() {
+    for (mode, native) in MODES {
+        let (mock, edge, _node) = mock_edge(native, &["--tokens", "1000", "--token-interval-ms", "50"]);
+        let mut ws = Ws::open(edge.http, &[]).2.unwrap();
+        // The mock's tag reaches it through the tunnel only (a translation
+        // leaves unknown fields out): its close counter serves both.
+        ws.create(json!({"input": "a long one", "mock": {"tag": "ws-close"}}));
+        ws.frames_until(is_delta);
+        assert_eq!(mock.stats()["early_closed"], 0, "{mode}");
+        ws.send(8, &1000u16.to_be_bytes());
+        assert_eq!(ws.close_code(), 1000, "{mode}");
+        assert!(ws.recv().is_none(), "{mode}: nothing after the close frame");
+        // The run was cancelled: the provider's connection closed early,
+        // the lease came back.
+        eventually(Duration::from_secs(5), "the provider request closed", || mock.stats()["early_closed"] == 1);
+        if native {
+            mock.wait_closed("ws-close");
+        }
+        edge.assert_idle();
+        // The response's access-log line says the client ended it.
+        eventually(Duration::from_secs(5), "the cancelled response's log line", || {
+            edge.proc
+                .log_text()
+                .lines()
+                .any(|l| l.contains("path=\"/v1/responses\"") && l.contains("outcome=\"cancelled\""))
+        });
+        // The edge serves on, on another socket.
+        let mut ws = Ws::open(edge.http, &[]).2.unwrap();
+        ws.create(json!({"input": "short", "max_output_tokens": 2}));
+        let events = ws.response();
+        assert_eq!(events.last().unwrap()["type"], "response.incomplete", "{mode}: {events:#?}");
+        assert_eq!(text_of(&events), "tok0 tok1 ", "{mode}");
+        edge.assert_idle();
+    }
+}
+
+#[test]
+fn a_response_create_sent_mid_response_is_answered_after_it_and_a_third_is_refused() {
+    for (mode, native) in MODES {
+        let (mock, edge, _node) = mock_edge(native, &["--tokens", "8", "--token-interval-ms", "50"]);
+        let mut ws = Ws::open(edge.http, &[]).2.unwrap();
+        ws.create(json!({"input": "first"}));
+        let mut first = ws.frames_until(is_delta);
+        ws.create(json!({"input": "second", "max_output_tokens": 3}));
+        first.extend(ws.frames_until(ends));
+        // The first went on to its end, alone: one response's events.
+        let first = texts(&first);
+        assert_eq!(first.last().unwrap()["type"], "response.completed", "{mode}: {first:#?}");
+        assert_eq!(first.iter().filter(|e| e["type"] == "response.created").count(), 1, "{mode}");
+        assert_eq!(text_of(&first), (0..8).map(|i| format!("tok{i} ")).collect::<String>(), "{mode}");
+        // Then the second, whole.
+        let second = ws.response();
+        assert_eq!(second[0]["type"], "response.created", "{mode}: {second:#?}");
+        assert_eq!(second.last().unwrap()["type"], "response.incomplete", "{mode}: {second:#?}");
+        assert_eq!(text_of(&second), "tok0 tok1 tok2 ", "{mode}");
+        assert_ne!(second[0]["response"]["id"], first[0]["response"]["id"], "{mode}");
+        assert_eq!(mock.stats()["model_requests"], 2, "{mode}");
+
+        // One waits at most: a third while one waits closes with 1008,
+        // and the response that streams is cancelled.
+        ws.create(json!({"input": "third"}));
+        ws.frames_until(is_delta);
+        ws.create(json!({"input": "fourth"}));
+        ws.create(json!({"input": "fifth"}));
+        assert_eq!(ws.close_code(), 1008, "{mode}");
+        eventually(Duration::from_secs(5), "the provider request closed", || mock.stats()["early_closed"] == 1);
+        assert_eq!(mock.stats()["model_requests"], 3, "{mode}: the waiting one was never sent");
+        edge.assert_idle();
+    }
+}
+
+#[test]
+fn while_a_response_queues_a_ping_is_answered_and_a_close_leaves_the_queue() {
+    // One slot, held by a slow response (40 tokens, 50 ms apart) on another socket.
+    let node = mock_node("n1", 1, 0, 40, 50);
+    let edge = Edge::start(&pool_config_with("", "", &[node], &[mock_model("m", &["n1"], "")], ""));
+    let _node = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+    let mut busy = Ws::open(edge.http, &[]).2.unwrap();
+    busy.create(json!({"input": "slow"}));
+    busy.frames_until(is_delta);
+    let mut queued = Ws::open(edge.http, &[]).2.unwrap();
+    queued.create(json!({"input": "waits"}));
+    edge.wait_model_waiters("m", 1);
+    queued.send(9, b"still there?");
+    assert_eq!(queued.recv(), Some((10, b"still there?".to_vec())), "answered while queued");
+    queued.send(8, &1000u16.to_be_bytes());
+    assert_eq!(queued.close_code(), 1000);
+    edge.wait_model_waiters("m", 0);
+    // The slow response went on undisturbed.
+    let events = texts(&busy.frames_until(ends));
+    assert_eq!(events.last().unwrap()["type"], "response.completed", "{events:#?}");
+    edge.assert_idle();
+}
+
+#[test]
+fn a_provider_that_cannot_be_reached_is_replaced_before_the_first_frame() {
+    for (mode, native) in MODES {
+        // Nothing listens on a port we bound and closed.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let mut flags = vec!["--tokens", "3"];
+        if !native {
+            flags.extend(["--without", "responses"]);
+        }
+        let mock = MockProv::start(&flags);
+        let extra = if native { "" } else { "native_apis = []" };
+        // `a` (unreachable) is tried first when both are idle, then `b`.
+        let config = n1_header()
+            + &format!(
+                r#"
+[[nodes.providers]]
+id = "a"
+kind = "openai_compat"
+base_url = "http://127.0.0.1:{closed}/v1"
+capacity = 8
+{extra}
+[[nodes.providers]]
+id = "b"
+kind = "openai_compat"
+base_url = "{}"
+capacity = 8
+{extra}
+[[models]]
+name = "m"
+[[models.targets]]
+node = "n1"
+provider = "a"
+model = "mock"
+[[models.targets]]
+node = "n1"
+provider = "b"
+model = "mock"
+"#,
+                mock.base_url()
+            );
+        let edge = Edge::start(&config);
+        let _node = edge.node(NODE_TOKEN, &[]);
+        edge.wait_nodes_ready(1);
+        let mut ws = Ws::open(edge.http, &[]).2.unwrap();
+        ws.create(json!({"input": "hello"}));
+        let events = ws.response();
+        assert!(events.iter().all(|e| e["type"] != "error"), "{mode}: {events:#?}");
+        assert_eq!(events.last().unwrap()["type"], "response.completed", "{mode}: {events:#?}");
+        assert_eq!(text_of(&events), "tok0 tok1 tok2 ", "{mode}");
+        assert_eq!(mock.stats()["model_requests"], 1, "{mode}");
+        // Two attempts, the second answered.
+        eventually(Duration::from_secs(5), "the response's log line", || {
+            edge.proc.log_text().lines().any(|l| l.contains("path=\"/v1/responses\"") && l.contains("attempts=2"))
+        });
+        let metrics = String::from_utf8(edge.admin("/metrics").body).unwrap();
+        assert!(
+            metrics.contains(r#"iop_edge_liveness_recovery_results_total{result="answered"} 1"#),
+            "{mode}: {metrics}"
+        );
+        // The socket serves on.
+        ws.create(json!({"input": "again"}));
+        assert_eq!(ws.response().last().unwrap()["type"], "response.completed", "{mode}");
+        edge.assert_idle();
+    }
 }
 
 /// Runs `scripts/responses_ws.py` (the openai SDK's `responses.connect()`).

@@ -14,7 +14,6 @@ pub mod normalized;
 pub mod object;
 pub mod socket;
 pub mod stream;
-mod turn;
 
 use bytes::{BufMut, BytesMut};
 use iop_core::{
