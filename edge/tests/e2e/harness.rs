@@ -165,6 +165,17 @@ pub fn one_provider_config(kind: &str, base: &str, provider_extra: &str, upstrea
         )
 }
 
+/// Node `n1` with providers `a` and `b` (kind, base URL), each with
+/// `provider_extra`, and model `m` on both, tried in that order when both
+/// are idle.
+pub fn two_provider_config(a: (&str, &str), b: (&str, &str), provider_extra: &str) -> String {
+    let provider = |id: &str, (kind, base): (&str, &str)| {
+        format!("[[nodes.providers]]\nid = \"{id}\"\nkind = \"{kind}\"\nbase_url = \"{base}\"\ncapacity = 8\n{provider_extra}\n")
+    };
+    let target = |id: &str| format!("[[models.targets]]\nnode = \"n1\"\nprovider = \"{id}\"\nmodel = \"mock\"\n");
+    n1_header() + &provider("a", a) + &provider("b", b) + "[[models]]\nname = \"m\"\n" + &target("a") + &target("b")
+}
+
 pub struct Edge {
     pub proc: Proc,
     pub http: SocketAddr,

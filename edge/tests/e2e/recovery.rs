@@ -14,34 +14,8 @@ const STALL_MS: u64 = 400;
 /// An edge with model `m` on two providers of node `n1`, tried in this
 /// order when both are idle: `first` (kind, base URL), then `second`.
 fn two_providers(first: (&str, String), second: (&str, String)) -> (Edge, Proc) {
-    let config = n1_header()
-        + &format!(
-            r#"
-[[nodes.providers]]
-id = "a"
-kind = "{}"
-base_url = "{}"
-capacity = 8
-response_stall_timeout_ms = {STALL_MS}
-[[nodes.providers]]
-id = "b"
-kind = "{}"
-base_url = "{}"
-capacity = 8
-response_stall_timeout_ms = {STALL_MS}
-[[models]]
-name = "m"
-[[models.targets]]
-node = "n1"
-provider = "a"
-model = "mock"
-[[models.targets]]
-node = "n1"
-provider = "b"
-model = "mock"
-"#,
-            first.0, first.1, second.0, second.1
-        );
+    let extra = format!("response_stall_timeout_ms = {STALL_MS}");
+    let config = two_provider_config((first.0, &first.1), (second.0, &second.1), &extra);
     let edge = Edge::start(&config);
     let node = edge.node(NODE_TOKEN, &[]);
     edge.wait_nodes_ready(1);

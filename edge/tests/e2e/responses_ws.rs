@@ -456,34 +456,8 @@ fn a_provider_that_cannot_be_reached_is_replaced_before_the_first_frame() {
         let mock = MockProv::start(&flags);
         let extra = if native { "" } else { "native_apis = []" };
         // `a` (unreachable) is tried first when both are idle, then `b`.
-        let config = n1_header()
-            + &format!(
-                r#"
-[[nodes.providers]]
-id = "a"
-kind = "openai_compat"
-base_url = "http://127.0.0.1:{closed}/v1"
-capacity = 8
-{extra}
-[[nodes.providers]]
-id = "b"
-kind = "openai_compat"
-base_url = "{}"
-capacity = 8
-{extra}
-[[models]]
-name = "m"
-[[models.targets]]
-node = "n1"
-provider = "a"
-model = "mock"
-[[models.targets]]
-node = "n1"
-provider = "b"
-model = "mock"
-"#,
-                mock.base_url()
-            );
+        let unreachable = format!("http://127.0.0.1:{closed}/v1");
+        let config = two_provider_config(("openai_compat", &unreachable), ("openai_compat", &mock.base_url()), extra);
         let edge = Edge::start(&config);
         let _node = edge.node(NODE_TOKEN, &[]);
         edge.wait_nodes_ready(1);
