@@ -113,7 +113,10 @@ fn unauthenticated_big_frames_are_refused_before_any_buffering() {
             .map(|_| {
                 let mut s = TcpStream::connect(addr).unwrap();
                 s.write_all(&(60u32 << 10).to_be_bytes()).unwrap();
-                s.write_all(&vec![0u8; (60 << 10) - 9]).unwrap();
+                // On a loaded machine the 2 s deadline may close it before the
+                // edge read all of it: the write then breaks, and the check
+                // below (closed within the deadline) holds all the more.
+                let _ = s.write_all(&vec![0u8; (60 << 10) - 9]);
                 s
             })
             .collect();
