@@ -146,11 +146,7 @@ pub async fn admit(
         let msg = format!("the model `{}` has no provider that serves {}", clip(&top.model), head.path());
         return Err(reply::error(&mut conn.responder(), d, 400, &msg, "unsupported_endpoint", keep).await);
     };
-    // Estimated prompt size: the body's bytes / 4 (before any tokenizer).
-    let class = match group.long_context_threshold {
-        Some(t) if estimated_tokens(bytes.len()) > u64::from(t) => LeaseClass::Long,
-        _ => LeaseClass::Normal,
-    };
+    let class = lease_class(&group, bytes.len());
     let admitted = match take_capacity(worker, conn, &group, class).await {
         None => return Err(false), // client left while queued; the wait guard left the queue
         Some(Ok(a)) => a,
@@ -161,6 +157,16 @@ pub async fn admit(
     };
     let tunnels = tunnels_to(worker, &admitted, route);
     Ok(Admission { top, bytes, permit, group, admitted, tunnels })
+}
+
+/// The lease class of a request with a body of `body_bytes` on `group`:
+/// long past the group's `long_context_threshold`, by the estimated
+/// prompt size (before any tokenizer saw it).
+pub(super) fn lease_class(group: &ModelGroup, body_bytes: usize) -> LeaseClass {
+    match group.long_context_threshold {
+        Some(t) if estimated_tokens(body_bytes) > u64::from(t) => LeaseClass::Long,
+        _ => LeaseClass::Normal,
+    }
 }
 
 /// A prompt's size in tokens, estimated from its body's bytes before any

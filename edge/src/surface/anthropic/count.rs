@@ -107,7 +107,8 @@ pub fn tokenize<'a>(
             Some(Some(tokens)) => {
                 let body = serde_json::json!({ "input_tokens": tokens }).to_string();
                 let id = run.run_id().to_owned();
-                let headers = [("x-request-id", id.as_str()), ("request-id", id.as_str())];
+                let mut headers = vec![("x-request-id", id.as_str())];
+                headers.extend(Dialect::Anthropic.request_id_header().map(|h| (h, id.as_str())));
                 conn.respond(200, "application/json", &headers, body.as_bytes(), keep).await.is_ok() && keep
             }
         }

@@ -30,7 +30,7 @@ use crate::{
     surface::{
         api_keys,
         error::clip,
-        exchange::{admit_reachable, estimated_tokens, refusal, serving, tunnels_to},
+        exchange::{admit_reachable, lease_class, refusal, serving, tunnels_to},
         openai::responses::{normalized::unix_now, stream::ResponsesEncoder, ResponseMeta},
         replay,
         route::Route,
@@ -162,10 +162,7 @@ async fn turn(
         let msg = format!("the model `{}` has no provider that serves the Responses API", clip(&p.top.model));
         return Err(Refused::new(400, "unsupported_endpoint", msg).into());
     };
-    let class = match group.long_context_threshold {
-        Some(t) if estimated_tokens(p.body.len()) > u64::from(t) => LeaseClass::Long,
-        _ => LeaseClass::Normal,
-    };
+    let class = lease_class(&group, p.body.len());
     let admitted = admit(worker, conn, inbox, &group, class).await?;
     let terminal = match attempt(worker, conn, inbox, &p, &group, admitted, true).await? {
         Attempted::Answered(terminal) => terminal,
