@@ -29,6 +29,11 @@
 //!   and `wire::encode`, the edge's `wire::decode` and `ExecEvent::from_wire`,
 //!   the edge's `ChunkEncoder::delta` and `http::write_chunk` (one HTTP chunk
 //!   per upstream read, as `stream_body` batches what is queued).
+//! - **Dialect encoder** (edge): each dialect's encoder rendering the
+//!   middle events of a streamed answer (text pieces, then one tool call's
+//!   argument pieces) into an output buffer made large enough up front:
+//!   chat and Messages allocate nothing per event, Responses only as the
+//!   output it keeps for `response.completed` grows.
 //!
 //! Read buffers are 64 KiB blocks filled read after read until they are
 //! full, as `FrameReader` does (the blocks themselves are not counted; the
@@ -56,7 +61,14 @@ use iop_core::{
     tunnel::{self, TunnelItem},
     wire::{self, pb, pb::envelope::Body},
 };
-use iop_edge::surface::openai::chunk::ChunkEncoder;
+use iop_edge::surface::{
+    anthropic::stream::MessagesEncoder,
+    encode::EventEncoder,
+    openai::{
+        chunk::ChunkEncoder,
+        responses::{stream::ResponsesEncoder, ResponseMeta},
+    },
+};
 use monoio::{
     buf::{IoBuf, IoVecBuf},
     io::AsyncWriteRent,
@@ -622,6 +634,96 @@ fn normalized_events(n: usize, per_read: usize) {
     );
 }
 
+// --- the dialects' encoders -----------------------------------------------------
+
+/// The events of one streamed answer: its start, `n` text pieces (or, with
+/// `tool`, one call's `n` argument pieces), choice 0's finish, the terminal.
+fn answer_events(n: usize, tool: bool) -> Vec<ExecEvent> {
+    let mut evs = vec![ExecEvent::Start { model: MODEL.to_owned() }];
+    evs.extend((0..n).map(|i| {
+        if !tool {
+            return ExecEvent::content(token(i));
+        }
+        let first = i == 0;
+        let call = iop_core::exec::ToolCallDelta {
+            index: 0,
+            id: if first { "call_0123456789".to_owned() } else { String::new() },
+            kind: if first { "function".to_owned() } else { String::new() },
+            name: if first { "get_weather".to_owned() } else { String::new() },
+            arguments: format!("{{\"k{i}\":1,"),
+        };
+        ExecEvent::Delta(Delta { choice: 0, part: Part::ToolCall(Box::new(call)), logprobs: None })
+    }));
+    let finish = if tool { "tool_calls" } else { "stop" };
+    evs.push(ExecEvent::ChoiceFinish { choice: 0, finish_reason: finish.to_owned(), stop_sequence: None });
+    let usage = iop_core::exec::Usage { input_tokens: 12, output_tokens: n as u64, ..Default::default() };
+    evs.push(ExecEvent::Complete { finish_reason: finish.to_owned(), usage: Some(usage) });
+    evs
+}
+
+/// Renders `evs` with `enc` into one output buffer, cleared after every
+/// event as a busy stream's write loop does (its capacity kept, and made
+/// large enough up front: the buffer's own growth is not the encoder's);
+/// the allocations of the middle events (not the opening and closing ones,
+/// which each stream pays once).
+fn encoder_step<E: EventEncoder>(step: &mut Step, mut enc: E, evs: Vec<ExecEvent>) -> usize {
+    let mut out = BytesMut::with_capacity(4096);
+    let last = evs.len() - 2;
+    let mut bytes = 0;
+    for (i, ev) in evs.into_iter().enumerate() {
+        if (2..last).contains(&i) {
+            step.count(|| enc.event(&mut out, ev));
+        } else {
+            enc.event(&mut out, ev);
+        }
+        bytes += out.len();
+        out.clear();
+    }
+    bytes
+}
+
+fn dialect_events(n: usize) {
+    for tool in [false, true] {
+        let mut steps = [
+            Step::new("edge: chat `ChunkEncoder::delta`"),
+            Step::new("edge: Messages `MessagesEncoder::event`"),
+            Step::new("edge: Responses `ResponsesEncoder::event`"),
+        ];
+        let [chat, messages, responses] = &mut steps;
+        let enc = ChunkEncoder::new("chatcmpl-7f3a9c0123456789", MODEL, 1_731_000_000);
+        let mut out = BytesMut::with_capacity(4096);
+        for ev in answer_events(n, tool).into_iter().skip(2).take(n - 2) {
+            let ExecEvent::Delta(d) = ev else { continue };
+            chat.count(|| enc.delta(&mut out, &d));
+            out.clear();
+        }
+        encoder_step(
+            messages,
+            MessagesEncoder::new("msg_run-0123456789abcdef", MODEL, 12, Vec::new()),
+            answer_events(n, tool),
+        );
+        let meta = ResponseMeta {
+            id: "resp_run-0123456789abcdef".to_owned(),
+            model: MODEL.to_owned(),
+            created_at: 1_731_000_000,
+            ..Default::default()
+        };
+        encoder_step(responses, ResponsesEncoder::new(meta), answer_events(n, tool));
+        let what = if tool { "one tool call's argument pieces" } else { "text pieces" };
+        table(
+            &format!("Per streamed event, each dialect's encoder: {n} {what} (the middle ones)"),
+            "event",
+            n as u64 - 3,
+            &steps,
+        );
+        // A Responses answer keeps its output for `response.completed`: that
+        // text grows by doubling, nothing else allocates per event.
+        let bound = |s: &Step| s.allocations as f64 / (n as f64 - 3.0);
+        assert_eq!(steps[0].allocations + steps[1].allocations, 0, "chat and Messages allocate nothing per event");
+        assert!(bound(&steps[2]) < 0.05, "Responses allocates only as its kept output grows");
+    }
+}
+
 fn main() {
     // `cargo bench` passes `--bench`; `cargo test` runs a short pass.
     let full = std::env::args().any(|a| a == "--bench");
@@ -636,4 +738,5 @@ fn main() {
     for per_read in [1, 8] {
         normalized_events(events_n, per_read);
     }
+    dialect_events(events_n);
 }

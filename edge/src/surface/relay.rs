@@ -54,9 +54,19 @@ const IDLE_GAP: Duration = Duration::from_millis(5);
 /// its last wait for the next item took at least [`IDLE_GAP`]. A paced
 /// stream gives back its buffers before it waits again; a busy one keeps
 /// them.
-#[derive(Default)]
 pub struct Pacing {
     waited_long: bool,
+}
+
+/// A stream starts as paced: its first write carried the response head
+/// and the opening events (for the Responses API, the whole `response`
+/// object twice), a buffer no later event needs, and every stream opened
+/// at once would hold one while it waits for its next token. A busy
+/// stream finds out at its first wait and keeps its buffer from then on.
+impl Default for Pacing {
+    fn default() -> Self {
+        Self { waited_long: true }
+    }
 }
 
 impl Pacing {

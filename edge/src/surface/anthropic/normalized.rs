@@ -38,7 +38,7 @@ pub fn answer<'a>(
     let keep = parts.head.keep_alive;
     let target = admitted.target.upstream_model.clone();
     let estimate = estimated_tokens(parts.bytes.len());
-    let submitted = messages::to_chat(&parts.bytes, &target, &messages::Limits::default())
+    let mut submitted = messages::to_chat(&parts.bytes, &target, &messages::Limits::default())
         .and_then(|t| translated::refuse_if_strict(&parts.group, &t.dropped).map(|()| t))
         .map(|t| {
             let s = translated::submit(worker, conn, &parts.group.name, admitted, t.body, t.stream, &t.dropped);
@@ -48,17 +48,19 @@ pub fn answer<'a>(
     chance.keep(parts);
     let write_timeout = worker.config.borrow().http.idle_timeout;
     async move {
-        let (translated::Submitted { mut run, dropped }, streams, stops) = match submitted {
+        // By reference: a moved binding would be stored twice in this state.
+        let (s, streams, stops) = match &mut submitted {
             Ok(s) => s,
-            Err(invalid) => return translated::refuse(conn, D, invalid, keep, chance).await,
+            Err(invalid) => return translated::refuse(conn, D, invalid.clone(), keep, chance).await,
         };
-        let extra = translated::dropped_headers(&dropped);
-        let run = match &mut run {
+        let extra = translated::dropped_headers(&s.dropped);
+        let run = match &mut s.run {
             Ok(run) => run,
             Err(e) => return reply::dispatch_error(&mut conn.responder(), D, e, keep).await,
         };
+        let stops = std::mem::take(stops);
         let id = ["msg_", run.run_id()].concat();
-        if streams {
+        if *streams {
             let make = |reported: &str| {
                 MessagesEncoder::new(&id, if reported.is_empty() { &target } else { reported }, estimate, stops)
             };

@@ -40,36 +40,39 @@ pub fn answer<'a>(
     let target = admitted.target.upstream_model.clone();
     // Over HTTP there is no earlier response to chain onto: the
     // translation refuses `previous_response_id` and `store: true`.
-    let submitted = responses::to_chat(&parts.bytes, &target, &responses::Options::default())
+    let mut submitted = responses::to_chat(&parts.bytes, &target, &responses::Options::default())
         .and_then(|t| translated::refuse_if_strict(&parts.group, &t.dropped).map(|()| t))
         .map(|t| {
             let s = translated::submit(worker, conn, &parts.group.name, admitted, t.body, t.stream, &t.dropped);
-            // Boxed: held by the answer's future, and a stream holds its future
-            // for as long as it is open.
-            (s, t.stream, Box::new((t.echo, t.namespaced)))
+            // Boxed: held by the answer's future until the encoder (or the
+            // aggregate) takes it, and a stream holds its future for as
+            // long as it is open.
+            let meta = Box::new(ResponseMeta {
+                id: s.run.as_ref().map_or_else(|_| String::new(), |run| ["resp_", run.run_id()].concat()),
+                model: target.to_string(),
+                created_at: unix_now(),
+                echo: t.echo,
+                namespaced: t.namespaced,
+            });
+            (s, t.stream, Some(meta))
         });
     drop(permit);
     chance.keep(parts);
     let write_timeout = worker.config.borrow().http.idle_timeout;
     async move {
-        let (translated::Submitted { mut run, dropped }, streams, echoed) = match submitted {
+        // By reference: a moved binding would be stored twice in this state.
+        let (s, streams, meta) = match &mut submitted {
             Ok(s) => s,
-            Err(invalid) => return translated::refuse(conn, D, invalid, keep, chance).await,
+            Err(invalid) => return translated::refuse(conn, D, invalid.clone(), keep, chance).await,
         };
-        let extra = translated::dropped_headers(&dropped);
-        let run = match &mut run {
+        let extra = translated::dropped_headers(&s.dropped);
+        let run = match &mut s.run {
             Ok(run) => run,
             Err(e) => return reply::dispatch_error(&mut conn.responder(), D, e, keep).await,
         };
-        let (echo, namespaced) = *echoed;
-        let meta = Box::new(ResponseMeta {
-            id: ["resp_", run.run_id()].concat(),
-            model: target.to_string(),
-            created_at: unix_now(),
-            echo,
-            namespaced,
-        });
-        if streams {
+        // Taken out, so it goes with the encoder or the aggregate.
+        let meta = meta.take().unwrap_or_default();
+        if *streams {
             let make = |reported: &str| {
                 let mut meta = *meta;
                 if !reported.is_empty() {
