@@ -90,7 +90,7 @@ pub fn submit(
 
 /// The client's request could not be translated: answered in `d`, never
 /// replayed (the client is at fault).
-pub async fn refuse(conn: &mut Conn, d: Dialect, invalid: Invalid, keep: bool, chance: &mut ReplayChance) -> bool {
+pub async fn refuse(conn: &mut Conn, d: Dialect, invalid: &Invalid, keep: bool, chance: &mut ReplayChance) -> bool {
     chance.commit();
     let msg = invalid.to_string();
     reply::error(&mut conn.responder(), d, invalid.status, &msg, "invalid_request", keep).await

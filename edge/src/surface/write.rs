@@ -21,11 +21,6 @@ use crate::{
 /// Most SSE bytes gathered from queued events into one client write.
 const MAX_WRITE_BATCH: usize = 256 * 1024;
 
-/// Largest write buffer a stream keeps while it waits for its next event:
-/// a few ordinary events' worth. Held by every open stream, a larger one
-/// would be most of a stream's memory.
-const KEEP_WHILE_WAITING: usize = 1024;
-
 /// Streams the run as server-sent events, each rendered by the encoder
 /// `make` builds from the model the provider's start reported (empty when
 /// it named none), its head carrying the `extra` headers. Errors before the first byte become a plain HTTP error
@@ -148,11 +143,10 @@ async fn stream_body<W: AsyncWriteRentExt, E: EventEncoder>(
             }
             None => {
                 // Paced (the last wait was long): the buffer goes back while
-                // the stream waits; a busy one keeps it, unless a large
-                // event (a Responses stream's opening ones) grew it.
+                // the stream waits; a busy one keeps it.
                 if pacing.paced() {
                     run.shrink();
-                } else if written.capacity() <= KEEP_WHILE_WAITING {
+                } else {
                     written.clear();
                     *out = written;
                 }

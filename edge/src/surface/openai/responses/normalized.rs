@@ -63,7 +63,7 @@ pub fn answer<'a>(
         // By reference: a moved binding would be stored twice in this state.
         let (s, streams, meta) = match &mut submitted {
             Ok(s) => s,
-            Err(invalid) => return translated::refuse(conn, D, invalid.clone(), keep, chance).await,
+            Err(invalid) => return translated::refuse(conn, D, invalid, keep, chance).await,
         };
         let extra = translated::dropped_headers(&s.dropped);
         let run = match &mut s.run {
