@@ -550,7 +550,7 @@ fn normalized_events(n: usize, per_read: usize) {
     let mut steps = [
         Step::new("node: de-chunk (`BodyDecoder`)"),
         Step::new("node: `SseParser` push + `next_event`"),
-        Step::new("node: `ExecEvent::into_wire` + `wire::encode`"),
+        Step::new("node: `ExecEvent::into_wire_unnamed` + `wire::encode_run_event`"),
         Step::new("edge: `wire::decode` + `ExecEvent::from_wire`"),
         Step::new("edge: `ChunkEncoder::delta`"),
         Step::new("edge: `http::write_chunk`"),
@@ -579,12 +579,9 @@ fn normalized_events(n: usize, per_read: usize) {
                         texts.push(range_of(t.as_bytes()));
                     }
                     encode_s.count(|| {
-                        // The emitter's `queue`, then `FrameWriter::send`.
-                        let env = pb::Envelope {
-                            correlation_id: 0,
-                            body: Some(Body::RunEvent(exec.into_wire(RUN_ID, next as u64 + 1))),
-                        };
-                        link_out.put_with(|b| wire::encode(&env, b, MAX)).expect("fits");
+                        // The emitter's `queue`, then `FrameWriter::send_run_event`.
+                        let ev = exec.into_wire_unnamed(next as u64 + 1);
+                        link_out.put_with(|b| wire::encode_run_event(RUN_ID, &ev, b, MAX)).expect("fits");
                     });
                     next += 1;
                 }

@@ -346,8 +346,15 @@ impl ExecEvent {
 
     /// Wire form of this event.
     pub fn into_wire(self, run_id: &str, seq: u64) -> pb::RunEvent {
+        pb::RunEvent { run_id: bytes::Bytes::copy_from_slice(run_id.as_bytes()), ..self.into_wire_unnamed(seq) }
+    }
+
+    /// Wire form of this event without its run's id, which
+    /// [`crate::wire::encode_run_event`] writes beside it from a borrowed
+    /// `&str` (no copy of the id per event).
+    pub fn into_wire_unnamed(self, seq: u64) -> pb::RunEvent {
         use pb::run_event::Kind;
-        let mut ev = pb::RunEvent { run_id: run_id.to_owned(), seq, ..Default::default() };
+        let mut ev = pb::RunEvent { seq, ..Default::default() };
         let kind = match self {
             ExecEvent::Start { model } => Kind::Start(pb::RunStart { model }),
             ExecEvent::Delta(d) => {

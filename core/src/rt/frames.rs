@@ -222,6 +222,12 @@ impl FrameWriter {
         self.queue(|buf, max| buf.put_with(|b| wire::encode(env, b, max)))
     }
 
+    /// Queues the frame of run event `ev` (its `run_id` left empty) of run
+    /// `run_id`.
+    pub fn send_run_event(&self, run_id: &str, ev: &wire::pb::RunEvent) -> Result<(), SendError> {
+        self.queue(|buf, max| buf.put_with(|b| wire::encode_run_event(run_id, ev, b, max)))
+    }
+
     /// Queues the frame of tunnel body `parts` (one or several, in order),
     /// number `seq` of `tunnel_id`; the parts are written from their own
     /// memory.

@@ -57,6 +57,38 @@ pub fn encode(msg: &Envelope, out: &mut BytesMut, max_frame_bytes: usize) -> Res
     Ok(())
 }
 
+// Field numbers of runtime.proto: Envelope.run_event = 21; RunEvent.run_id = 1.
+const RUN_EVENT: u32 = 21;
+const RUN_ID: u32 = 1;
+
+/// Appends the frame of run event `ev` of run `run_id` (correlation id 0):
+/// the same bytes as [`encode`] of that envelope with `ev.run_id` set, the
+/// id written from the caller's `&str` rather than from a `String` made
+/// for each event. `ev.run_id` must be empty.
+pub fn encode_run_event(
+    run_id: &str,
+    ev: &super::pb::RunEvent,
+    out: &mut BytesMut,
+    max_frame_bytes: usize,
+) -> Result<(), WireError> {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    debug_assert!(ev.run_id.is_empty(), "the id is written from `run_id`");
+    let inner = opt_field_len(RUN_ID, run_id.len()) + ev.encoded_len();
+    let len = field_len(RUN_EVENT, inner);
+    let prefix = match u32::try_from(len) {
+        Ok(prefix) if len <= max_frame_bytes => prefix,
+        _ => return Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
+    };
+    out.reserve(PREFIX_LEN + len);
+    out.put_u32(prefix);
+    encode_key(RUN_EVENT, WireType::LengthDelimited, out);
+    encode_varint(inner as u64, out);
+    put_bytes_field(out, RUN_ID, run_id.as_bytes());
+    // Proto3 leaves the empty id out, so the rest follows as prost writes it.
+    ev.encode_raw(out);
+    Ok(())
+}
+
 // Field numbers of runtime.proto: Envelope.provider_tunnel_frame = 41;
 // ProviderTunnelFrame.tunnel_id = 1, .seq = 2, .body = 11, .parts = 14,
 // .whole = 15, .usage = 20; BodyParts.parts = 1; TunnelWhole.body = 3 (after
@@ -662,6 +694,39 @@ mod tests {
     }
 
     #[test]
+    fn run_events_with_a_borrowed_id_are_the_prost_encoding() {
+        let events: Vec<pb::RunEvent> = all_variants()
+            .into_iter()
+            .filter_map(|e| match e.body {
+                Some(Body::RunEvent(ev)) => Some(ev),
+                _ => None,
+            })
+            .collect();
+        assert!(!events.is_empty());
+        let text = |len| pb::run_event::Kind::Delta(pb::TextDelta { text: "é".repeat(len) });
+        let mut cases: Vec<(String, pb::RunEvent)> =
+            events.into_iter().map(|ev| (String::from_utf8_lossy(&ev.run_id).into_owned(), ev)).collect();
+        for (id_len, seq, text_len) in [(0, 0, 0), (1, 1, 63), (127, 300, 64), (128, u64::MAX, 40_000)] {
+            let ev = pb::RunEvent { seq, choice: 2, kind: Some(text(text_len)), ..Default::default() };
+            cases.push(("r".repeat(id_len), ev));
+        }
+        for (id, mut ev) in cases {
+            ev.run_id = Bytes::from(id.clone());
+            let mut expected = BytesMut::new();
+            encode(&env(0, Body::RunEvent(ev.clone())), &mut expected, MAX).unwrap();
+            ev.run_id.clear();
+            let mut got = BytesMut::new();
+            encode_run_event(&id, &ev, &mut got, MAX).unwrap();
+            assert_eq!(got, expected, "id of {} bytes, seq {}", id.len(), ev.seq);
+        }
+        let mut out = BytesMut::new();
+        let ev = pb::RunEvent { kind: Some(text(100)), ..Default::default() };
+        let err = encode_run_event("r", &ev, &mut out, 64).unwrap_err();
+        assert!(matches!(err, WireError::FrameTooLarge { max: 64, .. }), "{err:?}");
+        assert!(out.is_empty());
+    }
+
+    #[test]
     fn gathered_tunnel_bodies_are_the_prost_encoding() {
         let part = |len: usize, b: u8| Bytes::from(vec![b; len]);
         let cases: Vec<(&str, u64, Vec<Bytes>)> = vec![
@@ -902,7 +967,7 @@ mod tests {
             });
         (".{0,40}", any::<u64>(), proptest::option::of(kind), usage, any::<u32>(), arb_bytes()).prop_map(
             |(run_id, seq, kind, usage, choice, logprobs_json)| {
-                Body::RunEvent(pb::RunEvent { run_id, seq, kind, usage, choice, logprobs_json })
+                Body::RunEvent(pb::RunEvent { run_id: run_id.into(), seq, kind, usage, choice, logprobs_json })
             },
         )
     }

@@ -21,6 +21,11 @@ use crate::{
 /// Most SSE bytes gathered from queued events into one client write.
 const MAX_WRITE_BATCH: usize = 256 * 1024;
 
+/// Room a buffer given back before a wait starts again with: a few events'
+/// worth at once, where growing from nothing by doubling took five
+/// reallocations for one chat chunk.
+const EVENT_ROOM: usize = 1024;
+
 /// Streams the run as server-sent events, each rendered by the encoder
 /// `make` builds from the model the provider's start reported (empty when
 /// it named none), its head carrying the `extra` headers. Errors before the first byte become a plain HTTP error
@@ -183,6 +188,9 @@ async fn stream_body<W: AsyncWriteRentExt, E: EventEncoder>(
             }
         };
         // Rendered straight into the chunk (no staging buffer).
+        if out.capacity() == 0 {
+            out.reserve(EVENT_ROOM);
+        }
         chunk = framing.begin(out);
         reserve_for(out, &ev);
         terminal = render.event(out, ev);

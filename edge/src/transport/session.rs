@@ -664,16 +664,22 @@ impl Session {
         }
     }
 
-    fn on_run_event(&self, ev: pb::RunEvent) {
-        let run_id = ev.run_id.clone();
+    fn on_run_event(&self, mut ev: pb::RunEvent) {
+        // The id stays a slice of the frame (no allocation per token); one
+        // that is not UTF-8 names no run.
+        let raw_id = std::mem::take(&mut ev.run_id);
+        let Ok(run_id) = std::str::from_utf8(&raw_id) else {
+            tracing::warn!(node = %self.node_id, "run event with a malformed run id ignored");
+            return;
+        };
         let seq = ev.seq;
         let Some(event) = ExecEvent::from_wire(ev) else {
             tracing::warn!(node = %self.node_id, run = %run_id, "run event without a kind ignored");
             return;
         };
-        let routed = self.runs.borrow_mut().route(&run_id, seq, event);
+        let routed = self.runs.borrow_mut().route(run_id, seq, event);
         if let Routed::CancelOnNode(reason) = routed {
-            send_cancel(&self.writer, run_id, reason);
+            send_cancel(&self.writer, run_id.to_owned(), reason);
         }
     }
 

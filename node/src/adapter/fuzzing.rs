@@ -48,6 +48,7 @@ pub fn ollama_ndjson(pieces: &[&[u8]], max: usize) -> NdjsonOutcome {
         loop {
             match lines.next_line() {
                 Ok(Some(line)) => {
+                    fast_line_agrees(&line);
                     if chat.on_line(&line, &mut events) == Flow::Done {
                         return NdjsonOutcome { events, too_long: false };
                     }
@@ -61,6 +62,7 @@ pub fn ollama_ndjson(pieces: &[&[u8]], max: usize) -> NdjsonOutcome {
     }
     match lines.finish() {
         Ok(Some(line)) => {
+            fast_line_agrees(&line);
             if chat.on_line(&line, &mut events) == Flow::Done {
                 return NdjsonOutcome { events, too_long: false };
             }
@@ -70,6 +72,15 @@ pub fn ollama_ndjson(pieces: &[&[u8]], max: usize) -> NdjsonOutcome {
     }
     chat.on_eof(&mut events);
     NdjsonOutcome { events, too_long: false }
+}
+
+/// Panics when the hand scanner reads a line serde reads differently (or
+/// refuses).
+fn fast_line_agrees(line: &[u8]) {
+    if let Some(fast) = super::ollama_line::parse(line) {
+        let slow = serde_json::from_slice::<ollama_stream::ChatLine>(line);
+        assert_eq!(Ok(format!("{fast:?}")), slow.map(|l| format!("{l:?}")).map_err(|e| e.to_string()), "fast path");
+    }
 }
 
 /// Relays `pieces` of a tunnel's body of `content_type` through the usage

@@ -23,6 +23,7 @@ pub mod fuzzing;
 mod health;
 pub mod mock;
 pub mod ollama;
+mod ollama_line;
 mod ollama_request;
 mod ollama_stream;
 pub mod openai_compat;

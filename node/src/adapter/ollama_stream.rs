@@ -10,6 +10,8 @@
 //!   the `done: true` line completes it with the finish reason and usage.
 //! - [`embed_events`]: the vectors and the prompt token count.
 
+use std::borrow::Cow;
+
 use bytes::{Bytes, BytesMut};
 use iop_core::exec::{Delta, ExecEvent, Part, RunFailure, ToolCallDelta, Usage};
 use serde::Deserialize;
@@ -100,22 +102,26 @@ impl LineSplitter {
 /// is optional so that other Ollama versions still parse.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct ChatLine<'a> {
-    model: Option<String>,
+pub(super) struct ChatLine<'a> {
+    /// Borrowed from the line (every line names the model: no allocation
+    /// for it per token).
     #[serde(borrow)]
-    message: Option<MessageLine<'a>>,
-    done: Option<bool>,
-    done_reason: Option<String>,
-    prompt_eval_count: Option<u64>,
-    eval_count: Option<u64>,
-    error: Option<Value>,
+    pub(super) model: Option<Cow<'a, str>>,
+    #[serde(borrow)]
+    pub(super) message: Option<MessageLine<'a>>,
+    pub(super) done: Option<bool>,
+    #[serde(borrow)]
+    pub(super) done_reason: Option<Cow<'a, str>>,
+    pub(super) prompt_eval_count: Option<u64>,
+    pub(super) eval_count: Option<u64>,
+    pub(super) error: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct MessageLine<'a> {
-    content: Option<String>,
-    thinking: Option<String>,
+pub(super) struct MessageLine<'a> {
+    pub(super) content: Option<String>,
+    pub(super) thinking: Option<String>,
     #[serde(borrow)]
     tool_calls: Option<Vec<ToolCallLine<'a>>>,
 }
@@ -165,7 +171,8 @@ impl ChatStream {
             Some(b'{') => {}
             Some(_) => return self.fail(protocol("malformed upstream NDJSON line: not a JSON object"), out),
         }
-        let parsed: ChatLine = match serde_json::from_slice(line) {
+        // The common line by hand; anything else (and every error) by serde.
+        let parsed = match super::ollama_line::parse(line).map_or_else(|| serde_json::from_slice(line), Ok) {
             Ok(l) => l,
             Err(e) => return self.fail(protocol(format!("malformed upstream NDJSON line: {e}")), out),
         };
@@ -174,7 +181,7 @@ impl ChatStream {
         }
         if !self.started {
             self.started = true;
-            let model = parsed.model.filter(|m| !m.is_empty()).unwrap_or_else(|| self.target.clone());
+            let model = parsed.model.filter(|m| !m.is_empty()).map_or_else(|| self.target.clone(), Cow::into_owned);
             out.push(ExecEvent::Start { model });
         }
         if let Some(m) = parsed.message {

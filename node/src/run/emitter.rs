@@ -49,7 +49,7 @@ impl Outgoing for ExecEvent {
     }
 
     fn queue(self, writer: &FrameWriter, id: &str, seq: u64) -> Result<(), SendError> {
-        queue_body(writer, Body::RunEvent(self.into_wire(id, seq)))
+        writer.send_run_event(id, &self.into_wire_unnamed(seq))
     }
 }
 
@@ -274,8 +274,7 @@ fn text_mut(d: &mut Delta) -> Option<&mut String> {
 
 impl EventSink for Emitter<ExecEvent> {
     async fn emit(&mut self, ev: ExecEvent) -> Result<(), SinkClosed> {
-        // Merged text is progress too, though it is sent later.
-        self.progress(ev.is_terminal());
+        // `send` reports the progress (a clock read: once per event).
         if !self.merge {
             return self.send(ev).await;
         }
@@ -287,6 +286,8 @@ impl EventSink for Emitter<ExecEvent> {
             self.flush_merged().await?;
             return self.send(ExecEvent::Delta(d)).await;
         }
+        // Merged text is progress too, though it is sent later.
+        self.progress(false);
         if let Some(p) = &mut self.pending {
             let same = p.choice == d.choice && std::mem::discriminant(&p.part) == std::mem::discriminant(&d.part);
             if same {

@@ -651,7 +651,7 @@ mod tests {
             let env = reader.next().await.unwrap().unwrap();
             match env.body {
                 Some(Body::RunEvent(pb::RunEvent { run_id, kind: Some(pb::run_event::Kind::Error(e)), .. })) => {
-                    return (run_id, e.code, e.status)
+                    return (String::from_utf8(run_id.to_vec()).unwrap(), e.code, e.status)
                 }
                 Some(Body::ProviderTunnelFrame(pb::ProviderTunnelFrame {
                     tunnel_id,
@@ -670,7 +670,7 @@ mod tests {
             if let Some(Body::RunEvent(pb::RunEvent { run_id, kind: Some(pb::run_event::Kind::Error(e)), .. })) =
                 env.body
             {
-                return (run_id, e);
+                return (String::from_utf8(run_id.to_vec()).unwrap(), e);
             }
         }
     }
