@@ -2,6 +2,8 @@
 //! handshake, and one session task per node connection.
 
 mod commands;
+mod handshake;
+mod pump;
 pub mod runs;
 mod session;
 mod suspect;
@@ -15,6 +17,10 @@ use crate::{accept::Refused, ctx::Ctx, limits::handshakes::HandshakeLimits};
 
 pub use runs::{Routed, RunTable};
 pub use session::serve_arrival as session_serve_arrival;
+
+fn envelope(correlation_id: u64, body: iop_core::wire::pb::envelope::Body) -> iop_core::wire::pb::Envelope {
+    iop_core::wire::pb::Envelope { correlation_id, body: Some(body) }
+}
 
 /// Frames a session routes before letting other tasks on its core (e.g. the
 /// clients consuming those events) run.
@@ -65,10 +71,10 @@ pub async fn accept_loop(worker: Rc<Ctx>, listener: monoio::net::TcpListener) {
         if let Some(evicted) = admitted.evicted {
             crate::metrics::conn_limit("node", evicted.label());
         }
-        Ok(session::Admission { slot: admitted.slot, tls })
+        Ok(handshake::Admission { slot: admitted.slot, tls })
     };
     let serve = |stream, peer, admission| {
-        monoio::spawn(session::serve(worker.clone(), stream, peer, admission));
+        monoio::spawn(handshake::serve(worker.clone(), stream, peer, admission));
     };
     crate::accept::accept_loop(listener, None, &gate, admit, serve).await;
 }
