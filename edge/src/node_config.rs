@@ -19,5 +19,6 @@ pub fn node_payload(node: &NodeEntry, revision: u64, leases: Option<&Issuer>) ->
             wire
         })
         .collect();
-    pb::NodeConfigPayload { node_id: node.id.clone(), revision, providers }
+    let workspaces = node.workspaces.iter().map(iop_core::config::WorkspaceEntry::to_wire).collect();
+    pb::NodeConfigPayload { node_id: node.id.clone(), revision, providers, workspaces }
 }

@@ -10,6 +10,8 @@
 //! - [`tunnel`]: provider tunnels (the provider's bytes, usage read beside them).
 //! - [`command`]: node commands from the edge (capabilities, transport
 //!   status, a provider's own API).
+//! - [`workspace`]: the workspaces the edge approved for this node, checked
+//!   before ready.
 
 pub mod adapter;
 pub mod command;
@@ -20,6 +22,7 @@ pub mod session;
 pub mod supervisor;
 pub mod tunnel;
 pub mod upstream;
+pub mod workspace;
 
 pub use process::{edge_tls, start, LinkSpec, NodeHandle, Stopper};
 pub use supervisor::NodeError;

@@ -204,7 +204,10 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
         manager.set_leases(leases);
     }
 
-    let ready = pb::NodeReadyRequest { node_id: node_id.clone(), config_revision: payload.revision };
+    // Before ready: a workspace it cannot honour is said so, and served by none.
+    let (workspaces, refused_workspaces) = crate::workspace::admit(payload.workspaces.clone(), link.index == 0).await;
+    let ready =
+        pb::NodeReadyRequest { node_id: node_id.clone(), config_revision: payload.revision, refused_workspaces };
     if writer.send(&envelope(2, Body::NodeReadyRequest(ready))).is_err() {
         return retry("connection closed before ready");
     }
@@ -216,7 +219,7 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
         },
         Err(end) => return end,
     }
-    tracing::info!(node = %node_id, link = link.index, links = link.count, providers = ?manager.adapter_ids(), "node ready");
+    tracing::info!(node = %node_id, link = link.index, links = link.count, providers = ?manager.adapter_ids(), workspaces = ?workspaces.refs(), "node ready");
 
     let last_seen = Rc::new(Cell::new(Instant::now()));
     let closed = LocalCancel::new();

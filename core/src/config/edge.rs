@@ -63,6 +63,9 @@ pub struct EdgeConfig {
     pub admin_token: Option<Secret>,
     /// Client keys (`[[api_keys]]`); with any, every `/v1` request needs one.
     pub api_keys: Vec<super::ApiKeyEntry>,
+    /// The coordinator's agents (`[[agents]]`), in file order; names unique
+    /// and distinct from the model groups'.
+    pub agents: Vec<super::AgentEntry>,
     /// How long SIGINT/SIGTERM lets requests in flight finish.
     pub shutdown_grace: Duration,
     /// Test-only timers (`[testing]`); defaults outside tests.
@@ -189,6 +192,9 @@ pub struct NodeEntry {
     pub token: Secret,
     /// Providers, in file order; ids unique within the node.
     pub providers: Vec<ProviderEntry>,
+    /// Workspaces approved on this node for the coordinator (refs unique
+    /// across the config).
+    pub workspaces: Vec<super::WorkspaceEntry>,
 }
 
 impl NodeEntry {
@@ -400,6 +406,8 @@ impl TryFrom<RawEdge> for EdgeConfig {
             models.push(Arc::new(group));
         }
         let api_keys = super::api_keys::api_keys(raw.api_keys, &models)?;
+        super::workspace::unique_refs(&nodes)?;
+        let agents = super::workspace::agents(raw.agents, &models, &nodes)?;
         let testing = TestingSettings::try_from(raw.testing)?;
 
         Ok(Self {
@@ -416,6 +424,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
             models,
             admin_token,
             api_keys,
+            agents,
             shutdown_grace,
             testing,
         })
@@ -491,7 +500,13 @@ fn node_entry(i: usize, raw: RawNode) -> Result<NodeEntry, ConfigError> {
         }
         providers.push(provider);
     }
-    Ok(NodeEntry { id, token, providers })
+    let workspaces = raw
+        .workspaces
+        .into_iter()
+        .enumerate()
+        .map(|(j, w)| super::workspace::workspace_entry(&format!("nodes[{i}].workspaces[{j}]"), w))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(NodeEntry { id, token, providers, workspaces })
 }
 
 fn model_group(i: usize, raw: RawModel, nodes: &[NodeEntry]) -> Result<ModelGroup, ConfigError> {

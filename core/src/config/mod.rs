@@ -13,6 +13,7 @@ mod raw;
 mod secret;
 pub mod testing;
 pub mod tls;
+pub mod workspace;
 
 pub use api_keys::ApiKeyEntry;
 pub use edge::{
@@ -24,3 +25,4 @@ pub use provider::{MockSettings, NativeApis, ProviderEntry, ProviderKind, Upstre
 pub use secret::Secret;
 pub use testing::TestingSettings;
 pub use tls::{EdgeTls, ListenerTls, TlsHandshakeLimits, HTTP_TLS_HANDSHAKES, NODE_TLS_HANDSHAKES};
+pub use workspace::{AgentBudget, AgentEntry, WorkspaceEntry, WorkspaceHost, WorkspaceLimits, WorkspaceOp};

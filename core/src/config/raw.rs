@@ -58,6 +58,8 @@ pub(crate) struct RawEdge {
     pub models: Vec<RawModel>,
     #[serde(default)]
     pub api_keys: Vec<RawApiKey>,
+    #[serde(default)]
+    pub agents: Vec<RawAgent>,
     pub testing: Option<RawTesting>,
 }
 
@@ -135,6 +137,46 @@ pub(crate) struct RawNode {
     pub token: Option<String>,
     #[serde(default)]
     pub providers: Vec<RawProvider>,
+    #[serde(default)]
+    pub workspaces: Vec<RawWorkspace>,
+}
+
+/// `[[nodes.workspaces]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawWorkspace {
+    #[serde(rename = "ref")]
+    pub reference: Option<String>,
+    pub host: Option<String>,
+    pub root: Option<String>,
+    #[serde(default)]
+    pub operations: Vec<String>,
+    #[serde(default)]
+    pub commands: std::collections::BTreeMap<String, Vec<String>>,
+    #[serde(default)]
+    pub env: Vec<String>,
+    pub max_read_bytes: Option<u64>,
+    pub max_write_bytes: Option<u64>,
+    pub max_list_entries: Option<u64>,
+    pub command_timeout_sec: Option<u64>,
+    pub max_output_bytes: Option<u64>,
+}
+
+/// `[[agents]]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAgent {
+    pub name: Option<String>,
+    pub plan: Option<String>,
+    pub work: Option<String>,
+    pub review: Option<String>,
+    #[serde(default)]
+    pub workspaces: Vec<String>,
+    pub request_timeout_sec: Option<u64>,
+    pub stage_iterations: Option<u64>,
+    pub stage_timeout_sec: Option<u64>,
+    pub tool_output_bytes: Option<u64>,
+    pub repair_rounds: Option<u64>,
 }
 
 /// `[[nodes.providers]]`.

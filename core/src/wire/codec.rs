@@ -473,6 +473,19 @@ mod tests {
                     ..Default::default()
                 },
             ],
+            workspaces: vec![pb::WorkspaceConfig {
+                workspace_ref: "repo".into(),
+                host: pb::WorkspaceHost::Linux as i32,
+                root: "/srv/repo".into(),
+                operations: vec![pb::WorkspaceOperation::Read as i32, pb::WorkspaceOperation::Command as i32],
+                commands: vec![pb::WorkspaceCommand { id: "test".into(), argv: vec!["cargo".into(), "test".into()] }],
+                env: vec!["PATH".into()],
+                max_read_bytes: 1 << 20,
+                max_write_bytes: 1 << 20,
+                max_list_entries: 256,
+                command_timeout_ms: 120_000,
+                max_output_bytes: 65_536,
+            }],
         }
     }
 
@@ -523,7 +536,14 @@ mod tests {
                 config: None,
                 ..Default::default()
             }),
-            Body::NodeReadyRequest(pb::NodeReadyRequest { node_id: "node-1".into(), config_revision: 7 }),
+            Body::NodeReadyRequest(pb::NodeReadyRequest {
+                node_id: "node-1".into(),
+                config_revision: 7,
+                refused_workspaces: vec![pb::WorkspaceRefusal {
+                    workspace_ref: "repo".into(),
+                    reason: pb::WorkspaceRefusalReason::RootMissing as i32,
+                }],
+            }),
             Body::NodeReadyResponse(pb::NodeReadyResponse { ready: true, reason: String::new() }),
             Body::RunRequest(pb::RunRequest {
                 run_id: "run-1".into(),

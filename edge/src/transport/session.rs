@@ -287,6 +287,11 @@ impl Session {
             tracing::warn!(node = %self.node_id, claimed = %req.node_id, "ready for another node id refused");
             return false;
         }
+        // Every link says it; the first one is logged.
+        for r in req.refused_workspaces.iter().filter(|_| self.link == 0) {
+            let reason = pb::WorkspaceRefusalReason::try_from(r.reason).map_or("unknown", |r| r.as_str_name());
+            tracing::warn!(node = %self.node_id, link = self.link, workspace = %r.workspace_ref, reason, "node serves no request in this workspace");
+        }
         let Some(session) = cmd_tx.clone() else { return true };
         let handle = super::LinkHandle { session: session.clone(), suspicion: self.suspicion.clone() };
         let outcome = self.worker.shared.registry.lock().ready(&self.node_id, self.generation, self.link, handle);

@@ -170,7 +170,10 @@ fn handshakes_are_capped_and_timed_out() {
 fn silent_node(addr: SocketAddr) -> mpsc::Receiver<Body> {
     let mut s = TcpStream::connect(addr).unwrap();
     assert_eq!(try_register(&mut s, &node_token("n1")), None);
-    send_frame(&mut s, Body::NodeReadyRequest(pb::NodeReadyRequest { node_id: "n1".into(), config_revision: 1 }));
+    send_frame(
+        &mut s,
+        Body::NodeReadyRequest(pb::NodeReadyRequest { node_id: "n1".into(), config_revision: 1, ..Default::default() }),
+    );
     let (tx, rx) = mpsc::channel();
     std::thread::spawn(move || {
         let mut buf = BytesMut::new();

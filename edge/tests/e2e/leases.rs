@@ -115,6 +115,7 @@ impl FakeEdge {
             node_id: "n1".into(),
             revision: 3,
             providers: vec![provider("up", true), provider("open", false)],
+            workspaces: Vec::new(),
         };
         let resp = pb::RegisterResponse {
             accepted: true,
@@ -271,6 +272,10 @@ fn every_refused_lease_fails_the_run_closed_with_its_reason() {
         let line = format!("iop_node_credential_lease_refusals_total{{reason=\"{reason}\"}} {n}");
         assert!(text.contains(&line), "no `{line}` in\n{text}");
     }
+    // The log is written by its own thread: the counters can be ahead of it.
+    eventually(Duration::from_secs(5), "eight refusals logged", || {
+        node.log_text().matches("node_credential_lease_refused").count() == 8
+    });
     let log = node.log_text();
     assert_eq!(log.matches("node_credential_lease_refused").count(), 8, "{log}");
     assert!(!log.contains(SECRET), "the node logged the secret");

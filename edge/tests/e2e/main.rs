@@ -37,3 +37,4 @@ mod suspect;
 mod terminal;
 mod tls;
 mod tunnel;
+mod workspaces;

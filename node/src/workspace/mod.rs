@@ -1,0 +1,7 @@
+//! The workspaces this node serves for the edge's single-request
+//! coordinator: the catalog the edge delivers, checked against this host
+//! before the node says it is ready.
+
+mod catalog;
+
+pub use catalog::{admit, Catalog};
