@@ -1,7 +1,9 @@
 //! The workspaces this node serves for the edge's single-request
 //! coordinator: the catalog the edge delivers, checked against this host
-//! before the node says it is ready.
+//! before the node says it is ready, and the file operations inside one
+//! ([`files`]).
 
 mod catalog;
+pub mod files;
 
 pub use catalog::{admit, Catalog};
