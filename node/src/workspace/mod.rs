@@ -1,9 +1,10 @@
 //! The workspaces this node serves for the edge's single-request
 //! coordinator: the catalog the edge delivers, checked against this host
 //! before the node says it is ready, and the file operations inside one
-//! ([`files`]).
+//! ([`files`]) and the commands run in it ([`command`]).
 
 mod catalog;
+pub mod command;
 pub mod files;
 
 pub use catalog::{admit, Catalog};
