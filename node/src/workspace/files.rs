@@ -168,7 +168,7 @@ impl AsFd for Root {
     }
 }
 
-const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
+pub(super) const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
     .union(ResolveFlags::NO_SYMLINKS)
     .union(ResolveFlags::NO_MAGICLINKS)
     .union(ResolveFlags::NO_XDEV);
@@ -184,15 +184,7 @@ impl Root {
     pub fn read(&self, path: &str, max: u64) -> Result<Read, FileError> {
         check(path)?;
         let fd = self.resolve(path, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK)?;
-        regular(&fd)?;
-        let mut file = std::fs::File::from(fd);
-        let mut bytes = Vec::new();
-        // One byte past the limit tells whether there was more.
-        let limit = max.saturating_add(1);
-        std::io::Read::read_to_end(&mut std::io::Read::take(&mut file, limit), &mut bytes)?;
-        let truncated = bytes.len() as u64 > max;
-        bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
-        Ok(Read { bytes, truncated })
+        read_file(fd, max)
     }
 
     /// Lists the directory at `path` (`""`: the root) by name: at most
@@ -238,28 +230,7 @@ impl Root {
             return Err(FileError::TooLarge);
         }
         let (dir, name) = self.parent(path)?;
-        match fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW) {
-            Ok(st) => kind_is_file(FileType::from_raw_mode(st.st_mode))?,
-            Err(Errno::NOENT) => {}
-            Err(e) => return Err(e.into()),
-        }
-        // Unique per write: two writes of one file never share a temp file.
-        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let tmp = format!(".{name}.iop-tmp-{}-{n}", std::process::id());
-        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-        let fd = fs::openat(&dir, tmp.as_str(), flags, Mode::from_raw_mode(0o644))?;
-        let written = (|| {
-            let mut file = std::fs::File::from(fd);
-            std::io::Write::write_all(&mut file, bytes)?;
-            file.sync_data()?;
-            fs::renameat(&dir, tmp.as_str(), &dir, name).map_err(std::io::Error::from)
-        })();
-        if let Err(e) = written {
-            let _ = fs::unlinkat(&dir, tmp.as_str(), AtFlags::empty());
-            return Err(e.into());
-        }
-        Ok(())
+        replace_in(&dir, name, bytes)
     }
 
     /// Deletes the file at `path` (not a directory, not a symlink).
@@ -273,7 +244,7 @@ impl Root {
     }
 
     /// Opens `path` beneath the root (never following a link).
-    fn resolve(&self, path: &str, flags: OFlags) -> Result<OwnedFd, FileError> {
+    pub(super) fn resolve(&self, path: &str, flags: OFlags) -> Result<OwnedFd, FileError> {
         Ok(fs::openat2(&self.fd, path, flags | OFlags::CLOEXEC, Mode::empty(), RESOLVE)?)
     }
 
@@ -287,6 +258,47 @@ impl Root {
         };
         Ok((dir, name))
     }
+}
+
+/// Reads an open file's first `max` bytes (a regular file only).
+pub(super) fn read_file(fd: OwnedFd, max: u64) -> Result<Read, FileError> {
+    regular(&fd)?;
+    let mut file = std::fs::File::from(fd);
+    let mut bytes = Vec::new();
+    // One byte past the limit tells whether there was more.
+    let limit = max.saturating_add(1);
+    std::io::Read::read_to_end(&mut std::io::Read::take(&mut file, limit), &mut bytes)?;
+    let truncated = bytes.len() as u64 > max;
+    bytes.truncate(usize::try_from(max).unwrap_or(usize::MAX));
+    Ok(Read { bytes, truncated })
+}
+
+/// Writes `bytes` as file `name` of directory `dir` (created, or replaced
+/// whole unless it is not a regular file): a temp file beside it, then a
+/// rename over it, so a reader sees the old file or the new one.
+pub(super) fn replace_in(dir: &OwnedFd, name: &str, bytes: &[u8]) -> Result<(), FileError> {
+    match fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => kind_is_file(FileType::from_raw_mode(st.st_mode))?,
+        Err(Errno::NOENT) => {}
+        Err(e) => return Err(e.into()),
+    }
+    // Unique per write: two writes of one file never share a temp file.
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = format!(".{name}.iop-tmp-{}-{n}", std::process::id());
+    let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = fs::openat(dir, tmp.as_str(), flags, Mode::from_raw_mode(0o644))?;
+    let written = (|| {
+        let mut file = std::fs::File::from(fd);
+        std::io::Write::write_all(&mut file, bytes)?;
+        file.sync_data()?;
+        fs::renameat(dir, tmp.as_str(), dir, name).map_err(std::io::Error::from)
+    })();
+    if let Err(e) = written {
+        let _ = fs::unlinkat(dir, tmp.as_str(), AtFlags::empty());
+        return Err(e.into());
+    }
+    Ok(())
 }
 
 /// A path a request may name: relative, plain components, not `.iop`.
