@@ -1,5 +1,6 @@
 //! The coordinator's workspaces: approved per node in the edge config,
-//! delivered in the node's config, checked by the node before it is ready.
+//! delivered in the node's config, checked by the node before it is ready
+//! (and the job directories a crash left removed).
 
 use std::time::Duration;
 
@@ -10,7 +11,10 @@ use crate::harness::*;
 #[test]
 fn a_node_refuses_the_workspaces_it_cannot_honour_before_ready() {
     let dir = scratch("workspaces");
-    std::fs::create_dir_all(dir.join("repo")).unwrap();
+    std::fs::create_dir_all(dir.join("repo/.iop/job/crashed-req")).unwrap();
+    // What an earlier run left: removed when this node first serves the root.
+    std::fs::write(dir.join("repo/.iop/job/crashed-req/plan.md"), b"# old").unwrap();
+    std::fs::write(dir.join("repo/user.txt"), b"mine").unwrap();
     std::fs::write(dir.join("a-file"), b"x").unwrap();
     let root = |name: &str| dir.join(name).to_str().unwrap().to_owned();
     let ws = |r: &str, host: &str, root: &str| {
@@ -46,6 +50,8 @@ fn a_node_refuses_the_workspaces_it_cannot_honour_before_ready() {
     eventually(Duration::from_secs(10), "the node names what it serves", || {
         node.log_text().lines().any(|l| l.contains("node ready") && l.contains("workspaces=[\"ok\"]"))
     });
+    assert!(!dir.join("repo/.iop/job/crashed-req").exists(), "the leftover job is gone");
+    assert_eq!(std::fs::read(dir.join("repo/user.txt")).unwrap(), b"mine");
     let r = post_json(
         edge.http,
         "/v1/chat/completions",

@@ -2,7 +2,8 @@
 //! checked before ready (host, root present and a directory). An entry the
 //! node cannot honour is refused by reason (never by path: a root is the
 //! operator's, and stays out of logs and the wire back) and served by no
-//! request.
+//! request. The job directories a crash left in a root are removed the
+//! first time this process serves it.
 
 use iop_core::wire::pb::{self, WorkspaceRefusalReason as Reason};
 
@@ -27,15 +28,53 @@ pub async fn admit(entries: Vec<pb::WorkspaceConfig>, log: bool) -> (Catalog, Ve
         return (Catalog::default(), Vec::new());
     }
     let refs: Vec<String> = entries.iter().map(|e| e.workspace_ref.clone()).collect();
-    match iop_core::rt::blocking::run_blocking(move || {
-        check(entries, std::env::consts::OS, &|p| std::fs::metadata(p), log)
-    })
-    .await
-    {
+    let checked = move || {
+        let (catalog, refused) = check(entries, std::env::consts::OS, &|p| std::fs::metadata(p), log);
+        clean_leftovers(catalog, refused, log)
+    };
+    match iop_core::rt::blocking::run_blocking(checked).await {
         Ok(checked) => checked,
         // The blocking thread is gone (shutting down): serve none.
         Err(_) => (Catalog::default(), refs.into_iter().map(|r| refusal(r, Reason::RootUnreadable)).collect()),
     }
+}
+
+/// Roots whose leftover job directories this process has removed.
+static CLEANED: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// The first time this process serves a root, the job directories a crash
+/// left there are removed (later registrations skip it: by then requests of
+/// this process may own job directories). A root where that fails is
+/// refused.
+fn clean_leftovers(
+    mut catalog: Catalog,
+    mut refused: Vec<pb::WorkspaceRefusal>,
+    log: bool,
+) -> (Catalog, Vec<pb::WorkspaceRefusal>) {
+    let Ok(mut cleaned) = CLEANED.lock() else { return (catalog, refused) };
+    catalog.entries.retain(|e| {
+        if cleaned.contains(&e.root) {
+            return true;
+        }
+        let done = super::files::Root::open(&e.root).and_then(|root| super::jobs::cleanup_all(&root));
+        match done {
+            Ok(n) => {
+                if n > 0 {
+                    tracing::info!(workspace = %e.workspace_ref, jobs = n, "job directories left by an earlier run removed");
+                }
+                cleaned.push(e.root.clone());
+                true
+            }
+            Err(err) => {
+                if log {
+                    tracing::warn!(workspace = %e.workspace_ref, error = %err, "workspace refused: its leftover job directories could not be removed");
+                }
+                refused.push(refusal(e.workspace_ref.clone(), Reason::RootUnreadable));
+                false
+            }
+        }
+    });
+    (catalog, refused)
 }
 
 fn refusal(workspace_ref: String, reason: Reason) -> pb::WorkspaceRefusal {
