@@ -11,9 +11,11 @@
 //! - [`server`] + [`surface`]: HTTP/1.1 connections and the OpenAI surface.
 //! - [`accept`] + [`limits`]: what an unauthenticated peer may hold or try
 //!   (handshake slots, TLS handshakes, failed credentials), per address.
+//! - [`coordinator`]: the single-request coordinator (being built).
 
 pub mod accept;
 pub mod budget;
+pub mod coordinator;
 pub mod credentials;
 pub mod ctx;
 pub mod dispatch;
