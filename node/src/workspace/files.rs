@@ -192,7 +192,7 @@ impl Root {
     /// `max` entries however large the directory.
     pub fn list(&self, path: &str, after: Option<&str>, max: usize) -> Result<Listing, FileError> {
         let fd = if path.is_empty() {
-            fs::openat(&self.fd, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?
+            self.dir()?
         } else {
             check(path)?;
             self.resolve(path, OFlags::RDONLY | OFlags::DIRECTORY)?
@@ -243,6 +243,11 @@ impl Root {
         Ok(())
     }
 
+    /// The root directory itself, as a descriptor of its own.
+    pub(super) fn dir(&self) -> Result<OwnedFd, FileError> {
+        Ok(fs::openat(&self.fd, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?)
+    }
+
     /// Opens `path` beneath the root (never following a link).
     pub(super) fn resolve(&self, path: &str, flags: OFlags) -> Result<OwnedFd, FileError> {
         Ok(fs::openat2(&self.fd, path, flags | OFlags::CLOEXEC, Mode::empty(), RESOLVE)?)
@@ -252,9 +257,7 @@ impl Root {
     fn parent<'p>(&self, path: &'p str) -> Result<(OwnedFd, &'p str), FileError> {
         let (dir, name) = match path.rsplit_once('/') {
             Some((dir, name)) => (self.resolve(dir, OFlags::RDONLY | OFlags::DIRECTORY)?, name),
-            None => {
-                (fs::openat(&self.fd, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?, path)
-            }
+            None => (self.dir()?, path),
         };
         Ok((dir, name))
     }

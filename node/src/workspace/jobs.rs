@@ -10,11 +10,11 @@
 use std::os::fd::OwnedFd;
 
 use rustix::{
-    fs::{self, AtFlags, FileType, Mode, OFlags, ResolveFlags},
+    fs::{self, AtFlags, FileType, Mode, OFlags},
     io::Errno,
 };
 
-use super::files::{read_file, replace_in, FileError, Read, Root, RESERVED};
+use super::files::{read_file, replace_in, FileError, Read, Root, RESERVED, RESOLVE};
 
 /// `.iop/job`, beneath a workspace root.
 const JOBS: &str = ".iop/job";
@@ -65,7 +65,7 @@ impl Job {
         if !valid_id(id) {
             return Err(FileError::PathInvalid);
         }
-        let iop = ensure_dir(&root.resolve(".", OFlags::RDONLY | OFlags::DIRECTORY)?, RESERVED)?;
+        let iop = ensure_dir(&root.dir()?, RESERVED)?;
         let jobs = ensure_dir(&iop, "job")?;
         match fs::mkdirat(&jobs, id, Mode::from_raw_mode(0o700)) {
             Ok(()) => {}
@@ -86,14 +86,9 @@ impl Job {
     /// Reads an artifact's first `max` bytes.
     pub fn read(&self, a: Artifact, max: u64) -> Result<Read, FileError> {
         let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-        read_file(fs::openat2(&self.dir, a.file(), flags, Mode::empty(), BENEATH)?, max)
+        read_file(fs::openat2(&self.dir, a.file(), flags, Mode::empty(), RESOLVE)?, max)
     }
 }
-
-const BENEATH: ResolveFlags = ResolveFlags::BENEATH
-    .union(ResolveFlags::NO_SYMLINKS)
-    .union(ResolveFlags::NO_MAGICLINKS)
-    .union(ResolveFlags::NO_XDEV);
 
 /// Removes request `id`'s job directory and all in it; `Ok` when there was
 /// none. Nothing outside it is touched: every entry is looked at without
@@ -181,7 +176,7 @@ fn remove_tree(dir: &OwnedFd, name: &str, depth: usize, budget: &mut usize) -> R
 /// refuses one at the end too, as `ELOOP`: a link is told as a link).
 fn open_dir(dir: &OwnedFd, name: &str) -> Result<OwnedFd, FileError> {
     let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
-    Ok(fs::openat2(dir, name, flags, Mode::empty(), BENEATH)?)
+    Ok(fs::openat2(dir, name, flags, Mode::empty(), RESOLVE)?)
 }
 
 /// Directory `name` of `dir`, made (owner-only) when missing; one that is
