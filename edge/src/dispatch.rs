@@ -301,6 +301,34 @@ pub fn reachable(worker: &Ctx, admitted: &Admitted) -> bool {
     on_route(worker, admitted, |r| r.links.iter().any(|l| !l.session.is_closed())).unwrap_or(false)
 }
 
+/// Capacity on `group` for a request of `class`, queueing if need be, on
+/// a node this core can still reach. The caller watches its client
+/// meanwhile (dropping this leaves the queue).
+pub async fn admit_reachable(
+    worker: &std::rc::Rc<Ctx>,
+    group: &iop_core::config::ModelGroup,
+    class: crate::pool::LeaseClass,
+) -> Result<Admitted, crate::pool::AdmitError> {
+    let mut regrants = 0;
+    loop {
+        let admitted = crate::pool::admit(worker, group, class).await?;
+        // Granted through links that closed meanwhile (the node is going
+        // away): the lease goes back and the request asks again, so a
+        // queued client is not failed by a node it never reached. The
+        // node's fence is on its way to every core; a few turns suffice.
+        if regrants < MAX_REGRANTS && !reachable(worker, &admitted) {
+            regrants += 1;
+            drop(admitted);
+            iop_core::rt::yield_now().await;
+            continue;
+        }
+        return Ok(admitted);
+    }
+}
+
+/// Grants taken again, at most, when one came through links already closed.
+const MAX_REGRANTS: u32 = 8;
+
 /// The node connection generation `admitted` runs on (0: none ready).
 pub fn generation_of(worker: &Ctx, admitted: &Admitted) -> crate::registry::Generation {
     on_route(worker, admitted, |r| r.generation).unwrap_or(0)

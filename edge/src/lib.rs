@@ -35,5 +35,6 @@ pub mod stream;
 pub mod surface;
 pub mod transport;
 pub mod worker;
+pub mod workspaces;
 
 pub use start::{load_tls, start, EdgeHandle, ReloadError, StartError};

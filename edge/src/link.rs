@@ -78,6 +78,15 @@ pub enum SessionCmd {
         /// Gets the response.
         reply: iop_core::rt::oneshot::OneshotSender<pb::NodeCommandResponse>,
     },
+    /// Send a workspace call; the node's answer goes to `reply` (dropped
+    /// when the session ends or has too many waiting: the caller sees the
+    /// link gone and fails closed).
+    Workspace {
+        /// The call (boxed: see `Run`).
+        call: Box<iop_core::wire::WorkspaceCall>,
+        /// Gets the answer.
+        reply: iop_core::rt::oneshot::OneshotSender<iop_core::wire::WorkspaceAnswer>,
+    },
     /// Push a changed node config (live reload).
     Refresh {
         /// The node's new config.

@@ -52,6 +52,8 @@ pub struct Shared {
     /// Managed mode (`node_listener.tls.client_ca`): the key credential
     /// leases are signed with (made at start, never stored).
     pub leases: Option<Arc<iop_core::lease::Issuer>>,
+    /// The workspaces each node's generation refused.
+    pub workspaces: crate::workspaces::Served,
 }
 
 /// Counts one client request as active while it lives.

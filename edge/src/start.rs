@@ -271,6 +271,7 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         http_tls,
         node_tls,
         leases,
+        workspaces: Default::default(),
     });
     let pool = Arc::new(PoolView::build(&shared.config, None));
 

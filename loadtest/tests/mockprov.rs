@@ -1168,3 +1168,116 @@ fn without_turns_native_routes_into_unknown_paths() {
     let mock = MockProv::start(&[]);
     assert_eq!(mock.request("POST", "/v1/messages", Some(messages)).head.status, 200);
 }
+
+/// A file in the temp directory, removed on drop.
+struct TempFile(std::path::PathBuf);
+
+impl TempFile {
+    fn new(name: &str, text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!("iop-mockprov-{}-{name}", std::process::id()));
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    fn path(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+const SCRIPT: &str = r#"{"scripts": {"t1": {
+    "plan": [{"content": "{\"plan\":\"write a\",\"verification\":\"cat a\"}"}],
+    "work": [
+        {"tool_calls": [{"name": "workspace_write", "arguments": {"path": "a", "content": "x"}}]},
+        {"content": "wrote a; cat a showed x"}
+    ],
+    "review": [{"content": "{\"verdict\":\"approve\",\"findings\":\"done\"}", "delay_ms": 150}]
+}}}"#;
+
+/// A coordinator-style chat request: `rf` names the json_schema (plan,
+/// review) or is `None` (work, with tools); `extra` messages follow the task.
+fn staged(rf: Option<&str>, extra: &str, stream: bool) -> String {
+    let tail = match rf {
+        Some(name) => format!(
+            r#""response_format":{{"type":"json_schema","json_schema":{{"name":"{name}","strict":true,"schema":{{"type":"object"}}}}}}"#
+        ),
+        None => {
+            r#""tools":[{"type":"function","function":{"name":"workspace_write"}}],"tool_choice":"auto""#.to_owned()
+        }
+    };
+    format!(
+        r#"{{"model":"g","stream":{stream},"stream_options":{{"include_usage":true}},"messages":[{{"role":"system","content":"stage"}},{{"role":"user","content":[{{"type":"text","text":"task [script:t1]"}}]}}{extra}],{tail}}}"#
+    )
+}
+
+#[test]
+fn script_answers_plan_work_and_review_in_order() {
+    let file = TempFile::new("script.json", SCRIPT);
+    let mock = MockProv::start(&["--script", file.path()]);
+    let path = "/v1/chat/completions";
+    let content = |res: &Response| -> String {
+        sse_data(res).iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect()
+    };
+
+    // Plan, streamed as the node's openai-compatible adapter asks.
+    let (res, _) = exchange(&mock, path, &staged(Some("iop_plan"), "", true));
+    assert_eq!(content(&res), r#"{"plan":"write a","verification":"cat a"}"#);
+    let chunks = sse_data(&res);
+    assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], "stop");
+    assert!(chunks.last().unwrap()["usage"]["completion_tokens"].as_u64().is_some());
+    assert_eq!(res.events().last().unwrap().data, "[DONE]");
+
+    // Work, turn 1 (whole): a tool call.
+    let (res, rec) = exchange(&mock, path, &staged(None, "", false));
+    let c = &res.json()["choices"][0];
+    assert_eq!(c["finish_reason"], "tool_calls");
+    let call = &c["message"]["tool_calls"][0];
+    assert_eq!(
+        (&call["id"], &call["function"]["name"]),
+        (&serde_json::json!("call_1"), &serde_json::json!("workspace_write"))
+    );
+    let args: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, serde_json::json!({"path": "a", "content": "x"}));
+    let sent: Value = serde_json::from_str(rec["request_body"].as_str().unwrap()).unwrap();
+    assert!(sent.get("reasoning_effort").is_none(), "the record shows what the work request carried");
+
+    // Work, turn 2 (streamed), after the tool result: the report.
+    let turn = r#",{"role":"assistant","content":null,"tool_calls":[{"id":"call_1","type":"function","function":{"name":"workspace_write","arguments":"{}"}}]},{"role":"tool","tool_call_id":"call_1","content":"ok"}"#;
+    let (res, _) = exchange(&mock, path, &staged(None, turn, true));
+    assert_eq!(content(&res), "wrote a; cat a showed x");
+
+    // Review, after its delay.
+    let started = Instant::now();
+    let (res, _) = exchange(&mock, path, &staged(Some("iop_review"), "", false));
+    assert!(started.elapsed() >= Duration::from_millis(150), "{:?}", started.elapsed());
+    assert_eq!(res.json()["choices"][0]["message"]["content"], r#"{"verdict":"approve","findings":"done"}"#);
+
+    // A stage asked once too often fails loudly; unscripted requests are generated as ever.
+    let res = mock.request("POST", path, Some(&staged(Some("iop_review"), "", false)));
+    assert_eq!(res.head.status, 500);
+    assert_eq!(res.json()["error"]["message"], "script t1 stage review exhausted");
+    let res = mock.request(
+        "POST",
+        path,
+        Some(r#"{"messages":[{"role":"user","content":"[script:nope]"}],"mock":{"tokens":2}}"#),
+    );
+    assert_eq!(res.json()["choices"][0]["message"]["content"], "tok0 tok1 ");
+}
+
+#[test]
+fn a_bad_script_file_stops_the_mock_naming_it() {
+    let file = TempFile::new("bad-script.json", r#"{"scripts": {"t": {"plan": [{"contnet": "x"}]}}}"#);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_iop-mockprov"))
+        .args(["--listen", "127.0.0.1:0", "--script", file.path()])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(out.stdout.is_empty(), "never announced");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("script file {}", file.path())) && err.contains("unknown field `contnet`"), "{err}");
+}

@@ -3,7 +3,8 @@
 //! pools and frame codec, so a run's bytes stay on the core that serves it.
 //! The links of one process share an `instance` id: the edge joins them into
 //! one registration and generation (see DESIGN.md, "Node links"). What is
-//! per process is shared by the workers: the concurrency gate per provider.
+//! per process is shared by the workers: the concurrency gate per provider,
+//! the workspace state.
 
 use std::{
     sync::{mpsc, Arc},
@@ -17,7 +18,12 @@ use iop_core::{
     rt::{self, mailbox, signal::LocalCancel},
 };
 
-use crate::{run::Gates, supervisor, NodeError};
+use crate::{
+    run::Gates,
+    supervisor,
+    workspace::{Limits, Workspaces},
+    NodeError,
+};
 
 /// Who one link is, and what it shares with the process's other links.
 #[derive(Debug, Clone)]
@@ -35,6 +41,9 @@ pub struct LinkSpec {
     /// The process's credential lease key (its public half is sent at
     /// registration; an edge in managed mode seals credentials to it).
     pub leases: Arc<iop_core::lease::Opener>,
+    /// The process's workspace state (a request's calls may come on any
+    /// link).
+    pub workspaces: Arc<Workspaces>,
 }
 
 /// A running node process.
@@ -83,6 +92,7 @@ pub fn start(config: NodeConfig, pin: bool, tls: Option<ClientTls>) -> std::io::
     let instance = new_instance();
     let leases = Arc::new(iop_core::lease::Opener::generate().map_err(std::io::Error::other)?);
     let gates = Gates::new();
+    let workspaces = Workspaces::new(Limits::default());
     let (done_tx, done) = mpsc::channel();
     let mut stops = Vec::with_capacity(count);
     let mut threads = Vec::with_capacity(count);
@@ -96,6 +106,7 @@ pub fn start(config: NodeConfig, pin: bool, tls: Option<ClientTls>) -> std::io::
             gates: gates.clone(),
             tls: tls.clone(),
             leases: leases.clone(),
+            workspaces: workspaces.clone(),
         };
         let (config, done_tx) = (config.clone(), done_tx.clone());
         let t = rt::spawn_worker("iop-node", index, pin, move || async move {

@@ -4,6 +4,7 @@
 use std::{
     cell::Cell,
     rc::Rc,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -25,6 +26,7 @@ use crate::{
     process::LinkSpec,
     run::RunManager,
     upstream::{ClientConfig, UpstreamClient},
+    workspace::Workspaces,
 };
 
 /// Run events may buffer this much before adapters wait for the socket.
@@ -205,7 +207,9 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     }
 
     // Before ready: a workspace it cannot honour is said so, and served by none.
-    let (workspaces, refused_workspaces) = crate::workspace::admit(payload.workspaces.clone(), link.index == 0).await;
+    let (catalog, refused_workspaces) = crate::workspace::admit(payload.workspaces.clone(), link.index == 0).await;
+    // The process's links share one state: the latest admission wins.
+    link.workspaces.install(catalog.entries());
     let ready =
         pb::NodeReadyRequest { node_id: node_id.clone(), config_revision: payload.revision, refused_workspaces };
     if writer.send(&envelope(2, Body::NodeReadyRequest(ready))).is_err() {
@@ -219,7 +223,7 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
         },
         Err(end) => return end,
     }
-    tracing::info!(node = %node_id, link = link.index, links = link.count, providers = ?manager.adapter_ids(), workspaces = ?workspaces.refs(), "node ready");
+    tracing::info!(node = %node_id, link = link.index, links = link.count, providers = ?manager.adapter_ids(), workspaces = ?catalog.refs(), "node ready");
 
     let last_seen = Rc::new(Cell::new(Instant::now()));
     let closed = LocalCancel::new();
@@ -233,7 +237,7 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
         cfg.shutdown_grace,
     ));
 
-    let reason = serve_frames(reader, writer, &manager, &last_seen, cfg.stream_coalesce).await;
+    let reason = serve_frames(reader, writer, &manager, &link.workspaces, &last_seen, cfg.stream_coalesce).await;
     let reason = match reason.as_str() {
         STOPPED if writer.is_closed() => "write to the edge failed".to_owned(),
         STOPPED if !shutdown.is_cancelled() => "heartbeat_timeout".to_owned(),
@@ -266,6 +270,7 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
     reader: &mut FrameReader<R>,
     writer: &FrameWriter,
     manager: &Rc<RunManager>,
+    workspaces: &Arc<Workspaces>,
     last_seen: &Cell<Instant>,
     coalesce: Duration,
 ) -> String {
@@ -310,6 +315,16 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
             }
             Some(Body::NodeCommandRequest(cmd)) => crate::command::handle(cid, cmd, manager, writer),
             Some(Body::ProviderTunnelRequest(t)) => manager.start_tunnel(t),
+            // A request's workspace outlives this session (another link may
+            // carry its calls; the edge sends its cleanup): nothing is
+            // cleaned when the session ends.
+            Some(
+                body @ (Body::WorkspaceOpenRequest(_)
+                | Body::WorkspaceToolRequest(_)
+                | Body::WorkspaceArtifactRequest(_)
+                | Body::WorkspaceCancelRequest(_)
+                | Body::WorkspaceCleanupRequest(_)),
+            ) => crate::workspace::serve(cid, body, workspaces, writer),
             Some(Body::NodeReadyResponse(_)) | Some(Body::RegisterResponse(_)) => {
                 tracing::debug!("ignoring a late handshake response");
             }

@@ -45,7 +45,8 @@ impl WorkspaceOp {
         ("command", WorkspaceOp::Command),
     ];
 
-    fn to_wire(self) -> pb::WorkspaceOperation {
+    /// Its wire form.
+    pub fn to_wire(self) -> pb::WorkspaceOperation {
         match self {
             WorkspaceOp::Read => pb::WorkspaceOperation::Read,
             WorkspaceOp::List => pb::WorkspaceOperation::List,

@@ -1,11 +1,13 @@
 //! The edge↔node wire: generated prost types and the sans-IO frame codec.
 
 mod codec;
+mod workspace;
 
 pub use codec::{
     decode, encode, encode_run_event, encode_tunnel_body, encode_tunnel_request, encode_tunnel_start,
     encode_tunnel_whole, TunnelHead, WireError, DEFAULT_MAX_FRAME_BYTES,
 };
+pub use workspace::{WorkspaceAnswer, WorkspaceCall};
 
 /// Generated from `proto/iop/runtime.proto`.
 #[allow(clippy::all, missing_docs)]

@@ -83,6 +83,12 @@ pub struct CoreMetrics {
     /// Connections closed by a per-address or handshake limit, by
     /// (listener, what closed it).
     pub conn_limits: HashMap<(&'static str, &'static str), u64>,
+    /// Requests that took the single-request (agent) path.
+    pub single_request_ingress: u64,
+    /// Their terminals, by (kind, error class or "").
+    pub single_request_terminals: HashMap<(&'static str, &'static str), u64>,
+    /// Their model calls and workspace tool calls.
+    pub single_request_calls: HashMap<&'static str, u64>,
 }
 
 impl CoreMetrics {
@@ -108,6 +114,9 @@ impl CoreMetrics {
         merge_map(&mut self.auth_failures, &other.auth_failures);
         merge_map(&mut self.auth_refused, &other.auth_refused);
         merge_map(&mut self.conn_limits, &other.conn_limits);
+        self.single_request_ingress += other.single_request_ingress;
+        merge_map(&mut self.single_request_terminals, &other.single_request_terminals);
+        merge_map(&mut self.single_request_calls, &other.single_request_calls);
     }
 }
 
@@ -222,6 +231,21 @@ pub fn auth_refused(kind: &'static str) {
 /// `tls_table_full`.
 pub fn conn_limit(listener: &'static str, action: &'static str) {
     with(|m| *m.conn_limits.entry((listener, action)).or_default() += 1);
+}
+
+/// Records a request taking the single-request path (unlabelled: no
+/// agent, request or workspace in it).
+pub fn single_request_ingress() {
+    with(|m| m.single_request_ingress += 1);
+}
+
+/// Records how a single request ended (closed labels), and its calls.
+pub fn single_request_done(kind: &'static str, class: &'static str, model_calls: u32, tool_calls: u32) {
+    with(|m| {
+        *m.single_request_terminals.entry((kind, class)).or_default() += 1;
+        *m.single_request_calls.entry("model").or_default() += u64::from(model_calls);
+        *m.single_request_calls.entry("tool").or_default() += u64::from(tool_calls);
+    });
 }
 
 #[cfg(test)]

@@ -135,6 +135,7 @@ pub fn render(m: &CoreMetrics, g: &Gauges<'_>) -> String {
     let _ = writeln!(out, "iop_edge_link_suspect_total {}", m.links_suspect);
 
     limits(&mut out, m);
+    single_request(&mut out, m);
     gauges(&mut out, g);
     out
 }
@@ -173,6 +174,34 @@ fn limits(out: &mut String, m: &CoreMetrics) {
     cs.sort();
     for ((listener, action), n) in cs {
         let _ = writeln!(out, "iop_edge_connection_limits_total{{listener=\"{listener}\",action=\"{action}\"}} {n}");
+    }
+}
+
+/// The single-request (agent) path's counters.
+fn single_request(out: &mut String, m: &CoreMetrics) {
+    head(
+        out,
+        "iop_anthropic_single_request_ingress_total",
+        "counter",
+        "Messages requests that took the single-request (agent) path.",
+    );
+    let _ = writeln!(out, "iop_anthropic_single_request_ingress_total {}", m.single_request_ingress);
+    head(
+        out,
+        "iop_edge_single_request_terminals_total",
+        "counter",
+        "Single requests ended, by terminal kind and error class.",
+    );
+    let mut ts: Vec<_> = m.single_request_terminals.iter().collect();
+    ts.sort();
+    for ((kind, class), n) in ts {
+        let _ = writeln!(out, "iop_edge_single_request_terminals_total{{terminal=\"{kind}\",class=\"{class}\"}} {n}");
+    }
+    head(out, "iop_edge_single_request_calls_total", "counter", "Calls single requests made, by kind (model, tool).");
+    let mut cs: Vec<_> = m.single_request_calls.iter().collect();
+    cs.sort();
+    for (kind, n) in cs {
+        let _ = writeln!(out, "iop_edge_single_request_calls_total{{kind=\"{kind}\"}} {n}");
     }
 }
 

@@ -128,6 +128,19 @@ pub async fn admit(
         Ok(t) => t,
         Err(msg) => return Err(reply::error(&mut conn.responder(), d, 400, &msg, "invalid_request", keep).await),
     };
+    if route == Route::Messages {
+        let agent = worker.config.borrow().agents.iter().find(|a| a.name == top.model).cloned();
+        if let Some(agent) = agent {
+            // The single-request path answers here (an `Err` is "answered").
+            drop(permit);
+            if let Some(k) = key {
+                super::api_keys::admit(conn, head, &k, &agent.name, keep).await?;
+                conn.exchange.api_key = Some(k);
+            }
+            conn.exchange.finish.borrow_mut().model.push_str(&agent.name);
+            return Err(Box::pin(super::anthropic::agent::serve(worker, conn, head, &bytes, agent)).await);
+        }
+    }
     let group = worker.config.borrow().model(&top.model).cloned();
     let Some(group) = group else {
         tracing::debug!(model_len = top.model.len(), "unknown model requested");
@@ -186,38 +199,17 @@ pub(super) async fn take_capacity(
     let asked = std::time::Instant::now();
     let admitted = {
         let Conn { rd, buf, .. } = &mut *conn;
-        with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, std::pin::pin!(admit_reachable(worker, group, class)))
-            .await?
+        with_disconnect_watch::<STREAM_WATCH, _, _>(
+            rd,
+            buf,
+            std::pin::pin!(crate::dispatch::admit_reachable(worker, group, class)),
+        )
+        .await?
     };
     if admitted.is_ok() {
         conn.exchange.queue_wait = Some(asked.elapsed());
     }
     Some(admitted)
-}
-
-/// Capacity on `group` for a request of `class`, queueing if need be, on
-/// a node this core can still reach. The caller watches its client
-/// meanwhile (dropping this leaves the queue).
-pub(super) async fn admit_reachable(
-    worker: &Rc<Ctx>,
-    group: &ModelGroup,
-    class: LeaseClass,
-) -> Result<Admitted, AdmitError> {
-    let mut regrants = 0;
-    loop {
-        let admitted = pool::admit(worker, group, class).await?;
-        // Granted through links that closed meanwhile (the node is going
-        // away): the lease goes back and the request asks again, so a
-        // queued client is not failed by a node it never reached. The
-        // node's fence is on its way to every core; a few turns suffice.
-        if regrants < MAX_REGRANTS && !crate::dispatch::reachable(worker, &admitted) {
-            regrants += 1;
-            drop(admitted);
-            iop_core::rt::yield_now().await;
-            continue;
-        }
-        return Ok(admitted);
-    }
 }
 
 /// The status and error code a refused admission is answered with.
@@ -237,9 +229,6 @@ pub(super) fn tunnels_to(worker: &Ctx, admitted: &Admitted, route: Route) -> boo
         .provider(&admitted.target.node, &admitted.target.provider)
         .is_some_and(|p| route.native_on(p))
 }
-
-/// Grants taken again, at most, when one came through links already closed.
-const MAX_REGRANTS: u32 = 8;
 
 /// The group with only the targets that can serve `route` (the group
 /// itself, not a copy, when all can); `None` when none can.

@@ -99,12 +99,12 @@ async fn other(
     let result = match (method, path) {
         (_, p) if admin::is_admin_path(p) => return admin::handle(worker, conn, &head, body).await,
         ("GET", "/v1/models") => {
-            let body = models::list(Dialect::of(&head), &worker.config.borrow(), key.as_deref());
+            let body = models::list(Dialect::of(&head), worker, &worker.config.borrow(), key.as_deref());
             conn.respond(200, "application/json", &[], &body, keep).await
         }
         ("GET", p) if p.starts_with("/v1/models/") => {
             let (d, id) = (Dialect::of(&head), &p["/v1/models/".len()..]);
-            let found = models::one(d, &worker.config.borrow(), key.as_deref(), id);
+            let found = models::one(d, worker, &worker.config.borrow(), key.as_deref(), id);
             match found {
                 Some(body) => conn.respond(200, "application/json", &[], &body, keep).await,
                 None => {

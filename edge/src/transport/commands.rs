@@ -1,28 +1,42 @@
-//! Node commands in flight on one session: each request gets a
-//! correlation id, and the node's response (same id) goes to the waiting
-//! caller. Bounded; a session that ends drops its callers' replies (they
-//! see the node gone).
+//! Requests in flight on one session (node commands, workspace calls):
+//! each gets a correlation id, and the node's response (same id) goes to
+//! the waiting caller. Bounded; a session that ends drops its callers'
+//! replies (they see the node gone).
 
 use std::{
     cell::{Cell, RefCell},
     collections::HashMap,
 };
 
-use iop_core::{rt::oneshot::OneshotSender, wire::pb};
+use iop_core::{
+    rt::oneshot::OneshotSender,
+    wire::{pb, WorkspaceAnswer},
+};
 
-/// Commands one session may have waiting for the node at once.
+/// Requests of one family one session may have waiting at once.
 pub const MAX_PENDING_COMMANDS: usize = 64;
 
-/// Replies of the commands sent on one session, by correlation id.
-#[derive(Default)]
-pub struct PendingCommands {
+/// Replies of the requests of one family sent on one session, by
+/// correlation id.
+pub struct Pending<T> {
     next: Cell<u64>,
-    waiting: RefCell<HashMap<u64, OneshotSender<pb::NodeCommandResponse>>>,
+    waiting: RefCell<HashMap<u64, OneshotSender<T>>>,
 }
 
-impl PendingCommands {
+/// Node commands waiting for their response.
+pub type PendingCommands = Pending<pb::NodeCommandResponse>;
+/// Workspace calls waiting for their answer.
+pub type PendingWorkspace = Pending<WorkspaceAnswer>;
+
+impl<T> Default for Pending<T> {
+    fn default() -> Self {
+        Self { next: Cell::new(0), waiting: RefCell::new(HashMap::new()) }
+    }
+}
+
+impl<T> Pending<T> {
     /// A correlation id for `reply`, or `None` when too many are waiting.
-    pub fn register(&self, reply: OneshotSender<pb::NodeCommandResponse>) -> Option<u64> {
+    pub fn register(&self, reply: OneshotSender<T>) -> Option<u64> {
         let mut waiting = self.waiting.borrow_mut();
         if waiting.len() >= MAX_PENDING_COMMANDS {
             return None;
@@ -35,7 +49,7 @@ impl PendingCommands {
     }
 
     /// Hands the node's response to its caller; false for an unknown id.
-    pub fn answer(&self, id: u64, resp: pb::NodeCommandResponse) -> bool {
+    pub fn answer(&self, id: u64, resp: T) -> bool {
         match self.waiting.borrow_mut().remove(&id) {
             Some(reply) => {
                 reply.send(resp);
@@ -60,7 +74,7 @@ mod tests {
 
     #[test]
     fn answers_reach_their_caller_and_the_table_is_bounded() {
-        let p = PendingCommands::default();
+        let p: PendingCommands = Pending::default();
         let (tx, rx) = oneshot();
         let id = p.register(tx).unwrap();
         assert!(id > 0);

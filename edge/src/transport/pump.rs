@@ -1,5 +1,6 @@
 //! The command pump of a session: what any core asks of a node link (runs,
-//! tunnels, credit, cancels, commands, config refreshes, probes, close)
+//! tunnels, credit, cancels, commands, workspace calls, config refreshes,
+//! probes, close)
 //! written to it in order; what is still queued when the link dies fails.
 
 use std::{cell::RefCell, rc::Rc};
@@ -27,6 +28,7 @@ pub(super) fn send_cancel(writer: &FrameWriter, run_id: String, reason: &str) {
 pub(super) struct Pumped {
     pub(super) runs: Rc<RefCell<RunTable>>,
     pub(super) commands: Rc<super::commands::PendingCommands>,
+    pub(super) workspace: Rc<super::commands::PendingWorkspace>,
     pub(super) writer: FrameWriter,
     pub(super) closed: LocalCancel,
     pub(super) stop: Stop,
@@ -37,7 +39,7 @@ pub(super) struct Pumped {
 
 /// Applies commands from any core to this session until it closes.
 pub(super) async fn pump_commands(rx: mailbox::Receiver<SessionCmd>, p: Pumped) {
-    let Pumped { runs, commands, writer, closed, stop, sent_revision, leases, probe_now } = p;
+    let Pumped { runs, commands, workspace, writer, closed, stop, sent_revision, leases, probe_now } = p;
     loop {
         let cmd = monoio::select! {
             cmd = rx.recv() => cmd,
@@ -86,6 +88,14 @@ pub(super) async fn pump_commands(rx: mailbox::Receiver<SessionCmd>, p: Pumped) 
                 if let Some(id) = commands.register(reply) {
                     if writer.send(&envelope(id, Body::NodeCommandRequest(req))).is_err() {
                         commands.forget(id);
+                        break;
+                    }
+                }
+            }
+            SessionCmd::Workspace { call, reply } => {
+                if let Some(id) = workspace.register(reply) {
+                    if writer.send(&envelope(id, call.into_body())).is_err() {
+                        workspace.forget(id);
                         break;
                     }
                 }

@@ -86,6 +86,7 @@ pub async fn serve_arrival(worker: Rc<Ctx>, arrival: Arrival) {
         writer: writer.clone(),
         runs: Rc::new(RefCell::new(RunTable::new(Reception { node: node_id.clone(), generation, link: link.index }))),
         commands: Rc::default(),
+        workspace: Rc::default(),
         closed: LocalCancel::new(),
         last_seen: Rc::new(std::cell::Cell::new(Instant::now())),
         suspicion: super::Suspicion::default(),
@@ -117,6 +118,8 @@ struct Session {
     writer: FrameWriter,
     runs: Rc<RefCell<RunTable>>,
     commands: Rc<super::commands::PendingCommands>,
+    /// Workspace calls waiting for the node's answer.
+    workspace: Rc<super::commands::PendingWorkspace>,
     closed: LocalCancel,
     last_seen: Rc<std::cell::Cell<Instant>>,
     /// Set while the link does not answer (see `suspect.rs`).
@@ -151,6 +154,7 @@ impl Session {
             Pumped {
                 runs: self.runs.clone(),
                 commands: self.commands.clone(),
+                workspace: self.workspace.clone(),
                 writer: self.writer.clone(),
                 closed: self.closed.clone(),
                 stop: Stop { stopper: reader.stopper(), reason: self.stop_reason.clone() },
@@ -271,6 +275,13 @@ impl Session {
                         tracing::debug!(node = %self.node_id, cid, "response to no waiting command ignored");
                     }
                 }
+                Some(body) if ready && is_workspace_answer(&body) => {
+                    if let Some(answer) = iop_core::wire::WorkspaceAnswer::from_body(body) {
+                        if !self.workspace.answer(cid, answer) {
+                            tracing::debug!(node = %self.node_id, cid, "workspace answer to no waiting call ignored");
+                        }
+                    }
+                }
                 other => {
                     let what = other.as_ref().map(body_name).unwrap_or("empty");
                     return format!("protocol_violation: unexpected {what}");
@@ -292,6 +303,8 @@ impl Session {
             let reason = pb::WorkspaceRefusalReason::try_from(r.reason).map_or("unknown", |r| r.as_str_name());
             tracing::warn!(node = %self.node_id, link = self.link, workspace = %r.workspace_ref, reason, "node serves no request in this workspace");
         }
+        let refused = req.refused_workspaces.iter().map(|r| r.workspace_ref.clone()).collect();
+        self.worker.shared.workspaces.record(&self.node_id, self.generation, refused);
         let Some(session) = cmd_tx.clone() else { return true };
         let handle = super::LinkHandle { session: session.clone(), suspicion: self.suspicion.clone() };
         let outcome = self.worker.shared.registry.lock().ready(&self.node_id, self.generation, self.link, handle);
@@ -459,6 +472,17 @@ async fn heartbeat(
     }
 }
 
+fn is_workspace_answer(b: &Body) -> bool {
+    matches!(
+        b,
+        Body::WorkspaceOpenResponse(_)
+            | Body::WorkspaceToolResponse(_)
+            | Body::WorkspaceArtifactResponse(_)
+            | Body::WorkspaceCancelResponse(_)
+            | Body::WorkspaceCleanupResponse(_)
+    )
+}
+
 fn body_name(b: &Body) -> &'static str {
     match b {
         Body::RegisterRequest(_) => "RegisterRequest",
@@ -477,5 +501,15 @@ fn body_name(b: &Body) -> &'static str {
         Body::ConfigRefreshAck(_) => "ConfigRefreshAck",
         Body::Heartbeat(_) => "Heartbeat",
         Body::StreamCredit(_) => "StreamCredit",
+        Body::WorkspaceOpenRequest(_) => "WorkspaceOpenRequest",
+        Body::WorkspaceToolRequest(_) => "WorkspaceToolRequest",
+        Body::WorkspaceArtifactRequest(_) => "WorkspaceArtifactRequest",
+        Body::WorkspaceCancelRequest(_) => "WorkspaceCancelRequest",
+        Body::WorkspaceCleanupRequest(_) => "WorkspaceCleanupRequest",
+        Body::WorkspaceOpenResponse(_) => "WorkspaceOpenResponse before ready",
+        Body::WorkspaceToolResponse(_) => "WorkspaceToolResponse before ready",
+        Body::WorkspaceArtifactResponse(_) => "WorkspaceArtifactResponse before ready",
+        Body::WorkspaceCancelResponse(_) => "WorkspaceCancelResponse before ready",
+        Body::WorkspaceCleanupResponse(_) => "WorkspaceCleanupResponse before ready",
     }
 }

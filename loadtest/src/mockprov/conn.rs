@@ -28,7 +28,9 @@ use super::play::Live;
 use super::record::{Exchange, RequestHeaders};
 use super::reply::{Env, Reply, OLLAMA_JSON};
 use super::routes::{self, Endpoint, Meta, Route};
-use super::{chat, completions, embeddings, errors, messages, models, ollama_chat, ollama_meta, responses, Ctx, Stats};
+use super::{
+    chat, completions, embeddings, errors, messages, models, ollama_chat, ollama_meta, responses, script, Ctx, Stats,
+};
 
 /// Bytes asked of one read.
 const READ_CHUNK: usize = 16 * 1024;
@@ -303,7 +305,10 @@ impl Conn {
         });
         let env = Env { config: &self.ctx.config, seq, now: Timestamp::now() };
         let reply: Reply = match endpoint {
-            Endpoint::Chat => chat::reply(&body, &env),
+            Endpoint::Chat => match self.ctx.scripts.as_deref().and_then(|s| script::reply(s, &body, &env)) {
+                Some(scripted) => scripted,
+                None => chat::reply(&body, &env),
+            },
             Endpoint::Completions => completions::reply(&body, &env),
             Endpoint::Embeddings => embeddings::openai_reply(&body, &env),
             Endpoint::Responses => responses::reply(&body, &env),

@@ -10,6 +10,7 @@
 //! - [`Stats`]: counters served at `GET /stats`.
 //! - [`record`]: the exchange log served at `GET /last` and `GET /log`.
 //! - [`closes`]: the early closes of tagged requests, at `GET /closes`.
+//! - [`script`]: scripted chat answers per coordinator stage (`--script`).
 //!
 //! Endpoints. Model endpoints (numbered, recorded, `mock` overrides apply):
 //! `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
@@ -26,8 +27,9 @@
 //! Layout: each endpoint module turns a body into a [`reply::Reply`] with no
 //! I/O (`chat` + `chat_stream` + `chat_body`, `completions`, `embeddings`,
 //! `responses`, `messages` + `messages_stream`, `ollama_chat`,
-//! `ollama_meta`); `routes` picks the endpoint, `conn` reads requests,
-//! `play` paces, writes and records a reply.
+//! `ollama_meta`, and `script` for scripted chat answers); `routes` picks
+//! the endpoint, `conn` reads requests, `play` paces, writes and records a
+//! reply.
 
 pub mod chat;
 pub mod chat_body;
@@ -52,6 +54,7 @@ pub mod record;
 pub mod reply;
 pub mod responses;
 pub mod routes;
+pub mod script;
 pub mod tokenize;
 pub mod tool_calls;
 
@@ -83,7 +86,11 @@ included, but never ends its body: the connection stays open until the
 client leaves, counted as an early close), reasoning, token_bytes, tool_calls, tool_name, refusal,
 logprobs, hangup (read the request, close without answering) and tag (a
 label for /closes). Unknown keys are refused
-with a 400.";
+with a 400.
+
+--script PATH: a chat request whose messages hold [script:NAME] gets the next
+answer of that script's stage (response_format.json_schema.name iop_plan: plan,
+iop_review: review, else work) instead of a generated one; see loadtest/README.md.";
 
 /// Defaults for every request (each can be overridden per request).
 #[derive(Debug, Clone, clap::Parser)]
@@ -156,6 +163,12 @@ pub struct MockConfig {
     /// Their paths then answer 404, as on a server without them.
     #[arg(long, value_enum, value_delimiter = ',')]
     pub without: Vec<routes::Native>,
+    /// Scripted chat answers, a JSON file read at start
+    /// (`{"scripts": {"NAME": {"plan": [..], "work": [..], "review": [..]}}}`):
+    /// a chat request whose messages hold `[script:NAME]` gets the next
+    /// answer of its stage.
+    #[arg(long, value_name = "PATH")]
+    pub script: Option<std::path::PathBuf>,
 }
 
 impl MockConfig {
@@ -180,6 +193,7 @@ impl MockConfig {
             tls_cert: None,
             tls_key: None,
             without: Vec::new(),
+            script: None,
         }
     }
 }
@@ -261,6 +275,8 @@ pub(crate) struct Ctx {
     pub(crate) closes: RefCell<closes::CloseLog>,
     /// What the model lists answer (`POST /mock/health`).
     pub(crate) list_health: std::cell::Cell<list_health::ListHealth>,
+    /// `--script`, read at start.
+    pub(crate) scripts: Option<Arc<script::Scripts>>,
 }
 
 /// A bound mock provider. Create and run it inside a monoio runtime.
@@ -275,6 +291,8 @@ impl MockProv {
     /// Binds `config.listen` (without `SO_REUSEPORT`, so a stale server can
     /// never silently share the port).
     pub fn bind(config: MockConfig) -> io::Result<Self> {
+        // Before binding: a bad script file stops the mock before it is announced.
+        let scripts = config.script.as_deref().map(script::Scripts::load).transpose().map_err(io::Error::other)?;
         let tls = match (&config.tls_cert, &config.tls_key) {
             (Some(c), Some(k)) => Some(
                 iop_core::net::tls::ServerTls::new(c, k, None, iop_core::net::tls::ALPN_HTTP1)
@@ -291,6 +309,7 @@ impl MockProv {
             log: RefCell::new(record::ExchangeLog::default()),
             closes: RefCell::new(closes::CloseLog::default()),
             list_health: std::cell::Cell::new(list_health::ListHealth::Ok),
+            scripts: scripts.map(Arc::new),
         });
         Ok(Self { listener, ctx, tls })
     }

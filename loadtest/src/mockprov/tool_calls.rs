@@ -48,11 +48,17 @@ pub fn echo(tool_content: &str) -> String {
 
 /// One whole OpenAI tool call (`message.tool_calls[i]` of a non-streamed answer).
 pub fn openai_call(id: &str, name: &str, i: u64) -> String {
+    openai_call_with(id, name, &arguments(i))
+}
+
+/// One whole OpenAI tool call with `arguments` as given (the JSON text, or
+/// any text a scripted answer sends).
+pub fn openai_call_with(id: &str, name: &str, arguments: &str) -> String {
     format!(
         "{{\"id\":{},\"type\":\"function\",\"function\":{{\"name\":{},\"arguments\":{}}}}}",
         json_str(id),
         json_str(name),
-        json_str(&arguments(i))
+        json_str(arguments)
     )
 }
 

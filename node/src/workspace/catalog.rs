@@ -18,6 +18,11 @@ impl Catalog {
     pub fn refs(&self) -> Vec<&str> {
         self.entries.iter().map(|e| e.workspace_ref.as_str()).collect()
     }
+
+    /// The entries served, in the edge's order.
+    pub fn entries(&self) -> &[pb::WorkspaceConfig] {
+        &self.entries
+    }
 }
 
 /// Checks `entries` against this host on the blocking thread (it looks at

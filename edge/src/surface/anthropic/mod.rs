@@ -6,6 +6,7 @@
 //! request that speaks it, so the answers the edge gives before any route
 //! (API-key refusals, unknown paths) come in its shape.
 
+pub mod agent;
 mod answer;
 pub mod count;
 pub mod error;

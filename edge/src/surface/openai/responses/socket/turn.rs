@@ -30,7 +30,7 @@ use crate::{
     surface::{
         api_keys,
         error::clip,
-        exchange::{admit_reachable, lease_class, refusal, serving, tunnels_to},
+        exchange::{lease_class, refusal, serving, tunnels_to},
         openai::responses::{normalized::unix_now, stream::ResponsesEncoder, ResponseMeta},
         replay,
         route::Route,
@@ -190,7 +190,7 @@ async fn admit(
 ) -> Result<Admitted, Stop> {
     let asked = std::time::Instant::now();
     let write_timeout = worker.config.borrow().http.idle_timeout;
-    match inbox.during(conn, admit_reachable(worker, group, class), write_timeout).await? {
+    match inbox.during(conn, crate::dispatch::admit_reachable(worker, group, class), write_timeout).await? {
         Ok(admitted) => {
             conn.exchange.queue_wait = Some(asked.elapsed());
             Ok(admitted)
