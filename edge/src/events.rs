@@ -127,6 +127,17 @@ pub enum EdgeEvent {
         /// The overlay after it: `healthy` or `unavailable`.
         overlay: &'static str,
     },
+    /// A single request (agent) ended with an error
+    /// (`edge_single_request_terminal_rejection`): only closed labels and
+    /// the status, never the request's content or ids of its stages.
+    SingleRequestRejected {
+        /// The terminal kind (`error`).
+        terminal: &'static str,
+        /// Its error class.
+        class: &'static str,
+        /// The HTTP status it answers with.
+        status: u16,
+    },
     /// A new config was applied.
     ConfigReloaded {
         /// Its revision.
@@ -154,6 +165,7 @@ impl EdgeEvent {
             EdgeEvent::ProviderHealth { .. } => "provider_health",
             EdgeEvent::ConfigReloaded { .. } => "config_reloaded",
             EdgeEvent::ConfigRejected { .. } => "config_rejected",
+            EdgeEvent::SingleRequestRejected { .. } => "edge_single_request_terminal_rejection",
         }
     }
 
@@ -191,6 +203,9 @@ impl EdgeEvent {
                        "path": path, "usage": usage})
             }
             EdgeEvent::ConfigReloaded { revision } => json!({"revision": revision}),
+            EdgeEvent::SingleRequestRejected { terminal, class, status } => {
+                json!({"terminal": terminal, "class": class, "status": status})
+            }
             EdgeEvent::ConfigRejected { error } => json!({"error": error}),
             EdgeEvent::ProviderHealth { node, provider, source, health, outcome, overlay } => {
                 json!({"node": node, "provider": provider, "source": source, "health": health,

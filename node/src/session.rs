@@ -237,7 +237,10 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
         cfg.shutdown_grace,
     ));
 
-    let reason = serve_frames(reader, writer, &manager, &link.workspaces, &last_seen, cfg.stream_coalesce).await;
+    let opened = crate::workspace::Opened::default();
+    let reason =
+        serve_frames(reader, writer, &manager, &link.workspaces, &opened, &last_seen, cfg.stream_coalesce).await;
+    opened.clean_all(&link.workspaces);
     let reason = match reason.as_str() {
         STOPPED if writer.is_closed() => "write to the edge failed".to_owned(),
         STOPPED if !shutdown.is_cancelled() => "heartbeat_timeout".to_owned(),
@@ -271,6 +274,7 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
     writer: &FrameWriter,
     manager: &Rc<RunManager>,
     workspaces: &Arc<Workspaces>,
+    opened: &crate::workspace::Opened,
     last_seen: &Cell<Instant>,
     coalesce: Duration,
 ) -> String {
@@ -303,28 +307,47 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
                             manager.config_applied(payload);
                         }
                         tracing::info!(revision, "provider config refreshed");
-                        pb::ConfigRefreshAck { revision, applied: true, error: String::new() }
+                        pb::ConfigRefreshAck { revision, applied: true, ..Default::default() }
                     }
                     Some(Err(e)) => {
                         tracing::error!(revision, error = %e, "refreshed provider config rejected; keeping the current one");
-                        pb::ConfigRefreshAck { revision, applied: false, error: e }
+                        pb::ConfigRefreshAck { revision, applied: false, error: e, ..Default::default() }
                     }
-                    None => pb::ConfigRefreshAck { revision, applied: false, error: "refresh without config".into() },
+                    None => pb::ConfigRefreshAck {
+                        revision,
+                        applied: false,
+                        error: "refresh without config".into(),
+                        ..Default::default()
+                    },
                 };
-                let _ = writer.send(&envelope(cid, Body::ConfigRefreshAck(ack)));
+                match refresh.config {
+                    // The catalog is checked again off this loop (it looks at
+                    // the file system); the ack says what it refused.
+                    Some(payload) if ack.applied => {
+                        let (writer, workspaces) = (writer.clone(), workspaces.clone());
+                        monoio::spawn(async move {
+                            let (catalog, refused) = crate::workspace::admit(payload.workspaces, false).await;
+                            workspaces.install(catalog.entries());
+                            let ack = pb::ConfigRefreshAck { refused_workspaces: refused, ..ack };
+                            let _ = writer.send(&envelope(cid, Body::ConfigRefreshAck(ack)));
+                        });
+                    }
+                    _ => {
+                        let _ = writer.send(&envelope(cid, Body::ConfigRefreshAck(ack)));
+                    }
+                }
             }
             Some(Body::NodeCommandRequest(cmd)) => crate::command::handle(cid, cmd, manager, writer),
             Some(Body::ProviderTunnelRequest(t)) => manager.start_tunnel(t),
-            // A request's workspace outlives this session (another link may
-            // carry its calls; the edge sends its cleanup): nothing is
-            // cleaned when the session ends.
+            // The edge calls a request's workspace on one link only; what
+            // this session opened is cleaned up when it ends (`Opened`).
             Some(
                 body @ (Body::WorkspaceOpenRequest(_)
                 | Body::WorkspaceToolRequest(_)
                 | Body::WorkspaceArtifactRequest(_)
                 | Body::WorkspaceCancelRequest(_)
                 | Body::WorkspaceCleanupRequest(_)),
-            ) => crate::workspace::serve(cid, body, workspaces, writer),
+            ) => crate::workspace::serve(cid, body, workspaces, writer, opened),
             Some(Body::NodeReadyResponse(_)) | Some(Body::RegisterResponse(_)) => {
                 tracing::debug!("ignoring a late handshake response");
             }

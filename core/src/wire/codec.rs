@@ -604,7 +604,12 @@ mod tests {
             tunnel_frame(Tk::End(pb::TunnelEnd {})),
             tunnel_frame(Tk::Error(run_error())),
             Body::ConfigRefresh(pb::ConfigRefresh { config: Some(node_config()) }),
-            Body::ConfigRefreshAck(pb::ConfigRefreshAck { revision: 7, applied: false, error: "bad".into() }),
+            Body::ConfigRefreshAck(pb::ConfigRefreshAck {
+                revision: 7,
+                applied: false,
+                error: "bad".into(),
+                ..Default::default()
+            }),
             Body::Heartbeat(pb::Heartbeat { ping: true, sent_at_ms: 1 }),
             Body::StreamCredit(pb::StreamCredit { id: "t-1".into(), bytes: 65536 }),
             Body::Heartbeat(pb::Heartbeat { ping: false, sent_at_ms: 0 }),

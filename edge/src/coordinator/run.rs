@@ -112,6 +112,9 @@ struct Driver {
     model_calls: u32,
     tool_calls: u32,
     request_deadline: Instant,
+    /// The stage being timed, and since when.
+    stage: &'static str,
+    stage_since: Instant,
 }
 
 /// Carries out `task` for `agent` in the admitted workspace `ws`.
@@ -129,6 +132,8 @@ pub async fn run(ctx: Rc<Ctx>, agent: AgentEntry, ws: Frozen, task: Task, progre
         model_calls: 0,
         tool_calls: 0,
         request_deadline,
+        stage: "accepted",
+        stage_since: started,
     };
     d.progress.enter(Stage::Accepted);
     let result = {
@@ -152,7 +157,10 @@ pub async fn run(ctx: Rc<Ctx>, agent: AgentEntry, ws: Frozen, task: Task, progre
         Some(Ok(Err(t))) => d.run.propose(t),
     }
     d.progress.enter(Stage::Finalizing);
-    if d.run.needs_cleanup() {
+    d.stage_done(Instant::now());
+    d.stage = "finalizing";
+    let cleaned = d.run.needs_cleanup();
+    if cleaned {
         let ok = d.cleanup().await;
         d.run.cleaned(ok);
     }
@@ -172,7 +180,12 @@ pub async fn run(ctx: Rc<Ctx>, agent: AgentEntry, ws: Frozen, task: Task, progre
         elapsed_ms = started.elapsed().as_millis() as u64,
         "single request finished"
     );
-    crate::metrics::single_request_done(kind, class, d.model_calls, d.tool_calls);
+    d.stage_done(Instant::now());
+    crate::metrics::single_request_done(kind, class, d.model_calls, d.tool_calls, cleaned);
+    if let Terminal::Error(c) = terminal {
+        let status = c.anthropic().1;
+        d.ctx.shared.events.publish(crate::events::EdgeEvent::SingleRequestRejected { terminal: kind, class, status });
+    }
     Outcome { terminal, text, usage: d.usage, model_calls: d.model_calls, tool_calls: d.tool_calls }
 }
 
@@ -387,6 +400,9 @@ impl Driver {
         match self.run.advance(s) {
             Ok(()) => {
                 self.progress.enter(s);
+                let now = Instant::now();
+                self.stage_done(now);
+                self.stage = stage_label(s);
                 Ok(())
             }
             Err(super::state::StateError::NoRepairLeft) => Err(error(ErrorClass::Budget)),
@@ -397,9 +413,31 @@ impl Driver {
         }
     }
 
+    /// Records the time spent in the stage being timed.
+    fn stage_done(&mut self, now: Instant) {
+        crate::metrics::single_request_stage(self.stage, now.saturating_duration_since(self.stage_since));
+        self.stage_since = now;
+    }
+
     /// A new stage's deadline: its own budget, within the request's.
     fn stage_deadline(&self) -> Instant {
         (Instant::now() + self.agent.budget.stage_timeout).min(self.request_deadline)
+    }
+}
+
+/// A stage's closed name (metrics, the client's stage envelope).
+pub fn stage_label(s: Stage) -> &'static str {
+    match s {
+        Stage::Accepted => "accepted",
+        Stage::Planning => "planning",
+        Stage::Working => "working",
+        Stage::InternalTool { .. } => "internal_tool",
+        Stage::Reviewing => "reviewing",
+        Stage::Repairing => "repairing",
+        Stage::Finalizing => "finalizing",
+        Stage::Completed => "completed",
+        Stage::Failed => "failed",
+        Stage::Cancelled => "cancelled",
     }
 }
 

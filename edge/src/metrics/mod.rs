@@ -87,8 +87,10 @@ pub struct CoreMetrics {
     pub single_request_ingress: u64,
     /// Their terminals, by (kind, error class or "").
     pub single_request_terminals: HashMap<(&'static str, &'static str), u64>,
-    /// Their model calls and workspace tool calls.
+    /// Their model calls, workspace tool calls and cleanups.
     pub single_request_calls: HashMap<&'static str, u64>,
+    /// Time spent in each stage (closed stage names).
+    pub single_request_stages: HashMap<&'static str, Histogram>,
 }
 
 impl CoreMetrics {
@@ -117,6 +119,9 @@ impl CoreMetrics {
         self.single_request_ingress += other.single_request_ingress;
         merge_map(&mut self.single_request_terminals, &other.single_request_terminals);
         merge_map(&mut self.single_request_calls, &other.single_request_calls);
+        for (stage, h) in &other.single_request_stages {
+            self.single_request_stages.entry(stage).or_default().merge(h);
+        }
     }
 }
 
@@ -240,12 +245,18 @@ pub fn single_request_ingress() {
 }
 
 /// Records how a single request ended (closed labels), and its calls.
-pub fn single_request_done(kind: &'static str, class: &'static str, model_calls: u32, tool_calls: u32) {
+pub fn single_request_done(kind: &'static str, class: &'static str, model_calls: u32, tool_calls: u32, cleaned: bool) {
     with(|m| {
         *m.single_request_terminals.entry((kind, class)).or_default() += 1;
         *m.single_request_calls.entry("model").or_default() += u64::from(model_calls);
         *m.single_request_calls.entry("tool").or_default() += u64::from(tool_calls);
+        *m.single_request_calls.entry("cleanup").or_default() += u64::from(cleaned);
     });
+}
+
+/// Records the time a single request spent in `stage` (a closed name).
+pub fn single_request_stage(stage: &'static str, d: Duration) {
+    with(|m| m.single_request_stages.entry(stage).or_default().observe(d));
 }
 
 #[cfg(test)]

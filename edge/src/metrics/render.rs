@@ -197,11 +197,22 @@ fn single_request(out: &mut String, m: &CoreMetrics) {
     for ((kind, class), n) in ts {
         let _ = writeln!(out, "iop_edge_single_request_terminals_total{{terminal=\"{kind}\",class=\"{class}\"}} {n}");
     }
-    head(out, "iop_edge_single_request_calls_total", "counter", "Calls single requests made, by kind (model, tool).");
+    head(
+        out,
+        "iop_edge_single_request_calls_total",
+        "counter",
+        "Calls single requests made, by kind (model, tool, cleanup).",
+    );
     let mut cs: Vec<_> = m.single_request_calls.iter().collect();
     cs.sort();
     for (kind, n) in cs {
         let _ = writeln!(out, "iop_edge_single_request_calls_total{{kind=\"{kind}\"}} {n}");
+    }
+    head(out, "iop_edge_single_request_stage_seconds", "histogram", "Time single requests spent in each stage.");
+    let mut ss: Vec<_> = m.single_request_stages.iter().collect();
+    ss.sort_by_key(|(s, _)| **s);
+    for (stage, h) in ss {
+        histogram(out, "iop_edge_single_request_stage_seconds", &format!("stage=\"{stage}\""), h);
     }
 }
 

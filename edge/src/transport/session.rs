@@ -269,6 +269,11 @@ impl Session {
                 }
                 Some(Body::ConfigRefreshAck(ack)) => {
                     tracing::info!(node = %self.node_id, revision = ack.revision, applied = ack.applied, error = %ack.error, "node config refresh acknowledged");
+                    if ack.applied {
+                        // The refreshed catalog, as the node checked it again.
+                        let refused = ack.refused_workspaces.into_iter().map(|r| r.workspace_ref).collect();
+                        self.worker.shared.workspaces.record(&self.node_id, self.generation, refused);
+                    }
                 }
                 Some(Body::NodeCommandResponse(resp)) => {
                     if !self.commands.answer(cid, resp) {

@@ -12,14 +12,14 @@ use crate::harness::*;
 /// An edge with node `n1` (provider `up` on the scripted mock, workspace
 /// `repo` at `root`), model `m` on it, and agent `coder` using `m` for
 /// every stage; `agent_extra` holds more agent keys.
-struct Setup {
-    edge: Edge,
-    _node: Proc,
-    _mock: MockProv,
-    root: PathBuf,
+pub struct Setup {
+    pub edge: Edge,
+    pub _node: Proc,
+    pub _mock: MockProv,
+    pub root: PathBuf,
 }
 
-fn setup(name: &str, scripts: &Value, agent_extra: &str) -> Setup {
+pub fn setup(name: &str, scripts: &Value, agent_extra: &str) -> Setup {
     let dir = scratch(name);
     let root = dir.join("repo");
     std::fs::create_dir_all(&root).unwrap();
@@ -69,26 +69,30 @@ workspaces = ["repo"]
     let edge = Edge::start(&config);
     let node = edge.start_node("n1", "");
     edge.wait_nodes_ready(1);
-    // Ready is said before the node's workspaces are known to every core.
-    eventually(Duration::from_secs(10), "the edge knows the node serves `repo`", || {
-        edge.proc.log_text().contains("node ready")
-    });
+    eventually(Duration::from_secs(10), "the agent is served", || agent_listed(&edge));
     Setup { edge, _node: node, _mock: mock, root }
 }
 
-fn plan_ok() -> Value {
+/// Whether `coder` is among the models (it is while a node serves one of
+/// its workspaces).
+pub fn agent_listed(edge: &Edge) -> bool {
+    let r = request(edge.http, "GET", "/v1/models", None, &[]);
+    r.json()["data"].as_array().unwrap().iter().any(|m| m["id"] == "coder")
+}
+
+pub fn plan_ok() -> Value {
     json!({"content": json!({"plan": "1. write hello.txt\n2. run test", "verification": "test prints tested"}).to_string()})
 }
 
-fn verdict(v: &str, findings: &str) -> Value {
+pub fn verdict(v: &str, findings: &str) -> Value {
     json!({"content": json!({"verdict": v, "findings": findings}).to_string()})
 }
 
-fn call(name: &str, args: Value) -> Value {
+pub fn call(name: &str, args: Value) -> Value {
     json!({"tool_calls": [{"name": name, "arguments": args}]})
 }
 
-fn task(script: &str, stream: bool) -> Vec<u8> {
+pub fn task(script: &str, stream: bool) -> Vec<u8> {
     serde_json::to_vec(&json!({
         "model": "coder",
         "max_tokens": 512,
@@ -98,13 +102,13 @@ fn task(script: &str, stream: bool) -> Vec<u8> {
     .unwrap()
 }
 
-fn ask(s: &Setup, script: &str, stream: bool) -> Response {
+pub fn ask(s: &Setup, script: &str, stream: bool) -> Response {
     let body = task(script, stream);
     request(s.edge.http, "POST", "/v1/messages", Some(&body), &[("anthropic-version", "2023-06-01")])
 }
 
 /// The request's job directories are all gone; user files are kept.
-fn assert_cleaned(root: &Path) {
+pub fn assert_cleaned(root: &Path) {
     let jobs = root.join(".iop/job");
     let left: Vec<_> =
         std::fs::read_dir(&jobs).map(|d| d.flatten().map(|e| e.file_name()).collect()).unwrap_or_default();
@@ -112,7 +116,7 @@ fn assert_cleaned(root: &Path) {
     assert_eq!(std::fs::read(root.join("README.md")).unwrap(), b"user file\n");
 }
 
-fn sse_events(r: &Response) -> Vec<(String, Value)> {
+pub fn sse_events(r: &Response) -> Vec<(String, Value)> {
     let text = String::from_utf8_lossy(&r.body).into_owned();
     let mut out = Vec::new();
     let mut event = String::new();
@@ -219,6 +223,7 @@ fn every_failure_ends_with_its_class_and_a_clean_workspace() {
         ]},
     }});
     let s = setup("agent-classes", &scripts, "stage_iterations = 2");
+    let mut events = s.edge.events();
     let outside = s.root.parent().unwrap().join("outside.txt");
     for (script, status, kind, class) in [
         ("provider", 500, "api_error", "provider"),
@@ -238,6 +243,23 @@ fn every_failure_ends_with_its_class_and_a_clean_workspace() {
         let msg = e["error"]["message"].as_str().unwrap();
         assert!(msg.contains(&format!("`{class}`")), "{script}: {msg}");
         assert_cleaned(&s.root);
+        // The rejection event: the terminal kind, the class and the status, nothing else.
+        let e = events.wait("edge_single_request_terminal_rejection", Duration::from_secs(10), |_| true);
+        assert_eq!(
+            (e["terminal"].as_str(), e["class"].as_str(), e["status"].as_u64()),
+            (Some("error"), Some(class), Some(500))
+        );
+        let mut keys: Vec<&str> = e.as_object().unwrap().keys().map(String::as_str).collect();
+        keys.sort_unstable();
+        assert_eq!(keys, ["class", "status", "terminal", "ts_ms", "type"]);
+    }
+    let metrics = String::from_utf8(s.edge.admin("/metrics").body).unwrap();
+    for want in [
+        "iop_edge_single_request_terminals_total{terminal=\"error\",class=\"repetition\"} 1",
+        "iop_edge_single_request_stage_seconds_count{stage=\"planning\"}",
+        "iop_edge_single_request_calls_total{kind=\"cleanup\"}",
+    ] {
+        assert!(metrics.contains(want), "{want} missing:\n{metrics}");
     }
     assert!(!outside.exists(), "a write escaped the root");
     // `length` says so and exposes nothing of the partial stage output.
@@ -317,10 +339,7 @@ fn a_workspace_the_agent_may_not_use_or_no_node_serves_fails_closed() {
         &[],
     );
     assert_eq!(r.status, 400);
-    let listed = |edge: &Edge| {
-        let r = request(edge.http, "GET", "/v1/models", None, &[]);
-        r.json()["data"].as_array().unwrap().iter().any(|m| m["id"] == "coder")
-    };
+    let listed = agent_listed;
     assert!(listed(&s.edge), "a served agent is a model");
     let Setup { edge, _node: node, .. } = s;
     drop(node);
@@ -329,4 +348,31 @@ fn a_workspace_the_agent_may_not_use_or_no_node_serves_fails_closed() {
         let r = request(edge.http, "POST", "/v1/messages", Some(&body), &[]);
         r.status == 503 || r.status == 529
     });
+}
+
+/// A config reload re-checks the node's catalog: a workspace whose root is
+/// gone is refused (the agent fails closed and is not listed), and served
+/// again once it is back.
+#[test]
+fn a_reload_rechecks_the_workspaces_the_node_serves() {
+    let scripts = json!({"scripts": {"ok": {
+        "plan": [plan_ok()],
+        "work": [{"content": "nothing to do"}],
+        "review": [verdict("approve", "fine")],
+    }}});
+    let s = setup("agent-reload", &scripts, "");
+    let config = std::fs::read_to_string(&s.edge.config_path).unwrap();
+    let root = s.root.to_str().unwrap().to_owned();
+    let moved = format!("{root}-missing");
+    s.edge.rewrite_config(&config.replace(&format!("root = \"{root}\""), &format!("root = \"{moved}\"")));
+    s.edge.sighup();
+    eventually(Duration::from_secs(10), "the refused workspace's agent is not listed", || !agent_listed(&s.edge));
+    let r = ask(&s, "ok", false);
+    assert!(r.status == 503 || r.status == 529, "{}", String::from_utf8_lossy(&r.body));
+    s.edge.rewrite_config(&config);
+    s.edge.sighup();
+    eventually(Duration::from_secs(10), "the agent is served again", || agent_listed(&s.edge));
+    let r = ask(&s, "ok", false);
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    assert_cleaned(&s.root);
 }

@@ -7,7 +7,7 @@ mod harness;
 mod pki;
 
 mod admin;
-mod agent;
+pub mod agent;
 mod api_keys;
 mod chat;
 mod commands;

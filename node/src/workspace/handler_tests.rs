@@ -421,6 +421,7 @@ fn calls_served_on_a_reactor_are_answered_off_it_with_their_correlation_id() {
 
     let s = Scratch::new("serve");
     let ws = s.workspaces(Limits::default());
+    let job2 = s.job("req-2");
     iop_core::rt::block_on_current(async move {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let conn = TcpStream::connect(listener.local_addr().unwrap()).await.unwrap();
@@ -429,19 +430,32 @@ fn calls_served_on_a_reactor_are_answered_off_it_with_their_correlation_id() {
         monoio::spawn(writer.clone().run(conn));
         let mut reader = FrameReader::new(edge_side, DEFAULT_MAX_FRAME_BYTES, BytesMut::new());
         let mut next = async || reader.next().await.unwrap().unwrap();
+        let opened = crate::workspace::Opened::default();
 
-        crate::workspace::serve(7, Body::WorkspaceOpenRequest(open_req("req-1", &ALL, &["sleep"])), &ws, &writer);
+        crate::workspace::serve(
+            7,
+            Body::WorkspaceOpenRequest(open_req("req-1", &ALL, &["sleep"])),
+            &ws,
+            &writer,
+            &opened,
+        );
         let env = next().await;
         let Some(Body::WorkspaceOpenResponse(open)) = env.body else { panic!("open answer") };
         assert_eq!((env.correlation_id, status(open.status)), (7, Status::Ok));
 
-        crate::workspace::serve(8, Body::WorkspaceToolRequest(command_req("req-1", "t1", "sleep")), &ws, &writer);
+        crate::workspace::serve(
+            8,
+            Body::WorkspaceToolRequest(command_req("req-1", "t1", "sleep")),
+            &ws,
+            &writer,
+            &opened,
+        );
         // The reactor is free while the command runs: the cancel is answered first.
         while ws.table().open["req-1"].running.is_empty() {
             monoio::time::sleep(Duration::from_millis(5)).await;
         }
         let cancel = pb::WorkspaceCancelRequest { request_id: "req-1".into(), tool_id: String::new() };
-        crate::workspace::serve(9, Body::WorkspaceCancelRequest(cancel), &ws, &writer);
+        crate::workspace::serve(9, Body::WorkspaceCancelRequest(cancel), &ws, &writer, &opened);
         let env = next().await;
         let Some(Body::WorkspaceCancelResponse(c)) = env.body else { panic!("cancel answer") };
         assert_eq!((env.correlation_id, c.cancelled), (9, 1));
@@ -449,12 +463,33 @@ fn calls_served_on_a_reactor_are_answered_off_it_with_their_correlation_id() {
         let Some(Body::WorkspaceToolResponse(t)) = env.body else { panic!("tool answer") };
         assert_eq!((env.correlation_id, status(t.status), t.tool_id.as_str()), (8, Status::Cancelled, "t1"));
 
-        crate::workspace::serve(10, Body::WorkspaceCleanupRequest(cleanup_req("req-1")), &ws, &writer);
+        crate::workspace::serve(10, Body::WorkspaceCleanupRequest(cleanup_req("req-1")), &ws, &writer, &opened);
         let env = next().await;
         let Some(Body::WorkspaceCleanupResponse(c)) = env.body else { panic!("cleanup answer") };
         assert_eq!((env.correlation_id, status(c.status)), (10, Status::Ok));
         assert_eq!(ws.threads(), 0);
+
+        // A request opened through a session that then ends is cleaned up
+        // by it: no cleanup call would ever come on another link.
+        crate::workspace::serve(
+            11,
+            Body::WorkspaceOpenRequest(open_req("req-2", &ALL, &["sleep"])),
+            &ws,
+            &writer,
+            &opened,
+        );
+        let env = next().await;
+        assert_eq!(env.correlation_id, 11);
+        assert!(job2.exists());
+        opened.clean_all(&ws);
+        for _ in 0..1000 {
+            if !job2.exists() {
+                break;
+            }
+            monoio::time::sleep(Duration::from_millis(5)).await;
+        }
     })
     .unwrap();
     assert!(!s.job("req-1").exists());
+    assert!(!s.job("req-2").exists(), "the ended session's request is cleaned");
 }

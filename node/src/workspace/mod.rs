@@ -22,4 +22,4 @@ pub use catalog::{admit, Catalog};
 pub use cleanup::{CleanupStart, CleanupTicket};
 pub use handler::{ArtifactTicket, OpenTicket, Refusal, ToolTicket};
 pub use requests::{Limits, Permit, Workspaces};
-pub use serve::serve;
+pub use serve::{serve, Opened};

@@ -22,9 +22,48 @@ use super::{
 /// Every operation thread is taken.
 const BUSY: Refusal = Refusal { status: Status::Busy, error: label::BUSY };
 
+/// The requests opened through one session. The edge calls a request's
+/// workspace only on the link it froze at admission, so when that link
+/// ends no cleanup will come for them: the session cleans them up itself.
+#[derive(Default)]
+pub struct Opened(std::cell::RefCell<Vec<String>>);
+
+impl Opened {
+    /// Cleans up, off the reactor, every request opened through the
+    /// session that just ended (one already cleaned gets its cached
+    /// result: nothing happens twice).
+    pub fn clean_all(&self, ws: &Arc<Workspaces>) {
+        let ids = std::mem::take(&mut *self.0.borrow_mut());
+        if ids.is_empty() {
+            return;
+        }
+        let ws = ws.clone();
+        let spawned = std::thread::Builder::new().name("iop-ws-orphans".into()).spawn(move || {
+            for request_id in ids {
+                let r = ws.cleanup(&pb::WorkspaceCleanupRequest { request_id });
+                tracing::info!(request_id = %field(&r.request_id), status = status_name(r.status), error = %r.error, "workspace of a closed link cleaned");
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::error!(error = %e, "could not start the cleanup of a closed link's workspaces");
+        }
+    }
+}
+
 /// Answers a workspace call `body` (correlation id `cid`) on `writer`;
-/// other bodies are ignored.
-pub fn serve(cid: u64, body: Body, ws: &Arc<Workspaces>, writer: &FrameWriter) {
+/// other bodies are ignored. `opened` remembers what this session opened.
+pub fn serve(cid: u64, body: Body, ws: &Arc<Workspaces>, writer: &FrameWriter, opened: &Opened) {
+    match &body {
+        Body::WorkspaceOpenRequest(req) => {
+            let mut ids = opened.0.borrow_mut();
+            // Bounded by the open table: ids cleaned through it leave here.
+            if !ids.contains(&req.request_id) && ids.len() < MAX_REMEMBERED {
+                ids.push(req.request_id.clone());
+            }
+        }
+        Body::WorkspaceCleanupRequest(req) => opened.0.borrow_mut().retain(|id| *id != req.request_id),
+        _ => {}
+    }
     match body {
         Body::WorkspaceOpenRequest(req) => {
             let begun = ws.permit().ok_or(BUSY).and_then(|permit| Ok((permit, ws.begin_open(&req)?)));
@@ -90,6 +129,10 @@ pub fn serve(cid: u64, body: Body, ws: &Arc<Workspaces>, writer: &FrameWriter) {
         _ => {}
     }
 }
+
+/// Requests one session remembers as opened (far more than the open table
+/// holds, so only a misbehaving edge reaches it).
+const MAX_REMEMBERED: usize = 4096;
 
 /// Runs `work` on a thread of its own (holding `permit` until it ends)
 /// and sends its answer from a task on this reactor. No thread: the work

@@ -169,17 +169,11 @@ fn message(id: &str, model: &str, o: &Outcome) -> Value {
 }
 
 fn stage_name(s: Stage) -> Option<&'static str> {
-    Some(match s {
-        Stage::Accepted => "accepted",
-        Stage::Planning => "planning",
-        Stage::Working => "working",
-        Stage::InternalTool { .. } => "internal_tool",
-        Stage::Reviewing => "reviewing",
-        Stage::Repairing => "repairing",
-        Stage::Finalizing => "finalizing",
+    match s {
         // Terminal stages are told by the terminal itself.
-        Stage::Completed | Stage::Failed | Stage::Cancelled => return None,
-    })
+        Stage::Completed | Stage::Failed | Stage::Cancelled => None,
+        s => Some(run::stage_label(s)),
+    }
 }
 
 fn sse(out: &mut BytesMut, event: &str, data: &Value) {
