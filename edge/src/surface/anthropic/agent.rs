@@ -1,8 +1,10 @@
 //! `POST /v1/messages` whose `model` is an agent: the single-request path.
 //! The task (the last user message's text) is carried out by the
 //! coordinator in a task of its own; the client sees only the closed stage
-//! envelope while it runs (`event: stage`, `{"type":"stage","stage":…}`,
-//! which Anthropic's SDKs skip as an unknown event), then one terminal:
+//! envelope while it runs, as `ping` events carrying the stage
+//! (`{"type":"ping","stage":"planning"}`): every Anthropic SDK drops pings,
+//! where an unknown event type reaches some of them as a malformed
+//! `message_start` (Python's 2.x yields it); then one terminal:
 //! the final message, a `max_tokens` stop with no content, or an error.
 //! Buffered answers share the same frozen terminal. A client that leaves
 //! cancels the run silently; its workspace is still cleaned up.
@@ -111,10 +113,20 @@ pub async fn serve(worker: &Rc<Ctx>, conn: &mut Conn, head: &RequestHead, body: 
     let progress = Rc::new(Progress::default());
     let (tx, rx) = iop_core::rt::oneshot::oneshot();
     let (ctx, name, p) = (worker.clone(), agent.name.clone(), progress.clone());
-    monoio::spawn(async move { tx.send(run::run(ctx, agent, frozen, task, p).await) });
+    let key = conn.exchange.api_key.clone();
+    monoio::spawn(async move {
+        let outcome = run::run(ctx, agent, frozen, task, p.clone()).await;
+        if p.client_gone.is_cancelled() {
+            // The client's record is gone: its key is charged here.
+            if let Some(t) = key.as_ref().and_then(|k| k.tokens.as_ref()) {
+                t.charge(outcome.usage.input_tokens.saturating_add(outcome.usage.output_tokens));
+            }
+        }
+        tx.send(outcome);
+    });
     let message_id = format!("msg_{request_id}");
     if stream {
-        return streamed(worker, conn, &message_id, &name, progress, rx, keep).await;
+        return streamed(worker, conn, &request_id, &name, progress, rx, keep).await;
     }
     let outcome = {
         let Conn { rd, buf, .. } = &mut *conn;
@@ -124,6 +136,7 @@ pub async fn serve(worker: &Rc<Ctx>, conn: &mut Conn, head: &RequestHead, body: 
         progress.client_gone.cancel();
         return false;
     };
+    record(conn, &request_id, &outcome);
     if let Terminal::Error(class) = outcome.terminal {
         let (_, status) = class.anthropic();
         return respond_error(conn, status, &failure_message(class.as_str()), keep).await;
@@ -134,6 +147,24 @@ pub async fn serve(worker: &Rc<Ctx>, conn: &mut Conn, head: &RequestHead, body: 
     let body = message(&message_id, &name, &outcome);
     let extra = [("request-id", message_id.as_str())];
     conn.respond(200, "application/json", &extra, body.to_string().as_bytes(), keep).await.is_ok() && keep
+}
+
+/// The request's record (access log, the key's token charge): the run's
+/// id, how it ended, and every stage's tokens together.
+fn record(conn: &mut Conn, request_id: &str, o: &Outcome) {
+    let mut f = conn.exchange.finish.borrow_mut();
+    f.id.clear();
+    f.id.push_str(request_id);
+    f.outcome = outcome_label(o.terminal);
+    f.usage = Some(o.usage);
+}
+
+fn outcome_label(t: Terminal) -> &'static str {
+    match t {
+        Terminal::EndTurn | Terminal::Length => "complete",
+        Terminal::Error(_) => "error",
+        Terminal::Cancelled { .. } => "cancelled",
+    }
 }
 
 async fn respond_error(conn: &mut Conn, status: u16, msg: &str, keep: bool) -> bool {
@@ -216,7 +247,7 @@ fn terminal_events(out: &mut BytesMut, o: &Outcome) {
 async fn streamed(
     worker: &Rc<Ctx>,
     conn: &mut Conn,
-    id: &str,
+    request_id: &str,
     model: &str,
     progress: Rc<Progress>,
     outcome: iop_core::rt::oneshot::OneshotReceiver<Outcome>,
@@ -225,6 +256,9 @@ async fn streamed(
     let write_timeout = worker.config.borrow().http.idle_timeout;
     let framing = conn.stream_framing;
     let keep = framing.keep_alive(keep);
+    let message_id = format!("msg_{request_id}");
+    let id = message_id.as_str();
+    let finish = conn.exchange.finish.clone();
     let Conn { rd, wr, buf, out, exchange, .. } = conn;
     let headers = [
         ("content-type", "text/event-stream"),
@@ -248,7 +282,7 @@ async fn streamed(
         loop {
             for s in progress.take() {
                 if let Some(name) = stage_name(s) {
-                    sse(&mut events, "stage", &json!({"type": "stage", "stage": name}));
+                    sse(&mut events, "ping", &json!({"type": "ping", "stage": name}));
                 }
             }
             if !events.is_empty() {
@@ -269,6 +303,13 @@ async fn streamed(
             };
             if let Some(o) = ended {
                 let Some(o) = o else { return Err(std::io::ErrorKind::BrokenPipe.into()) };
+                {
+                    let mut f = finish.borrow_mut();
+                    f.id.clear();
+                    f.id.push_str(request_id);
+                    f.outcome = outcome_label(o.terminal);
+                    f.usage = Some(o.usage);
+                }
                 if !o.terminal.is_written() {
                     return Err(std::io::ErrorKind::BrokenPipe.into());
                 }
