@@ -1710,9 +1710,13 @@ heartbeat_wait_ms = 25
             seen.push(name);
         }
         seen.sort();
-        assert_eq!(seen, ["edge.toml", "node.toml", "quickstart.toml"]);
+        assert_eq!(seen, ["agent.toml", "edge.toml", "node.toml", "quickstart.toml"]);
 
         let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap();
+        let a = EdgeConfig::from_toml(&read("agent.toml"), &no_env).unwrap();
+        assert_eq!(a.agents[0].name, "coder");
+        assert_eq!(a.agents[0].workspaces, ["demo"]);
+        assert_eq!(a.nodes[0].workspaces[0].root, "/tmp/iop-agent-demo");
         let q = EdgeConfig::from_toml(&read("quickstart.toml"), &no_env).unwrap();
         assert_eq!(q.http.listen, "127.0.0.1:8080".parse().unwrap());
         assert_eq!(q.node_listen, None);
