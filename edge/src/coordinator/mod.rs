@@ -9,8 +9,10 @@
 //! - [`model`]: a stage's model call, with no client connection.
 //! - [`stages`]: what each stage asks, and the strict reading of plans and
 //!   reviews; [`tools`]: the Work stage's workspace tools.
-//! - [`run`]: the stages carried out, cleanup, the frozen terminal.
+//! - [`run`]: the stages carried out, cleanup, the frozen terminal; its
+//!   calls into the workspace in `calls.rs`.
 
+mod calls;
 pub mod model;
 pub mod run;
 pub mod stages;

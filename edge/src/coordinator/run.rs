@@ -12,34 +12,29 @@ use std::{
     collections::HashSet,
     hash::{Hash, Hasher},
     rc::Rc,
-    time::{Duration, Instant},
+    time::Instant,
 };
 
 use iop_core::{
     config::AgentEntry,
     exec::Usage,
     rt::signal::{LocalCancel, LocalNotify},
-    wire::{pb, WorkspaceAnswer, WorkspaceCall},
+    wire::pb,
 };
 use serde_json::{json, Value};
 
 use super::{
     model::{self, Answer},
     stages,
-    state::{ErrorClass, Phase, Run, Stage, Terminal},
+    state::{ErrorClass, Run, Stage, Terminal},
     tools::{self, ToolCall},
-    workspace::{CallError, Frozen},
+    workspace::Frozen,
 };
 use crate::ctx::Ctx;
 
 /// Most bytes of a Work stage's request: past it, the conversation no
 /// longer fits a model's context (class `context`).
 const MAX_CONTEXT_BYTES: usize = 1 << 20;
-/// How long the workspace's cleanup may take (its commands are killed
-/// first; this waits for operations in flight on the node).
-const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long the typed cancel sent when the client leaves may wait.
-const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
 /// Stage envelopes kept for the client before the oldest are dropped (a
 /// slow reader sees the latest stages, never an unbounded list).
 const MAX_QUEUED_STAGES: usize = 64;
@@ -101,16 +96,16 @@ pub struct Outcome {
 }
 
 /// A run in progress.
-struct Driver {
+pub(super) struct Driver {
     ctx: Rc<Ctx>,
     agent: AgentEntry,
-    ws: Frozen,
-    task: Task,
+    pub(super) ws: Frozen,
+    pub(super) task: Task,
     progress: Rc<Progress>,
-    run: Run,
+    pub(super) run: Run,
     usage: Usage,
     model_calls: u32,
-    tool_calls: u32,
+    pub(super) tool_calls: u32,
     request_deadline: Instant,
     /// The stage being timed, and since when.
     stage: &'static str,
@@ -199,9 +194,9 @@ pub fn labels(t: Terminal) -> (&'static str, &'static str) {
     }
 }
 
-type Step<T> = Result<T, Terminal>;
+pub(super) type Step<T> = Result<T, Terminal>;
 
-fn error(class: ErrorClass) -> Terminal {
+pub(super) fn error(class: ErrorClass) -> Terminal {
     Terminal::Error(class)
 }
 
@@ -294,24 +289,6 @@ impl Driver {
         Err(error(ErrorClass::Budget))
     }
 
-    /// Runs one tool call on the node; its result resumes the Work stage.
-    async fn tool(&mut self, stage_id: &str, call: ToolCall, deadline: Instant) -> Step<pb::WorkspaceToolResponse> {
-        self.tool_calls += 1;
-        let tool_id = format!("t{}", self.tool_calls);
-        self.enter(Stage::InternalTool { issued_by: Phase::Working })?;
-        let req = call.request(&self.task.request_id, stage_id, &tool_id);
-        let answer = self.ws.call(WorkspaceCall::Tool(req), deadline).await.map_err(call_error)?;
-        let WorkspaceAnswer::Tool(resp) = answer else { return Err(error(ErrorClass::InternalTool)) };
-        // Only the pending call's own result is taken.
-        if resp.stage_id != stage_id || resp.tool_id != tool_id {
-            return Err(error(ErrorClass::InternalTool));
-        }
-        self.enter(Stage::Working)?;
-        let status = pb::WorkspaceStatus::try_from(resp.status).map_or("unknown", |s| s.as_str_name());
-        tracing::debug!(request_id = %self.task.request_id, stage_id, tool_id, status, error = %resp.error, "workspace tool call");
-        Ok(resp)
-    }
-
     /// One model call of the current stage.
     async fn model(&mut self, group: &str, body: Value, deadline: Instant) -> Step<Answer> {
         self.model_calls += 1;
@@ -327,76 +304,7 @@ impl Driver {
         Ok(answer)
     }
 
-    /// Opens the workspace for this request (once).
-    async fn open(&mut self, deadline: Instant) -> Step<()> {
-        // Before the call: a node that got it may have made the job
-        // directory even if its answer never comes, so cleanup is owed.
-        self.run.workspace_opened();
-        let req = self.ws.open_request(&self.task.request_id);
-        match self.ws.call(WorkspaceCall::Open(req), deadline).await.map_err(call_error)? {
-            WorkspaceAnswer::Open(r) if r.status == pb::WorkspaceStatus::Ok as i32 => Ok(()),
-            WorkspaceAnswer::Open(r) => {
-                tracing::warn!(request_id = %self.task.request_id, workspace = %self.ws.reference, error = %r.error, "workspace open refused");
-                Err(error(ErrorClass::InternalTool))
-            }
-            _ => Err(error(ErrorClass::InternalTool)),
-        }
-    }
-
-    /// Writes (`content`) or reads an artifact; a read returns its text.
-    async fn artifact(
-        &mut self,
-        kind: pb::WorkspaceArtifactKind,
-        content: Option<String>,
-        stage_id: &str,
-        deadline: Instant,
-    ) -> Step<String> {
-        let write = content.is_some();
-        let operation =
-            if write { pb::WorkspaceArtifactOperation::Write } else { pb::WorkspaceArtifactOperation::Read };
-        let req = pb::WorkspaceArtifactRequest {
-            request_id: self.task.request_id.clone(),
-            stage_id: stage_id.to_owned(),
-            kind: kind as i32,
-            operation: operation as i32,
-            content: content.map(|c| bytes::Bytes::from(c.into_bytes())).unwrap_or_default(),
-        };
-        match self.ws.call(WorkspaceCall::Artifact(req), deadline).await.map_err(call_error)? {
-            WorkspaceAnswer::Artifact(r)
-                if r.status == pb::WorkspaceStatus::Ok as i32
-                    && r.kind == kind as i32
-                    && r.operation == operation as i32
-                    && !r.truncated =>
-            {
-                Ok(String::from_utf8_lossy(&r.content).into_owned())
-            }
-            _ => Err(error(ErrorClass::InternalTool)),
-        }
-    }
-
-    /// The client left: one typed cancel of the request's commands.
-    async fn cancel_commands(&self) {
-        if !self.run.needs_cleanup() {
-            return;
-        }
-        let req = pb::WorkspaceCancelRequest { request_id: self.task.request_id.clone(), tool_id: String::new() };
-        let _ = self.ws.call(WorkspaceCall::Cancel(req), Instant::now() + CANCEL_TIMEOUT).await;
-    }
-
-    /// The workspace's one cleanup; whether it succeeded.
-    async fn cleanup(&self) -> bool {
-        let req = pb::WorkspaceCleanupRequest { request_id: self.task.request_id.clone() };
-        let ok = matches!(
-            self.ws.call(WorkspaceCall::Cleanup(req), Instant::now() + CLEANUP_TIMEOUT).await,
-            Ok(WorkspaceAnswer::Cleanup(r)) if r.status == pb::WorkspaceStatus::Ok as i32
-        );
-        if !ok {
-            tracing::warn!(request_id = %self.task.request_id, workspace = %self.ws.reference, "workspace cleanup failed");
-        }
-        ok
-    }
-
-    fn enter(&mut self, s: Stage) -> Step<()> {
+    pub(super) fn enter(&mut self, s: Stage) -> Step<()> {
         match self.run.advance(s) {
             Ok(()) => {
                 self.progress.enter(s);
@@ -438,13 +346,6 @@ pub fn stage_label(s: Stage) -> &'static str {
         Stage::Completed => "completed",
         Stage::Failed => "failed",
         Stage::Cancelled => "cancelled",
-    }
-}
-
-fn call_error(e: CallError) -> Terminal {
-    match e {
-        CallError::Timeout => error(ErrorClass::Timeout),
-        CallError::LinkGone | CallError::Malformed => error(ErrorClass::InternalTool),
     }
 }
 

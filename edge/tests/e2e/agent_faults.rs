@@ -255,7 +255,7 @@ fn a_node_killed_mid_command_ends_the_run_once_and_its_job_is_removed_at_restart
 fn a_stage_past_its_deadline_fails_with_timeout() {
     let scripts = json!({"scripts": {"slow_plan": {"plan": [{
         "content": json!({"plan": "late", "verification": "none"}).to_string(),
-        "delay_ms": 3000,
+        "delay_ms": 10000,
     }]}}});
     let s = setup("faults-deadline", &scripts, "stage_timeout_sec = 1");
     let started = Instant::now();
@@ -263,7 +263,7 @@ fn a_stage_past_its_deadline_fails_with_timeout() {
     let took = started.elapsed();
     assert_failed(&r, 500, "api_error", "timeout");
     assert!(took >= Duration::from_millis(900), "ended before the stage's deadline: {took:?}");
-    assert!(took < Duration::from_millis(2800), "not cut at the stage's deadline: {took:?}");
+    assert!(took < Duration::from_millis(8000), "not cut at the stage's deadline: {took:?}");
     assert!(!String::from_utf8_lossy(&r.body).contains("late"));
     // Planning never opened the workspace: nothing was made.
     assert!(!s.root.join(".iop").exists());
