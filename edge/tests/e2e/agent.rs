@@ -47,7 +47,7 @@ ref = "repo"
 host = "linux"
 root = "{root}"
 operations = ["read", "list", "write", "delete", "command"]
-commands = {{ test = ["sh", "-c", "cat hello.txt && echo tested"], slow = ["sh", "-c", "echo $$ > pid; exec sleep 30"] }}
+commands = {{ test = ["sh", "-c", "cat hello.txt && echo tested"], slow = ["sh", "-c", "echo $$ > pid; exec sleep 30"], broken = ["iop-no-such-program"] }}
 command_timeout_sec = 60
 [[models]]
 name = "m"
@@ -212,6 +212,7 @@ fn every_failure_ends_with_its_class_and_a_clean_workspace() {
         "bad_call": {"plan": [plan_ok()], "work": [{"tool_calls": [{"name": "workspace_write", "arguments": "{\"path\":"}]}]},
         "unknown_tool": {"plan": [plan_ok()], "work": [call("shell", json!({"cmd": "rm -rf /"}))]},
         "denied_command": {"plan": [plan_ok()], "work": [call("workspace_command", json!({"command": "rm"}))]},
+        "failing_command": {"plan": [plan_ok()], "work": [call("workspace_command", json!({"command": "broken"}))]},
         "escape": {"plan": [plan_ok()], "work": [call("workspace_write", json!({"path": "../outside.txt", "content": "x"}))]},
         "reserved": {"plan": [plan_ok()], "work": [call("workspace_read", json!({"path": ".iop/job"}))]},
         "repeat": {"plan": [plan_ok()], "work": [
@@ -234,6 +235,7 @@ fn every_failure_ends_with_its_class_and_a_clean_workspace() {
         ("bad_call", 500, "api_error", "malformed"),
         ("unknown_tool", 500, "api_error", "malformed"),
         ("denied_command", 500, "api_error", "malformed"),
+        ("failing_command", 500, "api_error", "internal_tool"),
         ("escape", 500, "api_error", "internal_tool"),
         ("reserved", 500, "api_error", "internal_tool"),
         ("repeat", 500, "api_error", "repetition"),
