@@ -1,14 +1,16 @@
 //! One model call of a stage, with no client connection of its own:
 //! capacity taken on the stage's model group as any request's is (queue,
-//! leases, credential leases), the chat body run on the normalized path
-//! whatever the provider's kind (the stage reads events, not bytes), and
-//! the answer gathered whole. Failures come back as the run's error
-//! classes; nothing is retried, reselected or sent twice.
+//! leases, credential leases), the chat body sent as any chat request is by
+//! the provider's kind (through the tunnel to a server that speaks OpenAI's
+//! API, its whole answer read here; on the normalized run otherwise, its
+//! events gathered), the answer whole. Failures come back as the run's
+//! error classes; nothing is retried, reselected or sent twice.
 
 use std::{rc::Rc, time::Instant};
 
 use iop_core::{
     exec::{codes, ExecEvent, Part, RunFailure, Usage},
+    tunnel::TunnelItem,
     wire::pb,
 };
 
@@ -81,6 +83,11 @@ pub async fn call(
             .map_err(|_| CallFailed { class: ErrorClass::Provider, code: "no_capacity" })?;
         body["model"] = serde_json::Value::String(admitted.target.upstream_model.to_string());
         let bytes = serde_json::to_vec(&body).map_err(|_| CallFailed { class: ErrorClass::Malformed, code: "body" })?;
+        let (node, provider) = (&admitted.target.node, &admitted.target.provider);
+        let tunnels = ctx.config.borrow().provider(node, provider).is_some_and(|p| p.kind.is_openai_compatible());
+        if tunnels {
+            return tunnel(ctx, &group.name, admitted, bytes, principal).await;
+        }
         let req = pb::RunRequest {
             body: bytes.into(),
             operation: pb::RunOperation::Chat as i32,
@@ -103,6 +110,93 @@ pub async fn call(
         // Dropping the run cancels it on the node and gives its lease back.
         Err(_) => Err(CallFailed { class: ErrorClass::Timeout, code: "stage_deadline" }),
     }
+}
+
+/// The call through the tunnel: the provider's whole `chat.completion`
+/// (or its error), read here.
+async fn tunnel(
+    ctx: &Rc<Ctx>,
+    group: &str,
+    admitted: crate::pool::Admitted,
+    body: Vec<u8>,
+    principal: &str,
+) -> Result<Answer, CallFailed> {
+    let req = pb::ProviderTunnelRequest {
+        method: "POST".into(),
+        path: "/chat/completions".into(),
+        body: body.into(),
+        principal: principal.to_owned(),
+        ..Default::default()
+    };
+    let headers = |id: &str| {
+        let h = |n: &'static [u8], v: bytes::Bytes| pb::Header { name: bytes::Bytes::from_static(n), value: v };
+        vec![
+            h(b"content-type", bytes::Bytes::from_static(b"application/json")),
+            h(b"x-request-id", bytes::Bytes::copy_from_slice(id.as_bytes())),
+        ]
+    };
+    let mut stream = crate::dispatch::submit_tunnel(ctx, group, admitted, req, headers)
+        .map_err(|_| CallFailed { class: ErrorClass::Provider, code: "no_ready_node" })?;
+    let (mut status, mut body) = (0u16, Vec::new());
+    let mut take = |b: &[u8]| {
+        if body.len() + b.len() > MAX_ANSWER_BYTES {
+            return Err(CallFailed { class: ErrorClass::Context, code: "answer_too_large" });
+        }
+        body.extend_from_slice(b);
+        Ok(())
+    };
+    while let Some(item) = stream.next().await {
+        match item {
+            TunnelItem::Start { status: s, .. } => status = s,
+            TunnelItem::Body(b) => take(&b)?,
+            TunnelItem::Parts(parts) => parts.iter().try_for_each(|b| take(b))?,
+            TunnelItem::End { .. } => return read_whole(status, &body),
+            TunnelItem::Whole(w) => {
+                w.body.iter().try_for_each(|b| take(b))?;
+                return read_whole(w.status, &body);
+            }
+            TunnelItem::Error(f) => return Err(failed(&f)),
+        }
+    }
+    Err(CallFailed { class: ErrorClass::Provider, code: codes::NODE_DISCONNECTED })
+}
+
+/// A provider's whole chat answer: `choices[0]`'s text, tool calls and
+/// finish reason, and the usage; or the class of its error.
+fn read_whole(status: u16, body: &[u8]) -> Result<Answer, CallFailed> {
+    let v: serde_json::Value = serde_json::from_slice(body).unwrap_or(serde_json::Value::Null);
+    if status != 200 {
+        let message = v["error"]["message"].as_str().unwrap_or("");
+        let mut f = RunFailure::new(codes::UPSTREAM_STATUS, status, iop_core::exec::FailureSource::Provider, message);
+        if let Some(code) = v["error"]["code"].as_str() {
+            f.provider =
+                Some(Box::new(iop_core::exec::ProviderError { code: Some(code.to_owned()), ..Default::default() }));
+        }
+        return Err(failed(&f));
+    }
+    let malformed = CallFailed { class: ErrorClass::Malformed, code: "answer" };
+    let choice = v["choices"].get(0).ok_or(malformed)?;
+    let message = &choice["message"];
+    let mut calls = Vec::new();
+    for c in message["tool_calls"].as_array().map(Vec::as_slice).unwrap_or_default() {
+        let (Some(id), Some(name)) = (c["id"].as_str(), c["function"]["name"].as_str()) else { return Err(malformed) };
+        let arguments = c["function"]["arguments"].as_str().unwrap_or("").to_owned();
+        calls.push(Call { id: id.to_owned(), name: name.to_owned(), arguments });
+    }
+    if calls.len() > MAX_CALLS {
+        return Err(malformed);
+    }
+    let usage = Usage {
+        input_tokens: v["usage"]["prompt_tokens"].as_u64().unwrap_or(0),
+        output_tokens: v["usage"]["completion_tokens"].as_u64().unwrap_or(0),
+        ..Default::default()
+    };
+    Ok(Answer {
+        text: message["content"].as_str().unwrap_or("").to_owned(),
+        calls,
+        finish: choice["finish_reason"].as_str().unwrap_or("").to_owned(),
+        usage,
+    })
 }
 
 /// An answer being gathered from a run's events.
@@ -221,6 +315,23 @@ mod tests {
         assert_eq!(g.answer.calls[1].name, "workspace_list");
         assert_eq!(g.answer.finish, "tool_calls");
         assert_eq!(g.answer.usage.output_tokens, 4);
+    }
+
+    #[test]
+    fn a_whole_chat_answer_is_read_and_errors_classed() {
+        let body = br#"{"choices":[{"message":{"content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"workspace_read","arguments":"{\"path\":\"a\"}"}}]},"finish_reason":"tool_calls"}],"usage":{"prompt_tokens":5,"completion_tokens":2}}"#;
+        let a = read_whole(200, body).unwrap();
+        assert_eq!((a.text.as_str(), a.finish.as_str(), a.usage.input_tokens), ("", "tool_calls", 5));
+        assert_eq!(
+            a.calls,
+            [Call { id: "c1".into(), name: "workspace_read".into(), arguments: "{\"path\":\"a\"}".into() }]
+        );
+        let text = read_whole(200, br#"{"choices":[{"message":{"content":"done"},"finish_reason":"stop"}]}"#).unwrap();
+        assert_eq!(text.text, "done");
+        assert_eq!(read_whole(200, b"not json").unwrap_err().class, ErrorClass::Malformed);
+        let ctx = br#"{"error":{"message":"too long","code":"context_length_exceeded"}}"#;
+        assert_eq!(read_whole(400, ctx).unwrap_err().class, ErrorClass::Context);
+        assert_eq!(read_whole(500, b"{}").unwrap_err().class, ErrorClass::Provider);
     }
 
     #[test]
