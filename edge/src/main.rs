@@ -26,6 +26,8 @@ struct Args {
 }
 
 fn main() {
+    // The embedded node's workspace commands are supervised by this binary.
+    iop_node::workspace::supervise::run_if_asked();
     if let Err(e) = run() {
         eprintln!("iop-edge: {e:#}");
         std::process::exit(1);

@@ -27,6 +27,8 @@ struct Args {
 }
 
 fn main() {
+    // A workspace command's supervisor is this binary started again.
+    iop_node::workspace::supervise::run_if_asked();
     match run() {
         Ok(()) => {}
         Err(e) => {

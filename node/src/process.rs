@@ -92,7 +92,7 @@ pub fn start(config: NodeConfig, pin: bool, tls: Option<ClientTls>) -> std::io::
     let instance = new_instance();
     let leases = Arc::new(iop_core::lease::Opener::generate().map_err(std::io::Error::other)?);
     let gates = Gates::new();
-    let workspaces = Workspaces::new(Limits::default());
+    let workspaces = Workspaces::new(Limits { supervised: true, ..Limits::default() });
     let (done_tx, done) = mpsc::channel();
     let mut stops = Vec::with_capacity(count);
     let mut threads = Vec::with_capacity(count);

@@ -209,6 +209,8 @@ fn a_node_killed_mid_command_ends_the_run_once_and_its_job_is_removed_at_restart
     let jobs: Vec<_> = std::fs::read_dir(s.root.join(".iop/job")).unwrap().flatten().map(|e| e.file_name()).collect();
     assert_eq!(jobs.len(), 1, "one job directory while the run works: {jobs:?}");
     s._node.kill9();
+    // Its supervisor sees the node gone and kills the command's whole group.
+    eventually(Duration::from_secs(10), "the command dies with its node", || gone(&pid));
     let r = client.join().unwrap();
     assert_one_error_terminal(&r, "api_error", "internal_tool");
     let e = events.wait("edge_single_request_terminal_rejection", Duration::from_secs(10), |_| true);
@@ -241,12 +243,6 @@ fn a_node_killed_mid_command_ends_the_run_once_and_its_job_is_removed_at_restart
         "{}",
         metrics(&s.edge)
     );
-    // The command's process group outlives a node killed with SIGKILL
-    // (nothing could kill it): end it here, so it does not linger.
-    if !gone(&pid) {
-        eprintln!("note: the command (pid {pid}) outlived the killed node");
-        signal_pid(pid.parse().unwrap(), "KILL");
-    }
 }
 
 /// A plan answer slower than the stage's deadline: `timeout`, once the

@@ -63,6 +63,9 @@ pub struct Spec<'a> {
     pub timeout: Duration,
     /// Output bytes kept.
     pub max_output: usize,
+    /// Start it under this binary's supervisor (`supervise.rs`): the group
+    /// is killed when the node dies.
+    pub supervised: bool,
 }
 
 /// Runs `spec` in `root` until it exits, times out, or `cancel` yields
@@ -71,7 +74,14 @@ pub fn run(root: &Root, spec: &Spec<'_>, cancel: &Receiver<()>) -> Result<Comman
     let (program, args) = spec.argv.split_first().ok_or(CommandError::TemplateEmpty)?;
     let (reader, writer) = std::io::pipe().map_err(|_| CommandError::Io)?;
     let err_writer = writer.try_clone().map_err(|_| CommandError::Io)?;
-    let mut cmd = Command::new(program);
+    let mut cmd = if spec.supervised {
+        // The running binary itself, even if its file was replaced since.
+        let mut c = Command::new("/proc/self/exe");
+        c.arg(super::supervise::SUPERVISE).arg(program);
+        c
+    } else {
+        Command::new(program)
+    };
     // The root as the descriptor holds it, not by its path.
     cmd.args(args)
         .current_dir(format!("/proc/self/fd/{}", root.as_fd().as_raw_fd()))
@@ -115,6 +125,12 @@ pub fn run(root: &Root, spec: &Spec<'_>, cancel: &Receiver<()>) -> Result<Comman
         Err(_) => (Vec::new(), false),
     };
     let status = status.and_then(Result::ok);
+    if spec.supervised
+        && status.and_then(|s| s.code()) == Some(super::supervise::SPAWN_FAILED_CODE)
+        && output == super::supervise::SPAWN_FAILED_MARK
+    {
+        return Err(CommandError::SpawnFailed);
+    }
     Ok(CommandResult {
         exit_code: status.and_then(|s| s.code()),
         signal: status.and_then(|s| s.signal()),

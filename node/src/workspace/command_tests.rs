@@ -41,7 +41,7 @@ fn run_bounded(
     let (cancel_tx, cancel_rx) = bounded(1);
     let (done_tx, done_rx) = bounded(1);
     std::thread::spawn(move || {
-        let spec = Spec { argv: &argv, env: &env, timeout, max_output };
+        let spec = Spec { argv: &argv, env: &env, timeout, max_output, supervised: false };
         let _ = done_tx.send(run(&root, &spec, &cancel_rx));
     });
     (cancel_tx, done_rx)

@@ -281,7 +281,13 @@ impl ToolTicket {
             return tool_answer(&self.req, Status::Cancelled, "");
         }
         let a = &self.authority;
-        let spec = Spec { argv, env: &a.env, timeout: a.timeout, max_output: a.max_output };
+        let spec = Spec {
+            argv,
+            env: &a.env,
+            timeout: a.timeout,
+            max_output: a.max_output,
+            supervised: self.ws.limits.supervised,
+        };
         match command::run(&self.opened.root, &spec, cancel) {
             Ok(result) => {
                 if result.cancelled {

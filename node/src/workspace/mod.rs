@@ -16,6 +16,7 @@ mod handler;
 pub mod jobs;
 mod requests;
 mod serve;
+pub mod supervise;
 
 pub use answers::label;
 pub use catalog::{admit, Catalog};

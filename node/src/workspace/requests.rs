@@ -36,11 +36,15 @@ pub struct Limits {
     pub max_tool_ids: usize,
     /// Cleanup results kept for a repeated cleanup.
     pub max_cleaned: usize,
+    /// Commands start under this binary's supervisor (`supervise.rs`), so
+    /// none outlives the node. Off where the running binary is not a node
+    /// (unit tests).
+    pub supervised: bool,
 }
 
 impl Default for Limits {
     fn default() -> Self {
-        Self { max_open: 64, max_threads: 16, max_tool_ids: 4096, max_cleaned: 256 }
+        Self { max_open: 64, max_threads: 16, max_tool_ids: 4096, max_cleaned: 256, supervised: false }
     }
 }
 
