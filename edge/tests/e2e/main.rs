@@ -9,6 +9,7 @@ mod pki;
 mod admin;
 pub mod agent;
 mod agent_faults;
+mod agent_ollama;
 mod agent_sdk;
 mod api_keys;
 mod chat;

@@ -29,7 +29,8 @@ use super::record::{Exchange, RequestHeaders};
 use super::reply::{Env, Reply, OLLAMA_JSON};
 use super::routes::{self, Endpoint, Meta, Route};
 use super::{
-    chat, completions, embeddings, errors, messages, models, ollama_chat, ollama_meta, responses, script, Ctx, Stats,
+    chat, completions, embeddings, errors, messages, models, ollama_chat, ollama_meta, responses, script,
+    script_ollama, Ctx, Stats,
 };
 
 /// Bytes asked of one read.
@@ -314,7 +315,12 @@ impl Conn {
             Endpoint::Responses => responses::reply(&body, &env),
             Endpoint::Messages => messages::reply(&body, &env),
             Endpoint::CountTokens => messages::count_tokens_reply(&body, &env),
-            Endpoint::OllamaChat => ollama_chat::reply(&body, &env),
+            Endpoint::OllamaChat => {
+                match self.ctx.scripts.as_deref().and_then(|s| script_ollama::reply(s, &body, &env)) {
+                    Some(scripted) => scripted,
+                    None => ollama_chat::reply(&body, &env),
+                }
+            }
             Endpoint::OllamaEmbed => embeddings::ollama_reply(&body, &env),
         };
         if !self.ctx.config.no_record {

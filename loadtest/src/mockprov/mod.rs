@@ -10,7 +10,8 @@
 //! - [`Stats`]: counters served at `GET /stats`.
 //! - [`record`]: the exchange log served at `GET /last` and `GET /log`.
 //! - [`closes`]: the early closes of tagged requests, at `GET /closes`.
-//! - [`script`]: scripted chat answers per coordinator stage (`--script`).
+//! - [`script`]: scripted chat answers per coordinator stage (`--script`),
+//!   on `/v1/chat/completions` and ([`script_ollama`]) on `/api/chat`.
 //!
 //! Endpoints. Model endpoints (numbered, recorded, `mock` overrides apply):
 //! `POST /v1/chat/completions`, `POST /v1/completions`, `POST /v1/embeddings`,
@@ -27,7 +28,7 @@
 //! Layout: each endpoint module turns a body into a [`reply::Reply`] with no
 //! I/O (`chat` + `chat_stream` + `chat_body`, `completions`, `embeddings`,
 //! `responses`, `messages` + `messages_stream`, `ollama_chat`,
-//! `ollama_meta`, and `script` for scripted chat answers); `routes` picks
+//! `ollama_meta`, and `script` + `script_ollama` for scripted chat answers); `routes` picks
 //! the endpoint, `conn` reads requests, `play` paces, writes and records a
 //! reply.
 
@@ -55,6 +56,7 @@ pub mod reply;
 pub mod responses;
 pub mod routes;
 pub mod script;
+pub mod script_ollama;
 pub mod tokenize;
 pub mod tool_calls;
 
@@ -90,7 +92,9 @@ with a 400.
 
 --script PATH: a chat request whose messages hold [script:NAME] gets the next
 answer of that script's stage (response_format.json_schema.name iop_plan: plan,
-iop_review: review, else work) instead of a generated one; see loadtest/README.md.";
+iop_review: review, else work) instead of a generated one; on /api/chat the
+stage is plan when format.properties has plan, review when it has verdict; see
+loadtest/README.md.";
 
 /// Defaults for every request (each can be overridden per request).
 #[derive(Debug, Clone, clap::Parser)]
@@ -165,8 +169,8 @@ pub struct MockConfig {
     pub without: Vec<routes::Native>,
     /// Scripted chat answers, a JSON file read at start
     /// (`{"scripts": {"NAME": {"plan": [..], "work": [..], "review": [..]}}}`):
-    /// a chat request whose messages hold `[script:NAME]` gets the next
-    /// answer of its stage.
+    /// a chat request (`/v1/chat/completions` or Ollama's `/api/chat`)
+    /// whose messages hold `[script:NAME]` gets the next answer of its stage.
     #[arg(long, value_name = "PATH")]
     pub script: Option<std::path::PathBuf>,
 }

@@ -7,6 +7,8 @@
 //! with the whole message and the final fields. Fields follow the order of
 //! Ollama's Go structs, and zero metrics are left out as `omitempty` does.
 
+use std::time::Duration;
+
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -155,6 +157,63 @@ pub fn plan(body: &[u8], config: &super::MockConfig, seq: u64) -> Result<OllamaP
     })
 }
 
+/// A `message` object: `role`, `content`, `thinking` when there is some,
+/// `tool_calls` (a JSON array) when given.
+pub fn message_json(content: &str, thinking: &str, tool_calls: Option<&str>) -> String {
+    let mut m = format!("{{\"role\":\"assistant\",\"content\":{}", json_str(content));
+    if !thinking.is_empty() {
+        m.push_str(&format!(",\"thinking\":{}", json_str(thinking)));
+    }
+    if let Some(calls) = tool_calls {
+        m.push_str(&format!(",\"tool_calls\":{calls}"));
+    }
+    m.push('}');
+    m
+}
+
+/// One line of a stream (or a whole answer): `model`, `created_at`,
+/// `message`, `done`; a final line (`last`: [`final_fields`]) has
+/// `done: true` and those fields after it.
+pub fn line_json(model: &str, now: Timestamp, message: &str, last: Option<&str>) -> String {
+    format!(
+        "{{\"model\":{},\"created_at\":{},\"message\":{message},\"done\":{}{}}}",
+        json_str(model),
+        json_str(&now.rfc3339()),
+        last.is_some(),
+        last.unwrap_or_default()
+    )
+}
+
+/// What a final line has after `done`: `done_reason` and the `metrics`
+/// ([`metrics_json`]).
+pub fn final_fields(done_reason: &str, metrics: &str) -> String {
+    format!(",\"done_reason\":{}{metrics}", json_str(done_reason))
+}
+
+/// The counts and timing fields of a final line, each prefixed with a
+/// comma, deterministic, zero ones left out (Go's `omitempty`): `eval_count`
+/// tokens at one per `interval` (at least 1 ms) after `ttft`.
+pub fn metrics_json(prompt_tokens: u64, eval_count: u64, ttft: Duration, interval: Duration) -> String {
+    let per_token = interval.max(Duration::from_millis(1)).as_nanos() as u64;
+    let prompt_eval = prompt_tokens * PROMPT_EVAL_NS_PER_TOKEN;
+    let eval = eval_count * per_token;
+    let total = LOAD_DURATION_NS + prompt_eval + ttft.as_nanos() as u64 + eval;
+    let mut out = String::new();
+    for (name, v) in [
+        ("total_duration", total),
+        ("load_duration", LOAD_DURATION_NS),
+        ("prompt_eval_count", prompt_tokens),
+        ("prompt_eval_duration", prompt_eval),
+        ("eval_count", eval_count),
+        ("eval_duration", eval),
+    ] {
+        if v > 0 {
+            out.push_str(&format!(",\"{name}\":{v}"));
+        }
+    }
+    out
+}
+
 impl OllamaPlan {
     /// Lines of content: tokens, text pieces, or 1 for the tool calls.
     pub fn content_steps(&self) -> u64 {
@@ -193,52 +252,19 @@ impl OllamaPlan {
 
     /// The `message` object.
     pub fn message(&self, content: &str, thinking: &str, tool_calls: Option<&str>) -> String {
-        let mut m = format!("{{\"role\":\"assistant\",\"content\":{}", json_str(content));
-        if !thinking.is_empty() {
-            m.push_str(&format!(",\"thinking\":{}", json_str(thinking)));
-        }
-        if let Some(calls) = tool_calls {
-            m.push_str(&format!(",\"tool_calls\":{calls}"));
-        }
-        m.push('}');
-        m
+        message_json(content, thinking, tool_calls)
     }
 
     /// One line of the stream (or the whole answer): model, time, message, done.
     pub fn line(&self, now: Timestamp, message: &str, done: bool) -> String {
-        let mut line = format!(
-            "{{\"model\":{},\"created_at\":{},\"message\":{message},\"done\":{done}",
-            json_str(&self.model),
-            json_str(&now.rfc3339())
-        );
-        if done {
-            line.push_str(&format!(",\"done_reason\":{}{}", json_str(self.done_reason), self.metrics()));
-        }
-        line.push('}');
-        line
+        let last = done.then(|| final_fields(self.done_reason, &self.metrics()));
+        line_json(&self.model, now, message, last.as_deref())
     }
 
     /// The timing fields of the final line, each prefixed with a comma,
     /// deterministic, zero ones left out.
     pub fn metrics(&self) -> String {
-        let per_token = self.knobs.interval.max(std::time::Duration::from_millis(1)).as_nanos() as u64;
-        let prompt_eval = self.prompt_tokens * PROMPT_EVAL_NS_PER_TOKEN;
-        let eval = self.eval_count() * per_token;
-        let total = LOAD_DURATION_NS + prompt_eval + self.knobs.ttft.as_nanos() as u64 + eval;
-        let mut out = String::new();
-        for (name, v) in [
-            ("total_duration", total),
-            ("load_duration", LOAD_DURATION_NS),
-            ("prompt_eval_count", self.prompt_tokens),
-            ("prompt_eval_duration", prompt_eval),
-            ("eval_count", self.eval_count()),
-            ("eval_duration", eval),
-        ] {
-            if v > 0 {
-                out.push_str(&format!(",\"{name}\":{v}"));
-            }
-        }
-        out
+        metrics_json(self.prompt_tokens, self.eval_count(), self.knobs.ttft, self.knobs.interval)
     }
 
     /// The `"stream": false` answer.

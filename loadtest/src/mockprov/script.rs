@@ -6,6 +6,11 @@
 //! has its own cursor, and a stage that runs out answers a 500, so a test
 //! that asks more than it scripted fails loudly.
 //!
+//! This module renders the answers as OpenAI chat completions
+//! (`/v1/chat/completions`); [`super::script_ollama`] renders the same
+//! scripts, cursors and answers on Ollama's `/api/chat`, where the stage
+//! comes from the `format` schema ([`Stage::of_ollama`]).
+//!
 //! File: `{"scripts": {"NAME": {"plan": [ANSWER], "work": [..], "review": [..]}}}`;
 //! an ANSWER has any of `content`, `tool_calls` (`[{"name", "arguments"}]`,
 //! an object serialized, a string sent as is), `finish_reason`, `error`
@@ -55,6 +60,19 @@ impl Stage {
             Some("iop_plan") => Self::Plan,
             Some("iop_review") => Self::Review,
             _ => Self::Work,
+        }
+    }
+
+    /// The stage of an Ollama `/api/chat` request, which carries the
+    /// schema without its name (`format: <schema>`): plan when `format`'s
+    /// `properties` has `plan`, review when it has `verdict`; else the
+    /// OpenAI names of a `response_format` sent beside it ([`Stage::of`]).
+    pub fn of_ollama(format: Option<&Value>, response_format: Option<&Value>) -> Self {
+        let properties = format.and_then(|f| f.get("properties")).and_then(Value::as_object);
+        match properties {
+            Some(p) if p.contains_key("plan") => Self::Plan,
+            Some(p) if p.contains_key("verdict") => Self::Review,
+            _ => Self::of(response_format),
         }
     }
 
@@ -110,6 +128,22 @@ pub struct Call {
     /// tests can send malformed arguments); none: `{}`.
     #[serde(default)]
     pub arguments: Option<Value>,
+}
+
+impl Answer {
+    /// `(prompt tokens, completion tokens)` of this answer to messages of
+    /// `prompt_chars` characters: as scripted, else as generated answers
+    /// count them, a token per four characters (of the content and the
+    /// arguments' text).
+    pub fn counts(&self, prompt_chars: usize) -> (u64, u64) {
+        let out_chars = self.content.as_deref().map_or(0, |c| c.chars().count())
+            + self.tool_calls.iter().map(|c| c.arguments_text().chars().count()).sum::<usize>();
+        let usage = self.usage.unwrap_or_default();
+        (
+            usage.prompt_tokens.unwrap_or_else(|| prompt_tokens(prompt_chars)),
+            usage.completion_tokens.unwrap_or_else(|| prompt_tokens(out_chars)),
+        )
+    }
 }
 
 impl Call {
@@ -234,7 +268,7 @@ impl Scripts {
     }
 
     /// `count` fresh tool-call ids.
-    fn call_ids(&self, count: usize) -> Vec<String> {
+    pub(super) fn call_ids(&self, count: usize) -> Vec<String> {
         let first = self.calls.fetch_add(count as u64, Ordering::Relaxed) + 1;
         (first..).take(count).map(|n| format!("call_{n}")).collect()
     }
@@ -279,10 +313,30 @@ struct ScriptedRequest {
     response_format: Option<Value>,
 }
 
+/// A request message, as far as scripting reads it (OpenAI's and Ollama's).
 #[derive(Debug, Deserialize)]
-struct Message {
+pub(super) struct Message {
     #[serde(default)]
-    content: Value,
+    pub(super) content: Value,
+}
+
+/// The next answer of the script the first marker in `messages` names, at
+/// `stage`: `None` when they are not scripted (no marker, or a marker naming
+/// no script); `Err` with the message of the 500 when that stage is exhausted.
+pub(super) fn pick<'a>(scripts: &'a Scripts, messages: &[Message], stage: Stage) -> Option<Result<&'a Answer, String>> {
+    let name = messages.iter().find_map(|m| marker(&content_text(&m.content)).map(str::to_owned))?;
+    match scripts.next(&name, stage)? {
+        Ok(answer) => Some(Ok(answer)),
+        Err(Exhausted) => {
+            tracing::warn!(script = %name, stage = stage.name(), "script stage exhausted");
+            Some(Err(format!("script {name} stage {} exhausted", stage.name())))
+        }
+    }
+}
+
+/// Characters of the messages' text (the prompt a generated answer counts).
+pub(super) fn prompt_chars(messages: &[Message]) -> usize {
+    messages.iter().map(|m| content_chars(&m.content)).sum()
 }
 
 /// The scripted reply to a chat request, or `None` when it is not scripted
@@ -290,13 +344,10 @@ struct Message {
 /// not scripted either: the chat endpoint answers it its 400.
 pub fn reply(scripts: &Scripts, body: &[u8], env: &Env<'_>) -> Option<Reply> {
     let req: ScriptedRequest = serde_json::from_slice(body).ok()?;
-    let name = req.messages.iter().find_map(|m| marker(&content_text(&m.content)).map(str::to_owned))?;
     let stage = Stage::of(req.response_format.as_ref());
-    let answer = match scripts.next(&name, stage)? {
+    let answer = match pick(scripts, &req.messages, stage)? {
         Ok(answer) => answer,
-        Err(Exhausted) => {
-            tracing::warn!(script = %name, stage = stage.name(), "script stage exhausted");
-            let message = format!("script {name} stage {} exhausted", stage.name());
+        Err(message) => {
             let body = errors::error_body(&message, "server_error", &json_str("script_exhausted"));
             return Some(Reply::new(Flavor::OpenAi, Action::Whole(Whole::json(500, "application/json", body))));
         }
@@ -309,8 +360,8 @@ pub fn reply(scripts: &Scripts, body: &[u8], env: &Env<'_>) -> Option<Reply> {
         whole.delay = delay;
         return Some(Reply::new(Flavor::OpenAi, Action::Whole(whole)));
     }
-    let chars: usize = req.messages.iter().map(|m| content_chars(&m.content)).sum();
-    let scripted = Scripted::new(answer, scripts.call_ids(answer.tool_calls.len()), &req, chars, env);
+    let counts = answer.counts(prompt_chars(&req.messages));
+    let scripted = Scripted::new(answer, scripts.call_ids(answer.tool_calls.len()), &req, counts, env);
     let action = if req.stream.unwrap_or(false) {
         Action::Stream(Stream {
             content_type: "text/event-stream",
@@ -347,15 +398,11 @@ struct Scripted {
 }
 
 impl Scripted {
-    fn new(a: &Answer, ids: Vec<String>, req: &ScriptedRequest, chars: usize, env: &Env<'_>) -> Self {
+    fn new(a: &Answer, ids: Vec<String>, req: &ScriptedRequest, counts: (u64, u64), env: &Env<'_>) -> Self {
         let calls: Vec<(String, String, String)> =
             ids.into_iter().zip(&a.tool_calls).map(|(id, c)| (id, c.name.clone(), c.arguments_text())).collect();
         let finish_reason =
             a.finish_reason.clone().unwrap_or_else(|| if calls.is_empty() { "stop" } else { "tool_calls" }.to_owned());
-        // Unscripted counts as generated answers have them: a token per four characters.
-        let out_chars = a.content.as_deref().map_or(0, |c| c.chars().count())
-            + calls.iter().map(|(_, _, args)| args.chars().count()).sum::<usize>();
-        let usage = a.usage.unwrap_or_default();
         let frame = Plan {
             id: format!("chatcmpl-mock-{}", env.seq),
             seq: env.seq,
@@ -363,9 +410,9 @@ impl Scripted {
             created: env.now.secs,
             stream: req.stream.unwrap_or(false),
             include_usage: req.stream_options.as_ref().and_then(|s| s.include_usage).unwrap_or(false),
-            prompt_tokens: usage.prompt_tokens.unwrap_or_else(|| prompt_tokens(chars)),
+            prompt_tokens: counts.0,
             reasoning: 0,
-            content: usage.completion_tokens.unwrap_or_else(|| prompt_tokens(out_chars)),
+            content: counts.1,
             finish_reason: "stop",
             stop_reason: None,
             answer: chat::Answer::Tokens,
@@ -453,7 +500,7 @@ impl Scripted {
 
 /// `text` in at most [`MAX_DELTAS`] pieces of about equal length, cut at
 /// character boundaries, so a client has to join deltas as with real servers.
-fn pieces(text: &str) -> Vec<String> {
+pub(super) fn pieces(text: &str) -> Vec<String> {
     let chars: Vec<char> = text.chars().collect();
     if chars.is_empty() {
         return Vec::new();

@@ -89,11 +89,16 @@ pub fn anthropic_tool_use(id: &str, name: &str, input: &str) -> String {
 
 /// One Ollama tool call: `{"id","function":{"index","name","arguments":{..}}}`.
 pub fn ollama_call(id: &str, name: &str, i: u64) -> String {
+    ollama_call_with(id, name, i, &arguments(i))
+}
+
+/// One Ollama tool call with `arguments` as given: a JSON value's text (an
+/// object, as Ollama sends; anything else only from a scripted answer).
+pub fn ollama_call_with(id: &str, name: &str, i: u64, arguments: &str) -> String {
     format!(
-        "{{\"id\":{},\"function\":{{\"index\":{i},\"name\":{},\"arguments\":{}}}}}",
+        "{{\"id\":{},\"function\":{{\"index\":{i},\"name\":{},\"arguments\":{arguments}}}}}",
         json_str(id),
-        json_str(name),
-        arguments(i)
+        json_str(name)
     )
 }
 
