@@ -15,15 +15,56 @@ use crate::harness::*;
 pub struct Setup {
     pub edge: Edge,
     pub _node: Proc,
-    pub _mock: MockProv,
+    pub mock: MockProv,
     pub root: PathBuf,
 }
 
+/// The command templates of [`setup`]'s workspace.
+pub const COMMANDS: &str = r#"{ test = ["sh", "-c", "cat hello.txt && echo tested"], slow = ["sh", "-c", "echo $$ > pid; exec sleep 30"], broken = ["iop-no-such-program"] }"#;
+
+/// What a [`setup_in`] varies.
+pub struct Options<'a> {
+    /// The provider's kind (`openai_compat`, `ollama`).
+    pub kind: &'a str,
+    /// The model name the provider is asked for.
+    pub upstream_model: &'a str,
+    /// The workspace's command templates (a TOML inline table).
+    pub commands: &'a str,
+    /// More workspace keys.
+    pub ws_extra: &'a str,
+    /// More agent keys.
+    pub agent_extra: &'a str,
+    /// The node's environment.
+    pub node_env: &'a [(&'a str, &'a str)],
+}
+
+impl Default for Options<'_> {
+    fn default() -> Self {
+        Options {
+            kind: "openai_compat",
+            upstream_model: "mock",
+            commands: COMMANDS,
+            ws_extra: "",
+            agent_extra: "",
+            node_env: &[],
+        }
+    }
+}
+
+/// [`setup_in`] in a fresh scratch directory with the default options and
+/// `agent_extra`.
 pub fn setup(name: &str, scripts: &Value, agent_extra: &str) -> Setup {
-    let dir = scratch(name);
+    setup_in(&scratch(name), scripts, &Options { agent_extra, ..Options::default() }, |_, _| {})
+}
+
+/// The edge, node and scripted mock of an agent run in `dir` (the root is
+/// `dir/repo`, holding a user file); `prepare(dir, root)` runs before
+/// anything starts. Returns once the agent is served.
+pub fn setup_in(dir: &Path, scripts: &Value, o: &Options<'_>, prepare: impl FnOnce(&Path, &Path)) -> Setup {
     let root = dir.join("repo");
     std::fs::create_dir_all(&root).unwrap();
     std::fs::write(root.join("README.md"), b"user file\n").unwrap();
+    prepare(dir, &root);
     let script = dir.join("script.json");
     std::fs::write(&script, serde_json::to_vec(scripts).unwrap()).unwrap();
     let mock = MockProv::start(&["--script", script.to_str().unwrap()]);
@@ -39,7 +80,7 @@ id = "n1"
 token = "{token}"
 [[nodes.providers]]
 id = "up"
-kind = "openai_compat"
+kind = "{kind}"
 base_url = "{base}"
 capacity = 4
 [[nodes.workspaces]]
@@ -47,13 +88,14 @@ ref = "repo"
 host = "linux"
 root = "{root}"
 operations = ["read", "list", "write", "delete", "command"]
-commands = {{ test = ["sh", "-c", "cat hello.txt && echo tested"], slow = ["sh", "-c", "echo $$ > pid; exec sleep 30"], broken = ["iop-no-such-program"] }}
+commands = {commands}
 command_timeout_sec = 60
+{ws_extra}
 [[models]]
 name = "m"
 node = "n1"
 provider = "up"
-upstream_model = "mock"
+upstream_model = "{upstream_model}"
 [[agents]]
 name = "coder"
 plan = "m"
@@ -63,14 +105,19 @@ workspaces = ["repo"]
 {agent_extra}
 "#,
         token = node_token("n1"),
-        base = mock.base_url(),
+        kind = o.kind,
+        base = mock.base_for(o.kind),
         root = root.to_str().unwrap(),
+        commands = o.commands,
+        ws_extra = o.ws_extra,
+        upstream_model = o.upstream_model,
+        agent_extra = o.agent_extra,
     );
     let edge = Edge::start(&config);
-    let node = edge.start_node("n1", "");
+    let node = edge.node_with(&node_token("n1"), "", o.node_env);
     edge.wait_nodes_ready(1);
     eventually(Duration::from_secs(10), "the agent is served", || agent_listed(&edge));
-    Setup { edge, _node: node, _mock: mock, root }
+    Setup { edge, _node: node, mock, root }
 }
 
 /// Whether `coder` is among the models (it is while a node serves one of

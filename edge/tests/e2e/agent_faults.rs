@@ -16,8 +16,7 @@ use serde_json::{json, Value};
 
 use crate::{agent::*, harness::*};
 
-/// Like [`setup`] in `dir` (a fresh [`scratch`] directory: the root is
-/// `dir/repo`), with the workspace's command templates (`commands`: a TOML
+/// [`setup_in`] with the workspace's command templates (`commands`: a TOML
 /// inline table), more workspace keys (`ws_extra`), more agent keys, the
 /// node's environment, and `prepare(dir, root)` run before anything starts.
 fn setup_with(
@@ -29,58 +28,8 @@ fn setup_with(
     node_env: &[(&str, &str)],
     prepare: impl FnOnce(&Path, &Path),
 ) -> Setup {
-    let root = dir.join("repo");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(root.join("README.md"), b"user file\n").unwrap();
-    prepare(dir, &root);
-    let script = dir.join("script.json");
-    std::fs::write(&script, serde_json::to_vec(scripts).unwrap()).unwrap();
-    let mock = MockProv::start(&["--script", script.to_str().unwrap()]);
-    let config = format!(
-        r#"admin_token = "{ADMIN_TOKEN}"
-workers = 2
-[http]
-listen = "127.0.0.1:0"
-[node_listener]
-listen = "127.0.0.1:0"
-[[nodes]]
-id = "n1"
-token = "{token}"
-[[nodes.providers]]
-id = "up"
-kind = "openai_compat"
-base_url = "{base}"
-capacity = 4
-[[nodes.workspaces]]
-ref = "repo"
-host = "linux"
-root = "{root}"
-operations = ["read", "list", "write", "delete", "command"]
-commands = {commands}
-command_timeout_sec = 60
-{ws_extra}
-[[models]]
-name = "m"
-node = "n1"
-provider = "up"
-upstream_model = "mock"
-[[agents]]
-name = "coder"
-plan = "m"
-work = "m"
-review = "m"
-workspaces = ["repo"]
-{agent_extra}
-"#,
-        token = node_token("n1"),
-        base = mock.base_url(),
-        root = root.to_str().unwrap(),
-    );
-    let edge = Edge::start(&config);
-    let node = edge.node_with(&node_token("n1"), "", node_env);
-    edge.wait_nodes_ready(1);
-    eventually(Duration::from_secs(10), "the agent is served", || agent_listed(&edge));
-    Setup { edge, _node: node, _mock: mock, root }
+    let o = Options { commands, ws_extra, agent_extra, node_env, ..Options::default() };
+    setup_in(dir, scripts, &o, prepare)
 }
 
 /// Asserts a buffered answer is the error of `class` with its status and type.
@@ -96,7 +45,7 @@ fn assert_failed(r: &Response, status: u16, kind: &str, class: &str) {
 /// The chat requests the mock got for script `name`'s `stage` (`plan`,
 /// `work` or `review`), oldest first, as JSON bodies.
 fn mock_requests(s: &Setup, name: &str, stage: &str) -> Vec<Value> {
-    let r = request(s._mock.addr, "GET", "/log", None, &[]);
+    let r = request(s.mock.addr, "GET", "/log", None, &[]);
     assert_eq!(r.status, 200);
     let marker = format!("[script:{name}]");
     r.json()
@@ -466,7 +415,7 @@ fn a_command_sees_only_the_allowed_environment_names() {
     assert!(!output.contains(secret), "the secret reached the command: {output:?}");
     assert!(!output.contains("IOP_TEST_SECRET"), "{output:?}");
     // Nothing in any request the model saw carries it either.
-    let log = request(s._mock.addr, "GET", "/log", None, &[]);
+    let log = request(s.mock.addr, "GET", "/log", None, &[]);
     assert!(!String::from_utf8_lossy(&log.body).contains(secret));
     assert_cleaned(&s.root);
 }

@@ -4,82 +4,21 @@
 //! answer back), played by `iop-mockprov --script` on its Ollama API. The
 //! workspace tools run in a real `iop-node` in a scratch directory.
 
-use std::{path::PathBuf, time::Duration};
-
 use serde_json::{json, Value};
 
 use crate::agent::*;
 use crate::harness::*;
 
-/// An edge with node `n1` (provider `up` of kind `ollama` on the scripted
-/// mock, workspace `repo` at `root`), model `m` on it, and agent `coder`
-/// using `m` for every stage.
-pub struct OllamaSetup {
-    pub edge: Edge,
-    pub _node: Proc,
-    pub mock: MockProv,
-    pub root: PathBuf,
-}
-
-impl OllamaSetup {
-    /// `agent.rs`'s `ask` on this setup: the task of `script`, buffered or streamed.
-    fn ask(&self, script: &str, stream: bool) -> Response {
-        let body = task(script, stream);
-        request(self.edge.http, "POST", "/v1/messages", Some(&body), &[("anthropic-version", "2023-06-01")])
-    }
-}
-
-pub fn setup_ollama(name: &str, scripts: &Value) -> OllamaSetup {
-    let dir = scratch(name);
-    let root = dir.join("repo");
-    std::fs::create_dir_all(&root).unwrap();
-    std::fs::write(root.join("README.md"), b"user file\n").unwrap();
-    let script = dir.join("script.json");
-    std::fs::write(&script, serde_json::to_vec(scripts).unwrap()).unwrap();
-    let mock = MockProv::start(&["--script", script.to_str().unwrap()]);
-    let config = format!(
-        r#"admin_token = "{ADMIN_TOKEN}"
-workers = 2
-[http]
-listen = "127.0.0.1:0"
-[node_listener]
-listen = "127.0.0.1:0"
-[[nodes]]
-id = "n1"
-token = "{token}"
-[[nodes.providers]]
-id = "up"
-kind = "ollama"
-base_url = "{base}"
-capacity = 4
-[[nodes.workspaces]]
-ref = "repo"
-host = "linux"
-root = "{root}"
-operations = ["read", "list", "write", "delete", "command"]
-commands = {{ test = ["sh", "-c", "cat hello.txt && echo tested"] }}
-command_timeout_sec = 60
-[[models]]
-name = "m"
-node = "n1"
-provider = "up"
-upstream_model = "mock-llama"
-[[agents]]
-name = "coder"
-plan = "m"
-work = "m"
-review = "m"
-workspaces = ["repo"]
-"#,
-        token = node_token("n1"),
-        base = mock.base_for("ollama"),
-        root = root.to_str().unwrap(),
-    );
-    let edge = Edge::start(&config);
-    let node = edge.start_node("n1", "");
-    edge.wait_nodes_ready(1);
-    eventually(Duration::from_secs(10), "the agent is served", || agent_listed(&edge));
-    OllamaSetup { edge, _node: node, mock, root }
+/// [`setup_in`] on a provider of kind `ollama`: every stage goes through
+/// the node's Ollama adapter (the normalized path).
+pub fn setup_ollama(name: &str, scripts: &Value) -> Setup {
+    let o = Options {
+        kind: "ollama",
+        upstream_model: "mock-llama",
+        commands: r#"{ test = ["sh", "-c", "cat hello.txt && echo tested"] }"#,
+        ..Options::default()
+    };
+    setup_in(&scratch(name), scripts, &o, |_, _| {})
 }
 
 /// Every model request the mock recorded: its path and JSON body.
@@ -112,7 +51,7 @@ fn complete_run() -> Value {
 #[test]
 fn an_agent_on_ollama_plans_works_and_is_approved() {
     let s = setup_ollama("agent-ollama-ok", &json!({"scripts": {"ok": complete_run()}}));
-    let r = s.ask("ok", false);
+    let r = ask(&s, "ok", false);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let m = r.json();
     assert_eq!((&m["type"], &m["model"], &m["stop_reason"]), (&json!("message"), &json!("coder"), &json!("end_turn")));
@@ -140,7 +79,7 @@ fn an_agent_on_ollama_streams_a_repair_round() {
         "review": [verdict("repair", "the greeting is wrong"), verdict("approve", "ok now")],
     }}});
     let s = setup_ollama("agent-ollama-repair", &scripts);
-    let r = s.ask("repair", true);
+    let r = ask(&s, "repair", true);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     assert_eq!(r.header("content-type"), Some("text/event-stream"));
     let events = sse_events(&r);
@@ -191,7 +130,7 @@ fn malformed_answers_from_ollama_fail_as_malformed() {
         ("bad_review", "malformed"),
         ("provider", "provider"),
     ] {
-        let r = s.ask(script, false);
+        let r = ask(&s, script, false);
         assert_eq!(r.status, 500, "{script}: {}", String::from_utf8_lossy(&r.body));
         let e = r.json();
         assert_eq!((&e["type"], &e["error"]["type"]), (&json!("error"), &json!("api_error")), "{script}: {e}");
@@ -207,7 +146,7 @@ fn malformed_answers_from_ollama_fail_as_malformed() {
 #[test]
 fn the_node_sends_ollama_requests_with_format_and_tools() {
     let s = setup_ollama("agent-ollama-requests", &json!({"scripts": {"ok": complete_run()}}));
-    let r = s.ask("ok", false);
+    let r = ask(&s, "ok", false);
     assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
     let log = mock_log(&s.mock);
     assert_eq!(log.len(), 5, "{log:?}");
