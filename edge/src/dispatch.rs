@@ -94,6 +94,8 @@ pub struct Stream<T: Outcome> {
     timeout: Duration,
     /// The request's record, told how the stream ended.
     finish: Option<std::rc::Rc<std::cell::RefCell<crate::server::Finish>>>,
+    /// The client's session id ("" when none), for the terminal event.
+    session_id: String,
 }
 
 /// The events of a normalized run.
@@ -230,6 +232,7 @@ impl<T: Outcome> Stream<T> {
             code,
             path: T::PATH,
             usage,
+            session_id: self.session_id.clone(),
         });
     }
 }
@@ -379,6 +382,7 @@ impl Route {
         model: &str,
         rx: StreamRx<T>,
         session: mailbox::Sender<SessionCmd>,
+        session_id: String,
     ) -> Stream<T> {
         Stream {
             shared: worker.shared.clone(),
@@ -395,6 +399,7 @@ impl Route {
             deadline: iop_core::rt::time::sleep(self.timeout + DEADLINE_GRACE),
             timeout: self.timeout,
             finish: None,
+            session_id,
         }
     }
 
@@ -419,9 +424,10 @@ pub fn submit(
     req.deadline_ms = route.deadline_ms();
     req.window_bytes = flow::WINDOW_BYTES;
     req.response_stall_timeout_ms = route.stall_timeout_ms;
+    let session_id = req.session_id.clone();
     let (tx, rx) = channel();
     let session = route.send(SessionCmd::Run { req: Box::new(req), events: tx, lease })?;
-    Ok(route.stream(worker, model, rx, session))
+    Ok(route.stream(worker, model, rx, session, session_id))
 }
 
 /// Submits a provider tunnel request (tunnel_id, adapter, target, deadline
@@ -443,9 +449,10 @@ pub fn submit_tunnel(
     req.deadline_ms = route.deadline_ms();
     req.window_bytes = flow::WINDOW_BYTES;
     req.response_stall_timeout_ms = route.stall_timeout_ms;
+    let session_id = req.session_id.clone();
     let (tx, rx) = channel();
     let session = route.send(SessionCmd::Tunnel { req: Box::new(req), events: tx, lease })?;
-    Ok(route.stream(worker, model, rx, session))
+    Ok(route.stream(worker, model, rx, session, session_id))
 }
 
 /// Milliseconds since the Unix epoch (the wire's `deadline_ms`).

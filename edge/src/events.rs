@@ -110,6 +110,9 @@ pub enum EdgeEvent {
         path: &'static str,
         /// Token usage the provider reported; absent when it reported none.
         usage: Option<iop_core::exec::Usage>,
+        /// The client's session id (`http.session_header`); empty: none
+        /// (`null` in the JSON). A correlation only.
+        session_id: String,
     },
     /// A health observation about a provider was applied by its owner core
     /// (`edge_provider_health_observation`).
@@ -120,11 +123,11 @@ pub enum EdgeEvent {
         provider: String,
         /// `stall` or `probe`.
         source: &'static str,
-        /// `available`, `unavailable` or `unknown`.
+        /// `available`, `unavailable`, `starting` or `unknown`.
         health: &'static str,
-        /// `lowered`, `recovered`, `unchanged` or `stale`.
+        /// `lowered`, `starting`, `recovered`, `unchanged` or `stale`.
         outcome: &'static str,
-        /// The overlay after it: `healthy` or `unavailable`.
+        /// The overlay after it: `healthy`, `unavailable` or `starting`.
         overlay: &'static str,
     },
     /// A single request (agent) ended with an error
@@ -190,7 +193,7 @@ impl EdgeEvent {
             EdgeEvent::LinkResponsive { node, generation, link, suspect_ms } => {
                 json!({"node": node, "generation": generation, "link": link, "suspect_ms": suspect_ms})
             }
-            EdgeEvent::RunTerminal { run_id, node, model, outcome, code, path, usage } => {
+            EdgeEvent::RunTerminal { run_id, node, model, outcome, code, path, usage, session_id } => {
                 let usage = usage.map(|u| {
                     json!({
                         "input_tokens": u.input_tokens,
@@ -199,8 +202,9 @@ impl EdgeEvent {
                         "cached_input_tokens": u.cached_input_tokens,
                     })
                 });
+                let session_id = (!session_id.is_empty()).then_some(session_id);
                 json!({"run_id": run_id, "node": node, "model": model, "outcome": outcome, "code": code,
-                       "path": path, "usage": usage})
+                       "path": path, "usage": usage, "session_id": session_id})
             }
             EdgeEvent::ConfigReloaded { revision } => json!({"revision": revision}),
             EdgeEvent::SingleRequestRejected { terminal, class, status } => {
@@ -313,5 +317,22 @@ mod tests {
         let j = b.rx.try_recv().unwrap().event.to_json(5);
         assert_eq!(j["type"], "config_reloaded");
         assert_eq!(j["ts_ms"], 5);
+    }
+
+    #[test]
+    fn run_terminal_carries_the_session_id_or_null() {
+        let ev = |session_id: &str| EdgeEvent::RunTerminal {
+            run_id: "r-1".into(),
+            node: "n".into(),
+            model: "m".into(),
+            outcome: "complete",
+            code: None,
+            path: "tunnel",
+            usage: None,
+            session_id: session_id.into(),
+        };
+        assert_eq!(ev("s-1\"x").to_json(1)["session_id"], "s-1\"x");
+        assert_eq!(ev("").to_json(1)["session_id"], serde_json::Value::Null);
+        assert!(ev("s").to_json(1).to_string().contains(r#""session_id":"s""#));
     }
 }

@@ -157,6 +157,8 @@ pub struct NodeStatus {
     pub connected: bool,
     /// It is dispatch-ready (at least one ready link).
     pub ready: bool,
+    /// It said it is shutting down (fenced; its runs in flight finish).
+    pub draining: bool,
     /// Every ready link is suspect: it takes no new dispatch.
     pub suspect: bool,
     /// Its generation (0 when none).
@@ -306,6 +308,7 @@ impl<H: Clone + LinkFlags> Registry<H> {
                     id: n.id.clone(),
                     connected: owner.is_some(),
                     ready,
+                    draining: owner.is_some_and(|o| o.draining),
                     suspect: ready && links.iter().filter(|l| l.ready).all(|l| l.suspect),
                     generation: owner.map(|o| o.generation).unwrap_or(0),
                     worker: links.first().map(|l| l.worker),
@@ -392,6 +395,7 @@ mod tests {
                 id: "a".into(),
                 connected: true,
                 ready: true,
+                draining: false,
                 suspect: false,
                 generation: g2,
                 worker: Some(0),

@@ -232,6 +232,9 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
                 // a TLS node listener.
                 edge_tls: None,
                 stream_coalesce: iop_core::config::DEFAULT_STREAM_COALESCE,
+                // No run store: a quickstart leaves no database in its
+                // working directory; a node of its own keeps one.
+                store: None,
             })
         }
         None => None,

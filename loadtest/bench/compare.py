@@ -1,7 +1,13 @@
 """`run.py compare`: per scenario, each system's numbers (the median over the
-rounds) and iop's ratios against the targets of issue 8, met or not met."""
+rounds) and iop's ratios against the targets of issue 8, met or not met;
+with `--html`, the same runs as charts, the systems side by side (drawn by
+`iop-loadtest report`)."""
 
+import json
+import os
 import statistics
+import subprocess
+import tempfile
 
 from scenarios import DIALECT_IDS, KNOWN, TITLES, base, describe
 
@@ -407,3 +413,42 @@ def render(results, md=False):
         out.append("runs with request errors (their numbers are suspect): " +
                    ", ".join("%s/%s/w%s: %d" % (k[0], k[1], k[2], e) for k, e in errs))
     return "\n".join(out) + "\n"
+
+
+def report_set(results):
+    """The runs as an `iop-loadtest report` set: a section per scenario, a line
+    per system (S7: per system and workers), each with its rounds' load
+    reports, which the report pools. S6 draws the paced streams beside the
+    big prompts (the load its targets are about)."""
+    sections = []
+    ran = [sid for sid in KNOWN if sid in results["meta"]["scenarios"]]
+    for sid in ran:
+        by_label = {}
+        for rec in results["runs"]:
+            if rec["scenario"] != sid or "error" in rec or "load" not in rec:
+                continue
+            load = rec.get("with_big", rec["load"]) if base(sid) == "S6" else rec["load"]
+            key = (ORDER.index(rec["system"]) if rec["system"] in ORDER else len(ORDER), rec["system"], rec.get("workers") or 0)
+            by_label.setdefault(key, []).append(load)
+        runs = [{"label": system + (" w%d" % workers if base(sid) == "S7" else ""), "reports": reports}
+                for (_, system, workers), reports in sorted(by_label.items())]
+        note = describe(sid, results["meta"]["params"][sid])
+        if base(sid) == "S6":
+            note += "; charts: the paced streams beside the big prompts"
+        sections.append({"title": "%s  %s" % (sid, TITLES[sid]), "note": note, "runs": runs})
+    return {"title": "iop vs nginx (issue 8 benchmark)", "intro": header(results, False).split("\n"), "sections": sections}
+
+
+def write_html(results, out, loadtest):
+    """Writes the charts page of `results` to `out` with the `iop-loadtest`
+    binary at `loadtest`; raises SystemExit when it fails."""
+    with tempfile.NamedTemporaryFile("w", suffix=".json", prefix="iop-report-set-", delete=False) as f:
+        json.dump(report_set(results), f)
+    try:
+        done = subprocess.run([loadtest, "report", "--html", out, f.name], capture_output=True, text=True)
+    except OSError as e:
+        raise SystemExit("cannot run %s: %s" % (loadtest, e))
+    finally:
+        os.unlink(f.name)
+    if done.returncode != 0:
+        raise SystemExit("%s report failed: %s" % (loadtest, done.stderr.strip()))

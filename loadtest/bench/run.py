@@ -2,7 +2,7 @@
 """iop against nginx in one run (issue 8).
 
     python3 loadtest/bench/run.py run [--quick] [--rounds N] [--duration SEC] [--systems ...] [--scenarios ...]
-    python3 loadtest/bench/run.py compare [RESULTS.json] [--markdown]
+    python3 loadtest/bench/run.py compare [RESULTS.json] [--markdown] [--html OUT.html]
 
 `run` starts every system fresh for every run (the mock directly, one nginx,
 two chained nginx, iop edge + node on the tunnel and on the normalized
@@ -57,10 +57,14 @@ def parse_args(argv):
     r.add_argument("--wait-idle", type=int,
                    help="before each run, wait up to this many seconds while cargo/rustc run (default 600; --quick 0)")
     r.add_argument("--markdown", action="store_true", help="print the comparison as markdown")
+    r.add_argument("--html", help="also write the runs as charts, the systems side by side, to this HTML file")
     r.add_argument("--dry-run", action="store_true", help="print the runs in order and the time they should take")
     c = sub.add_parser("compare", help="print the comparison of a results file")
     c.add_argument("results", nargs="?", help="results file (default: the newest in loadtest/bench/results/)")
     c.add_argument("--markdown", action="store_true", help="markdown tables (for loadtest/README.md)")
+    c.add_argument("--html", help="also write the runs as charts, the systems side by side, to this HTML file")
+    c.add_argument("--bin-dir", help="where iop-loadtest is, which draws the charts (default: $CARGO_TARGET_DIR/release "
+                                     "or target/release, else the results' own)")
     return ap.parse_args(argv)
 
 
@@ -234,6 +238,9 @@ def cmd_run(a):
         save(out, results)
     print()
     print(compare.render(results, md=a.markdown), end="")
+    if a.html:
+        compare.write_html(results, a.html, os.path.join(bin_dir, "iop-loadtest"))
+        print("\ncharts: %s" % a.html)
     print("\nresults: %s\ncompare: python3 %s compare %s" % (out, os.path.relpath(os.path.join(HERE, "run.py")), out))
 
 
@@ -251,6 +258,12 @@ def cmd_compare(a):
     with open(path) as f:
         results = json.load(f)
     print(compare.render(results, md=a.markdown), end="")
+    if a.html:
+        dirs = [a.bin_dir] if a.bin_dir else [default_bin_dir(), results["meta"].get("bin_dir", "")]
+        loadtest = next((os.path.join(d, "iop-loadtest") for d in dirs if os.access(os.path.join(d, "iop-loadtest"), os.X_OK)),
+                        os.path.join(dirs[0], "iop-loadtest"))
+        compare.write_html(results, a.html, loadtest)
+        print("\ncharts: %s" % a.html)
 
 
 def main(argv):

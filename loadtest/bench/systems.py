@@ -20,8 +20,13 @@ import time
 from procs import Proc, children, free_port, wait_http
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SYSTEMS = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized", "iop-mock"]
+SYSTEMS = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized", "iop-mock",
+           "iop-tunnel-nostore", "iop-normalized-nostore"]
 DEFAULT_SYSTEMS = SYSTEMS[:5]
+# The node's run store is on in every iop system (its file in the run's
+# directory); `-nostore` runs the same system with `store = false`, for the
+# store's cost (issue 27: within 3%).
+NOSTORE = "-nostore"
 TOKEN = "bench-node-token"
 ADMIN_TOKEN = "bench-admin-token"
 # Every process logs warnings only: logging is not what is measured.
@@ -165,6 +170,7 @@ def wait_port(proc, host, port, timeout=10):
 
 
 def edge_config(name, mock_addr, scen, workers):
+    name = name.removesuffix(NOSTORE)
     provider = {
         "iop-tunnel": 'kind = "openai_compat"\nbase_url = "http://%s/v1"\nnative_apis = ["responses", "messages"]\n'
                       % mock_addr,
@@ -185,11 +191,16 @@ def edge_config(name, mock_addr, scen, workers):
     return text
 
 
-def node_config(edge_nodes, workers, with_workers):
+def node_config(edge_nodes, workers, with_workers, store_path=None):
+    """`store_path`: the run store's file (None: `store = false`)."""
     text = 'edge = "%s"\ntoken = "%s"\nshutdown_grace_sec = 0\n' % (edge_nodes, TOKEN)
     if with_workers:
         text = "workers = %d\n" % workers + text
+    if store_path is None:
+        text += "store = false\n"
     text += "[reconnect]\nmax_attempts = 30\ninterval_sec = 1\n"
+    if store_path is not None:
+        text += '[store]\npath = "%s"\n' % store_path
     return text
 
 
@@ -203,7 +214,12 @@ def start_iop(run, ctx, name, scen, workers):
                         ready=r"ready http=(\S+) nodes=(\S+) driver=(\S+)"))
     http_addr, nodes_addr, run.driver = edge.match.group(1), edge.match.group(2), edge.match.group(3)
     node_cfg = os.path.join(run.dir, "node.toml")
-    text = node_config(nodes_addr, workers, ctx.node_workers)
+    store = None if name.endswith(NOSTORE) else os.path.join(run.dir, "iop.db")
+    if store is not None:
+        for suffix in ("", "-wal", "-shm"):
+            if os.path.exists(store + suffix):
+                os.remove(store + suffix)
+    text = node_config(nodes_addr, workers, ctx.node_workers, store)
     with open(node_cfg, "w") as f:
         f.write(text)
     run.configs["node.toml"] = text

@@ -4,7 +4,8 @@
 //!   plan (python3 only).
 //! - `quick_run_direct_and_compare`: a short `--quick` run of every scenario
 //!   that applies to `direct` (the mock alone: S1-S6) with this package's
-//!   binaries, then `compare` as text and markdown. Needs python3 only.
+//!   binaries, then `compare` as text, as markdown and as HTML charts
+//!   (`--html`). Needs python3 only.
 //! - `quick_run_nginx_and_iop` (ignored: it needs nginx and the iop-edge and
 //!   iop-node binaries, which `cargo test -p iop-loadtest` does not build):
 //!   a short `--quick` run through one and two nginx and both iop paths,
@@ -146,6 +147,35 @@ fn check_compare(results: &Path, sids: &[&str], targets: usize) {
     }
 }
 
+/// `compare --html`: a section per scenario, each with its charts, every
+/// system in the tables (the page is drawn by this build's `iop-loadtest`).
+fn check_html(dir: &Path, sids: &[&str], systems: &[&str]) {
+    let page = dir.join("charts.html");
+    let results = dir.join("results.json");
+    let (ok, out, stderr) = python(&[
+        "compare",
+        results.to_str().unwrap(),
+        "--html",
+        page.to_str().unwrap(),
+        "--bin-dir",
+        own_bin_dir().to_str().unwrap(),
+    ]);
+    assert!(ok && out.contains("charts: "), "compare --html failed: {stderr}\n{out}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.contains("<title>iop vs nginx (issue 8 benchmark)</title>"), "{html}");
+    for (n, sid) in sids.iter().enumerate() {
+        let section =
+            html.split(&format!("<h2 id=\"s{}\">{sid}  ", n + 1)).nth(1).unwrap_or_else(|| panic!("no {sid}"));
+        let section = section.split("<h2 ").next().unwrap();
+        assert!(section.contains("<svg"), "{sid} has no chart");
+        assert!(section.contains("Latency CDF"), "{sid} has no latency CDF");
+        for system in systems {
+            assert!(section.contains(&format!("<td>{system}</td>")), "{sid}: {system} not in the table");
+        }
+    }
+    assert!(!html.contains("<script") && !html.contains("https://"), "self-contained");
+}
+
 #[test]
 fn dry_run_interleaves_rounds() {
     let (ok, out, stderr) = python(&["run", "--dry-run", "--rounds", "2", "--workers", "2"]);
@@ -190,6 +220,7 @@ fn quick_run_direct_and_compare() {
     check_runs(&r, &stdout);
     // No iop system ran: the targets table is there, without rows.
     check_compare(&dir.join("results.json"), &sids, 0);
+    check_html(&dir, &sids, &["direct"]);
     std::fs::remove_dir_all(&dir).ok();
 }
 

@@ -273,3 +273,144 @@ fn disconnects_are_tagged_and_seen_by_the_mock() {
         assert!(seen >= left && seen - left < 1_000_000_000, "{d} {c}");
     }
 }
+
+/// The chart titles of the HTML report, in page order.
+const CHARTS: [&str; 4] = ["Latency CDF", "TTFT histogram", "Inter-token gap histogram", "Throughput over time"];
+
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("iop-loadtest-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A self-contained page: its charts inline, nothing it would fetch.
+fn assert_self_contained(html: &str, urls: &[&str]) {
+    assert!(html.starts_with("<!doctype html>") && html.trim_end().ends_with("</html>"), "{html}");
+    for tag in ["<script", "<link", "<img", "<iframe", " src=", " href=", "url(", "@import"] {
+        assert!(!html.contains(tag), "{tag} in the page");
+    }
+    // The only URLs: the SVG namespace, and the targets as text.
+    let mut rest = html.replace("xmlns=\"http://www.w3.org/2000/svg\"", "");
+    for url in urls {
+        rest = rest.replace(url, "");
+    }
+    assert!(!rest.contains("http://") && !rest.contains("https://"), "a URL in the page");
+}
+
+/// `--html` writes the report as one page with the four charts; the JSON
+/// report carries the distributions and the timeline they come from.
+#[test]
+fn html_report_has_every_chart_and_fetches_nothing() {
+    let mock = MockProv::start(&["--tokens", "5"]);
+    let dir = scratch("html");
+    let page = dir.join("run.html");
+    let r =
+        loadtest(&["--url", &mock.url(), "--requests", "200", "--concurrency", "8", "--html", page.to_str().unwrap()]);
+    assert_eq!(r["completed"], 200, "{r}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert_self_contained(&html, &[&mock.url()]);
+    assert_eq!(html.matches("<svg").count(), CHARTS.len(), "{html}");
+    for title in CHARTS {
+        assert!(html.contains(&format!("\n{title}\n</text>")), "no chart {title:?}");
+    }
+    assert!(html.contains("<td>200</td>"), "the table has the run: {html}");
+    let series = &r["series"];
+    for h in ["ttfb", "ttft", "total", "itl"] {
+        assert!(series[h].as_str().unwrap().starts_with("HISTFAAA"), "{h}: {series}");
+    }
+    let per_sec = series["timeline"]["completed"].as_array().unwrap();
+    assert_eq!(per_sec.iter().map(|n| n.as_u64().unwrap()).sum::<u64>(), 200, "{series}");
+    assert_eq!(series["timeline"]["bucket_sec"], 1);
+
+    // A path that cannot be written fails before the run.
+    let out = Command::new(env!("CARGO_BIN_EXE_iop-loadtest"))
+        .args(["--url", &mock.url(), "--requests", "1", "--html", dir.join("no/such/dir.html").to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--html"), "{out:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `iop-loadtest report` puts saved runs on the same charts, one line each.
+#[test]
+fn report_puts_saved_runs_side_by_side() {
+    let (fast, slow) = (MockProv::start(&["--tokens", "5"]), MockProv::start(&["--tokens", "5", "--ttft-ms", "20"]));
+    let dir = scratch("report");
+    let mut inputs = Vec::new();
+    for (name, mock) in [("fast-mock", &fast), ("slow-mock", &slow)] {
+        let r = loadtest(&["--url", &mock.url(), "--requests", "40", "--concurrency", "4"]);
+        let path = dir.join(format!("{name}.json"));
+        std::fs::write(&path, r.to_string()).unwrap();
+        inputs.push(path);
+    }
+    let page = dir.join("both.html");
+    let out = Command::new(env!("CARGO_BIN_EXE_iop-loadtest"))
+        .args(["report", "--title", "fast <vs> slow", "--html", page.to_str().unwrap()])
+        .args(&inputs)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let html = std::fs::read_to_string(&page).unwrap();
+    // The commands, with their URLs, are listed as text.
+    assert_self_contained(&html, &[&fast.url(), &slow.url()]);
+    assert!(html.contains("<title>fast &lt;vs&gt; slow</title>"), "{html}");
+    assert_eq!(html.matches("<svg").count(), CHARTS.len());
+    for title in CHARTS {
+        assert!(html.contains(&format!("\n{title}\n</text>")), "no chart {title:?}");
+    }
+    // Both runs in the table and in the legends (the TTFT histogram's, the CDF's).
+    for name in ["fast-mock", "slow-mock"] {
+        assert!(html.contains(&format!("<td>{name}</td>")), "{name} not in the table");
+        assert!(html.matches(&format!("\n{name}\n</text>")).count() >= 2, "{name} not in the legends");
+    }
+    // The slow mock's 20 ms TTFT shows in its row.
+    let row = html.split("<td>slow-mock</td>").nth(1).unwrap().split("</tr>").next().unwrap();
+    let ttft_p50: f64 = row.split("<td>").nth(7).unwrap().trim_end_matches("</td>").parse().unwrap();
+    assert!(ttft_p50 >= 20.0, "{row}");
+
+    // An input that is not a report names itself; the exit code is 1.
+    let bad = dir.join("bad.json");
+    std::fs::write(&bad, "{\"runs\": []}").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_iop-loadtest"))
+        .args(["report", "--html", page.to_str().unwrap(), bad.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("bad.json: neither"), "{out:?}");
+    // Load flags and the subcommand do not mix.
+    let out = Command::new(env!("CARGO_BIN_EXE_iop-loadtest"))
+        .args(["--requests", "1", "report", "--html", "x.html", "y.json"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The progress line is for people at a terminal: none when stderr is a
+/// pipe; on a terminal (script(1) gives the run one) it is rewritten about
+/// once a second and erased at the end.
+#[test]
+fn the_progress_line_is_for_terminals_only() {
+    let mock = MockProv::start(&["--tokens", "2", "--token-interval-ms", "5"]);
+    let args = ["--url", &mock.url(), "--duration-sec", "2", "--concurrency", "2"];
+    let out = Command::new(env!("CARGO_BIN_EXE_iop-loadtest")).args(args).output().unwrap();
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains('\r') && !stderr.contains("req/s"), "progress on a pipe: {stderr:?}");
+
+    let cmd = format!("{} {} --json", env!("CARGO_BIN_EXE_iop-loadtest"), args.join(" "));
+    let out = Command::new("script")
+        .args(["-q", "-e", "-c", &cmd, "/dev/null"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("script(1) (util-linux) runs the load on a terminal");
+    assert!(out.status.success(), "{out:?}");
+    let tty = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = tty.split('\r').filter(|l| l.contains("req/s")).collect();
+    assert!(!lines.is_empty(), "no progress line on a terminal: {tty:?}");
+    // The first tick is due 1 s in ("1s/2s"; later on a machine too busy to wake it on time).
+    assert!(lines[0].contains("s/2s  ") && lines[0].contains(" ok  0 errors  "), "{lines:?}");
+    assert!(lines[0].contains("ttft p50 "), "{lines:?}");
+    assert!(tty.contains("\r\x1b[K{"), "the line is erased before the report: {tty:?}");
+}

@@ -9,7 +9,9 @@
 //!   and tunnels), event sinks, credit windows, cancellation.
 //! - [`tunnel`]: provider tunnels (the provider's bytes, usage read beside them).
 //! - [`command`]: node commands from the edge (capabilities, transport
-//!   status, a provider's own API).
+//!   status, a provider's own API, the run store's recent runs).
+//! - [`store`]: the run store: one SQLite row per run and tunnel, written
+//!   by a thread of its own.
 //! - [`workspace`]: the workspaces the edge approved for this node, checked
 //!   before ready.
 
@@ -19,6 +21,7 @@ pub mod metrics;
 pub mod process;
 pub mod run;
 pub mod session;
+pub mod store;
 pub mod supervisor;
 pub mod tunnel;
 pub mod upstream;

@@ -83,7 +83,8 @@ fn run() -> anyhow::Result<()> {
         let _ = std::io::Write::flush(&mut std::io::stdout());
     }
     let pin = config.pin_workers;
-    let node = iop_node::start(config, pin, tls).context("cannot start the node's worker threads")?;
+    let node =
+        iop_node::start(config, pin, tls).context("cannot start the node (its run store, its worker threads)")?;
     let stopper = node.stopper();
     std::thread::Builder::new()
         .name("iop-node-signals".into())

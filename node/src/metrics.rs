@@ -1,7 +1,8 @@
 //! The node's Prometheus metrics (`GET /metrics` on `metrics_listen`, when
 //! configured): response stalls by the health their probe found, and how
-//! long the provider had been silent. Stalls are rare, so process-wide
-//! atomics suffice; the listener is a thread of its own with blocking,
+//! long the provider had been silent; credential lease refusals; what
+//! became of run store rows. Each counts at most once per run, so
+//! process-wide atomics suffice; the listener is a thread of its own with blocking,
 //! deadline-bound I/O, never a reactor.
 
 use std::{
@@ -27,6 +28,34 @@ const HEALTHS: [ProviderHealth; 4] =
     [ProviderHealth::Available, ProviderHealth::Unavailable, ProviderHealth::Unknown, ProviderHealth::Starting];
 
 static LEASE_REFUSALS: [AtomicU64; 7] = [const { AtomicU64::new(0) }; 7];
+
+/// What became of run store rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreRows {
+    /// Committed.
+    Written,
+    /// Dropped: the store's channel was full.
+    Dropped,
+    /// Their batch failed to commit.
+    Failed,
+    /// Deleted by retention.
+    Pruned,
+}
+
+const STORE_RESULTS: [(StoreRows, &str); 4] = [
+    (StoreRows::Written, "written"),
+    (StoreRows::Dropped, "dropped"),
+    (StoreRows::Failed, "failed"),
+    (StoreRows::Pruned, "pruned"),
+];
+
+static STORE_ROWS: [AtomicU64; 4] = [const { AtomicU64::new(0) }; 4];
+
+/// Counts `n` run store rows that met `result`.
+pub fn store_rows(result: StoreRows, n: u64) {
+    let i = STORE_RESULTS.iter().position(|(r, _)| *r == result).unwrap_or(0);
+    STORE_ROWS[i].fetch_add(n, Ordering::Relaxed);
+}
 
 /// Records a refused credential lease by its reason (a closed label).
 pub fn lease_refused(reason: &str) {
@@ -74,6 +103,13 @@ pub fn render() -> String {
             e.label(),
             c.load(Ordering::Relaxed)
         );
+    }
+    out.push_str(
+        "# HELP iop_node_run_store_rows_total Run store rows by what became of them (dropped: its queue was full).\n",
+    );
+    out.push_str("# TYPE iop_node_run_store_rows_total counter\n");
+    for ((_, label), c) in STORE_RESULTS.iter().zip(STORE_ROWS.iter()) {
+        let _ = writeln!(out, "iop_node_run_store_rows_total{{result=\"{label}\"}} {}", c.load(Ordering::Relaxed));
     }
     out
 }
@@ -138,6 +174,7 @@ mod tests {
             .unwrap();
         assert!(n >= 1, "{text}");
         assert!(text.contains("iop_node_response_stall_duration_seconds_bucket{le=\"0.5\"}"), "{text}");
+        assert!(text.contains("iop_node_run_store_rows_total{result=\"dropped\"}"), "{text}");
         let mut s = TcpStream::connect(addr).unwrap();
         s.write_all(b"GET /other HTTP/1.1\r\n\r\n").unwrap();
         let mut text = String::new();

@@ -4,7 +4,7 @@
 //! The links of one process share an `instance` id: the edge joins them into
 //! one registration and generation (see DESIGN.md, "Node links"). What is
 //! per process is shared by the workers: the concurrency gate per provider,
-//! the workspace state.
+//! the workspace state, the run store.
 
 use std::{
     sync::{mpsc, Arc},
@@ -44,11 +44,14 @@ pub struct LinkSpec {
     /// The process's workspace state (a request's calls may come on any
     /// link).
     pub workspaces: Arc<Workspaces>,
+    /// The process's run store (none: `store = false`).
+    pub store: Option<crate::store::Store>,
 }
 
 /// A running node process.
 pub struct NodeHandle {
     threads: Vec<JoinHandle<()>>,
+    store: Option<crate::store::Store>,
     stop: Stopper,
     done: mpsc::Receiver<Result<(), NodeError>>,
 }
@@ -93,6 +96,8 @@ pub fn start(config: NodeConfig, pin: bool, tls: Option<ClientTls>) -> std::io::
     let leases = Arc::new(iop_core::lease::Opener::generate().map_err(std::io::Error::other)?);
     let gates = Gates::new();
     let workspaces = Workspaces::new(Limits { supervised: true, ..Limits::default() });
+    // Opened here, before any reactor: its file I/O and migrations block.
+    let store = config.store.as_ref().map(crate::store::Store::open).transpose().map_err(std::io::Error::other)?;
     let (done_tx, done) = mpsc::channel();
     let mut stops = Vec::with_capacity(count);
     let mut threads = Vec::with_capacity(count);
@@ -107,6 +112,7 @@ pub fn start(config: NodeConfig, pin: bool, tls: Option<ClientTls>) -> std::io::
             tls: tls.clone(),
             leases: leases.clone(),
             workspaces: workspaces.clone(),
+            store: store.clone(),
         };
         let (config, done_tx) = (config.clone(), done_tx.clone());
         let t = rt::spawn_worker("iop-node", index, pin, move || async move {
@@ -114,7 +120,7 @@ pub fn start(config: NodeConfig, pin: bool, tls: Option<ClientTls>) -> std::io::
         })?;
         threads.push(t);
     }
-    Ok(NodeHandle { threads, stop: Stopper(Arc::new(stops)), done })
+    Ok(NodeHandle { threads, store, stop: Stopper(Arc::new(stops)), done })
 }
 
 /// One link until shutdown, a fatal error or exhaustion.
@@ -153,6 +159,10 @@ impl NodeHandle {
         }
         for t in self.threads {
             let _ = t.join();
+        }
+        // The rows of the last runs are committed before the process ends.
+        if let Some(store) = self.store {
+            store.close();
         }
         result
     }

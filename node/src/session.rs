@@ -195,6 +195,9 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     };
     let node_id = payload.node_id.clone();
     let manager = RunManager::new(adapters, link.gates.clone(), writer.clone());
+    if let Some(store) = &link.store {
+        manager.set_store(store.clone());
+    }
     if !resp.lease_verify_key.is_empty() {
         // Managed mode: provider credentials come with each run, sealed.
         let leases = crate::run::lease::NodeLeases::new(

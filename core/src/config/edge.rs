@@ -91,6 +91,10 @@ pub struct HttpSettings {
     pub read_timeout: Duration,
     /// One structured `iop::access` log line per request (on by default).
     pub access_log: bool,
+    /// The client header whose value is the request's session id
+    /// (`http.session_header`, lower-cased; None: off): an opaque
+    /// correlation for the run store, events and the access log.
+    pub session_header: Option<String>,
     /// Client connections open at once on the edge; None = derived from
     /// the open-file limit at start.
     pub max_connections: Option<usize>,
@@ -297,6 +301,35 @@ pub(crate) fn split_host_port(authority: &str) -> Result<(&str, Option<&str>), S
     Ok((host, port))
 }
 
+/// The default `http.session_header`: the header Claude Code sends on
+/// every request (one id per session); other agents' are configured.
+pub const DEFAULT_SESSION_HEADER: &str = "x-claude-code-session-id";
+
+/// Headers that carry credentials: never a session id (it is logged).
+const CREDENTIAL_HEADERS: [&str; 6] =
+    ["authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-goog-api-key"];
+
+/// `http.session_header`: a header name (an RFC 9110 token of at most 64
+/// characters), lower-cased; empty turns it off.
+fn session_header(value: Option<String>) -> Result<Option<String>, ConfigError> {
+    const KEY: &str = "http.session_header";
+    let Some(name) = value else { return Ok(Some(DEFAULT_SESSION_HEADER.to_owned())) };
+    if name.is_empty() {
+        return Ok(None);
+    }
+    let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
+    if name.len() > 64 || !name.bytes().all(tchar) {
+        let why = "must be a header name of at most 64 characters (letters, digits, `-`, `_` and the other \
+                   token characters), or empty for none";
+        return Err(ConfigError::invalid(KEY, name.escape_debug(), why));
+    }
+    let name = name.to_ascii_lowercase();
+    if CREDENTIAL_HEADERS.contains(&name.as_str()) {
+        return Err(ConfigError::invalid(KEY, &name, "carries a credential, and the session id is logged"));
+    }
+    Ok(Some(name))
+}
+
 /// Empty secrets mean "not set" (so `${VAR:-}` can switch them off).
 pub(crate) fn optional_secret(value: Option<String>) -> Option<Secret> {
     value.filter(|v| !v.is_empty()).map(Secret::new)
@@ -322,6 +355,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
             body_timeout: check::secs("http.body_timeout_sec", http.body_timeout_sec, 10, 1)?,
             read_timeout: check::secs("http.read_timeout_sec", http.read_timeout_sec, 60, 1)?,
             access_log: http.access_log.unwrap_or(true),
+            session_header: session_header(http.session_header)?,
             max_connections: match http.max_connections {
                 None => None,
                 Some(n) => Some(check::range_usize("http.max_connections", Some(n), 1, 1, 10_000_000)?),
@@ -784,6 +818,7 @@ provider = "local"
         assert_eq!(c.http.max_body_bytes, 4 * 1024 * 1024);
         assert_eq!(c.http.idle_timeout, Duration::from_secs(60));
         assert!(c.http.access_log);
+        assert_eq!(c.http.session_header.as_deref(), Some(DEFAULT_SESSION_HEADER));
         assert_eq!(c.http.header_timeout, Duration::from_secs(10));
         assert_eq!(c.http.body_timeout, Duration::from_secs(10));
         assert_eq!(c.http.read_timeout, Duration::from_secs(60));
@@ -831,6 +866,21 @@ provider = "local"
         assert_eq!(c.provider("node-1", "local").map(|p| p.id.as_str()), Some("local"));
         assert!(c.provider("node-1", "x").is_none() && c.provider("x", "local").is_none());
         assert!(c.nodes[0].provider("local").is_some() && c.nodes[0].provider("m").is_none());
+    }
+
+    #[test]
+    fn session_header() {
+        const LISTEN: &str = "listen = \"127.0.0.1:8080\"";
+        let with = |v: &str| ok(&BASE.replacen(LISTEN, &format!("{LISTEN}\nsession_header = {v}"), 1));
+        assert_eq!(with("\"X-Session-Id\"").http.session_header.as_deref(), Some("x-session-id"));
+        assert_eq!(with("\"session_id\"").http.session_header.as_deref(), Some("session_id"));
+        assert_eq!(with("\"\"").http.session_header, None, "empty: off");
+        let key = "http.session_header";
+        for bad in ["\"x session\"", "\"x:y\"", "\"x\\u00e9\"", &format!("\"{}\"", "a".repeat(65))] {
+            rejects(&[(LISTEN, &format!("{LISTEN}\nsession_header = {bad}"))], key, "must be a header name");
+        }
+        let e = rejects(&[(LISTEN, &format!("{LISTEN}\nsession_header = \"Authorization\""))], key, "credential");
+        assert!(e.to_string().contains("`authorization`"), "{e}");
     }
 
     #[test]

@@ -34,6 +34,8 @@ pub struct NodeConfig {
     /// A provider's stream that arrives faster than this is read once per
     /// this window (`stream_coalesce_ms`; zero: every piece as it lands).
     pub stream_coalesce: Duration,
+    /// The run store (`store`, `[store]`); none: `store = false`.
+    pub store: Option<super::StoreSettings>,
 }
 
 /// The default of `stream_coalesce_ms`: far below what a reader notices
@@ -108,6 +110,7 @@ impl TryFrom<RawNodeConfig> for NodeConfig {
             0,
             MAX_STREAM_COALESCE_MS,
         )?;
+        let store = super::store::settings(raw.store)?;
         Ok(Self {
             edge,
             token,
@@ -120,6 +123,7 @@ impl TryFrom<RawNodeConfig> for NodeConfig {
             metrics_listen,
             edge_tls,
             stream_coalesce,
+            store,
         })
     }
 }
@@ -211,6 +215,32 @@ mod tests {
         let c = ok(&format!("{BASE}[reconnect]\nmax_attempts = 0\n"));
         assert_eq!(c.reconnect.max_attempts, None, "0 = unlimited");
         assert_eq!(c.reconnect.interval, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn the_run_store_is_on_by_default_off_with_false_and_a_table_sets_it() {
+        let default = super::super::StoreSettings::default();
+        assert_eq!(ok(BASE).store.as_ref(), Some(&default));
+        assert_eq!(default.path, "file:iop.db?cache=shared&mode=rwc");
+        assert_eq!(ok(&format!("{BASE}store = true\n")).store.as_ref(), Some(&default));
+        assert_eq!(ok(&format!("{BASE}store = false\n")).store, None);
+        assert_eq!(ok(&format!("{BASE}[store]\n")).store.as_ref(), Some(&default));
+        let c = ok(&format!("{BASE}[store]\npath = \"/var/lib/iop/runs.db\"\nmax_age_days = 7\nmax_rows = 5000\n"));
+        let s = c.store.unwrap();
+        assert_eq!(s.path, "/var/lib/iop/runs.db");
+        assert_eq!((s.max_age, s.max_rows), (Duration::from_secs(7 * 86_400), 5000));
+        rejects(&format!("{BASE}store = 1\n"), "store", "expected `false`, `true` or a [store] table");
+        rejects(&format!("{BASE}store = \"no\"\n"), "store", "invalid type");
+        rejects(
+            &format!("{BASE}[store]\nmax_rows = 999\n"),
+            "store.max_rows",
+            "invalid value `999`: must be at least 1000",
+        );
+        rejects(&format!("{BASE}[store]\nmax_age_days = 0\n"), "store.max_age_days", "invalid value `0`");
+        rejects(&format!("{BASE}[store]\nmax_age_days = 3651\n"), "store.max_age_days", "at most 3650");
+        rejects(&format!("{BASE}[store]\npath = \"\"\n"), "store.path", "must not be empty");
+        rejects(&format!("{BASE}[store]\npath = 3\n"), "store.path", "invalid type");
+        rejects(&format!("{BASE}[store]\nmax_row = 1\n"), "store.max_row", "unknown key");
     }
 
     #[test]

@@ -87,6 +87,7 @@ pub(crate) struct RawHttp {
     pub body_timeout_sec: Option<u64>,
     pub read_timeout_sec: Option<u64>,
     pub access_log: Option<bool>,
+    pub session_header: Option<String>,
     pub max_connections: Option<u64>,
     pub max_inflight_body_bytes: Option<u64>,
     pub max_websockets: Option<u64>,
@@ -266,6 +267,7 @@ pub(crate) struct RawNodeConfig {
     pub edge_tls: Option<RawTls>,
     pub testing: Option<RawTesting>,
     pub stream_coalesce_ms: Option<u64>,
+    pub store: Option<super::store::RawStore>,
 }
 
 /// `[reconnect]`.

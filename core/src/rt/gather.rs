@@ -4,7 +4,7 @@
 //! (chunk sizes, frame prefixes) are appended to a small "glue" buffer that
 //! becomes a segment of its own where a body segment follows.
 //!
-//! This is the one module of the workspace with `unsafe`: monoio's
+//! One of the few modules allowed `unsafe` (Cargo.toml lists them): monoio's
 //! [`IoVecBuf`] is an unsafe trait (the kernel reads the iovec array and
 //! the memory it points to while the write is in flight), and no type it
 //! ships can hold `Bytes`.

@@ -290,9 +290,9 @@ pub fn encode_tunnel_request(
     max_frame_bytes: usize,
 ) -> Result<(), WireError> {
     use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, message, WireType};
-    // Fields 1-5, 13 and 14 are strings; 8, 9 and 11 varints; 10 a bool.
+    // Fields 1-5 and 13-15 are strings; 8, 9 and 11 varints; 10 a bool.
     let head_strings = [(1, &req.tunnel_id), (2, &req.adapter), (3, &req.target), (4, &req.method), (5, &req.path)];
-    let tail_strings = [(13, &req.profile), (14, &req.principal)];
+    let tail_strings = [(13, &req.profile), (14, &req.principal), (15, &req.session_id)];
     let varints = [(8, req.deadline_ms), (9, req.window_bytes), (11, req.response_stall_timeout_ms)];
     let varint_len = |(tag, v): (u32, u64)| if v == 0 { 0 } else { key_len(tag) + encoded_len_varint(v) };
     let strings_len = |s: &[(u32, &String)]| s.iter().map(|(tag, v)| opt_field_len(*tag, v.len())).sum::<usize>();
@@ -1032,7 +1032,7 @@ mod tests {
         let header = ("[a-z-]{1,20}", arb_bytes()).prop_map(|(n, value)| pb::Header { name: Bytes::from(n), value });
         let lease = (arb_bytes(), arb_bytes(), arb_bytes())
             .prop_map(|(ephemeral_key, nonce, ciphertext)| pb::SealedLease { ephemeral_key, nonce, ciphertext });
-        let strings = (".{0,30}", ".{0,10}", ".{0,10}", ".{0,6}", ".{0,30}", ".{0,10}", ".{0,10}");
+        let strings = (".{0,30}", ".{0,10}", ".{0,10}", ".{0,6}", ".{0,30}", ".{0,10}", ".{0,10}", ".{0,12}");
         let rest = (
             proptest::collection::vec(header, 0..6),
             arb_bytes(),
@@ -1040,7 +1040,10 @@ mod tests {
             proptest::option::of(lease),
         );
         (strings, rest).prop_map(
-            |((id, adapter, target, method, path, profile, principal), (headers, body, nums, credential))| {
+            |(
+                (id, adapter, target, method, path, profile, principal, session_id),
+                (headers, body, nums, credential),
+            )| {
                 let (deadline_ms, window_bytes, hide_usage_chunk, response_stall_timeout_ms) = nums;
                 pb::ProviderTunnelRequest {
                     tunnel_id: id,
@@ -1057,6 +1060,7 @@ mod tests {
                     credential,
                     profile,
                     principal,
+                    session_id,
                 }
             },
         )

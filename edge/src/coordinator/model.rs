@@ -66,13 +66,15 @@ pub struct CallFailed {
 
 /// Runs `body` (an OpenAI chat request without `model`) on `group` and
 /// gathers its answer, within `deadline`. `principal` is the client key's
-/// name (for credential leases).
+/// name (for credential leases), `session_id` the client's (correlation
+/// only).
 pub async fn call(
     ctx: &Rc<Ctx>,
     group: &str,
     mut body: serde_json::Value,
     deadline: Instant,
     principal: &str,
+    session_id: &str,
 ) -> Result<Answer, CallFailed> {
     let Some(group) = ctx.config.borrow().model(group).cloned() else {
         return Err(CallFailed { class: ErrorClass::Provider, code: "model_gone" });
@@ -86,13 +88,14 @@ pub async fn call(
         let (node, provider) = (&admitted.target.node, &admitted.target.provider);
         let tunnels = ctx.config.borrow().provider(node, provider).is_some_and(|p| p.kind.is_openai_compatible());
         if tunnels {
-            return tunnel(ctx, &group.name, admitted, bytes, principal).await;
+            return tunnel(ctx, &group.name, admitted, bytes, principal, session_id).await;
         }
         let req = pb::RunRequest {
             body: bytes.into(),
             operation: pb::RunOperation::Chat as i32,
             whole: true,
             principal: principal.to_owned(),
+            session_id: session_id.to_owned(),
             ..Default::default()
         };
         let mut run = crate::dispatch::submit(ctx, &group.name, admitted, req)
@@ -120,12 +123,14 @@ async fn tunnel(
     admitted: crate::pool::Admitted,
     body: Vec<u8>,
     principal: &str,
+    session_id: &str,
 ) -> Result<Answer, CallFailed> {
     let req = pb::ProviderTunnelRequest {
         method: "POST".into(),
         path: "/chat/completions".into(),
         body: body.into(),
         principal: principal.to_owned(),
+        session_id: session_id.to_owned(),
         ..Default::default()
     };
     let headers = |id: &str| {

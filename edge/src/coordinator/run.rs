@@ -48,6 +48,8 @@ pub struct Task {
     pub text: String,
     /// The client key's name, for credential leases ("" without keys).
     pub principal: String,
+    /// The client's session id ("" when none), put on every stage's run.
+    pub session_id: String,
     /// Output tokens each stage's answer may take.
     pub max_tokens: u32,
 }
@@ -292,7 +294,7 @@ impl Driver {
     /// One model call of the current stage.
     async fn model(&mut self, group: &str, body: Value, deadline: Instant) -> Step<Answer> {
         self.model_calls += 1;
-        let answer = model::call(&self.ctx, group, body, deadline, &self.task.principal).await.map_err(|f| {
+        let answer = model::call(&self.ctx, group, body, deadline, &self.task.principal, &self.task.session_id).await.map_err(|f| {
             tracing::info!(request_id = %self.task.request_id, code = f.code, class = f.class.as_str(), "stage model call failed");
             error(f.class)
         })?;

@@ -163,6 +163,14 @@ struct Timeouts {
     read: Duration,
 }
 
+/// What a connection's requests record, fixed at accept.
+struct Logging {
+    /// One access-log line per request.
+    access_log: bool,
+    /// The header a request's session id is read from (None: off).
+    session_header: Option<String>,
+}
+
 /// Serves one client connection until it closes or must be closed. `_slot`
 /// counts it against `http.max_connections` while it lives; `tls_ticket`
 /// counts its TLS handshake against its address until the handshake ends.
@@ -175,7 +183,7 @@ pub async fn serve<H: Handler>(
     tls_ticket: Option<TlsTicket>,
 ) {
     let _ = tcp.set_nodelay(true);
-    let (limits, timeouts, access_log) = {
+    let (limits, timeouts, access_log, session_header) = {
         let cfg = worker.config.borrow();
         let limits = Limits {
             max_head_bytes: cfg.http.max_header_bytes,
@@ -187,6 +195,7 @@ pub async fn serve<H: Handler>(
             limits,
             Timeouts { idle: h.idle_timeout, header: h.header_timeout, body: h.body_timeout, read: h.read_timeout },
             h.access_log,
+            h.session_header.clone(),
         )
     };
     // The first head is timed from accept: a connection that never sends a
@@ -214,7 +223,8 @@ pub async fn serve<H: Handler>(
         exchange: super::Exchange::default(),
     };
     let tls = worker.shared.http_tls.is_some();
-    requests(&worker, &handler, &mut conn, &limits, &timeouts, access_log, accepted).await;
+    let logging = Logging { access_log, session_header };
+    requests(&worker, &handler, &mut conn, &limits, &timeouts, &logging, accepted).await;
     if tls {
         // The client learns the close was meant (close_notify), not a cut.
         let _ = iop_core::rt::time::timeout(LINGER_TIME, Box::pin(conn.wr.shutdown())).await;
@@ -228,9 +238,10 @@ async fn requests<H: Handler>(
     conn: &mut Conn,
     limits: &Limits,
     timeouts: &Timeouts,
-    access_log: bool,
+    logging: &Logging,
     accepted: Instant,
 ) {
+    let access_log = logging.access_log;
     let mut accepted = Some(accepted);
     loop {
         let (head, read_deadline) = match read_head(conn, limits, timeouts, accepted.take()).await {
@@ -243,7 +254,7 @@ async fn requests<H: Handler>(
         };
         conn.head_only = head.method == "HEAD";
         conn.stream_framing = StreamFraming::for_version(head.version);
-        conn.exchange.begin(&head);
+        conn.exchange.begin(&head, logging.session_header.as_deref());
         let declared = match head.body {
             BodyKind::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
             _ => 0,

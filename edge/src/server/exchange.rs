@@ -60,6 +60,9 @@ pub struct Exchange {
     /// The route's closed label for the metrics (`other` until a surface
     /// names it).
     surface: &'static str,
+    /// The client's session id ([`super::session_id`]; "" when none): put
+    /// on the request's runs and its log line.
+    session_id: String,
 }
 
 impl Default for Exchange {
@@ -75,22 +78,30 @@ impl Default for Exchange {
             api_key: None,
             dropped: String::new(),
             surface: OTHER_SURFACE,
+            session_id: String::new(),
         }
     }
 }
 
 impl Exchange {
-    /// A new request begins (its head was just read).
-    pub fn begin(&mut self, head: &iop_core::http::RequestHead) {
-        self.begin_at(head, Instant::now());
+    /// A new request begins (its head was just read); `session_header`:
+    /// the header its session id is read from (None: off).
+    pub fn begin(&mut self, head: &iop_core::http::RequestHead, session_header: Option<&str>) {
+        self.begin_at(head, Instant::now(), session_header);
     }
 
     /// A record for `head` that began at `started` (a WebSocket's own line,
     /// after the lines of the responses it carried).
-    pub fn begin_at(&mut self, head: &iop_core::http::RequestHead, started: Instant) {
+    pub fn begin_at(&mut self, head: &iop_core::http::RequestHead, started: Instant, session_header: Option<&str>) {
         self.reset(started);
         self.method.push_str(clip(&head.method, 16));
         self.path.push_str(clip(head.path(), 256));
+        self.session_id.push_str(super::session_id::of(head, session_header));
+    }
+
+    /// The client's session id ("" when none), for the request's runs.
+    pub fn session_id(&self) -> &str {
+        &self.session_id
     }
 
     /// A request that could not be read (no head): only its status is known.
@@ -108,6 +119,7 @@ impl Exchange {
         self.api_key = None;
         self.dropped.clear();
         self.surface = OTHER_SURFACE;
+        self.session_id.clear();
         let mut f = self.finish.borrow_mut();
         f.model.clear();
         f.id.clear();
@@ -168,9 +180,12 @@ impl Exchange {
         let ms = |d: Duration| (d.as_secs_f64() * 1000.0 * 1000.0).round() / 1000.0;
         let u = f.usage.unwrap_or_default();
         // Never the prompt, a header or a credential: ids, names and numbers.
+        // The session id is the client's (visible ASCII, bounded): recorded
+        // as a `&str`, which the formatter quotes and escapes.
         tracing::info!(
             target: "iop::access",
             id = %f.id,
+            session_id = self.session_id.as_str(),
             method,
             path,
             model = %f.model,

@@ -6,6 +6,7 @@ mod body;
 mod conn;
 mod exchange;
 mod reader;
+pub mod session_id;
 mod watch;
 
 use std::{future::Future, rc::Rc, time::Duration};

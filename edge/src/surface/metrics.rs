@@ -3,19 +3,15 @@
 //! API; without one it is open, as `/healthz` is. It names configured ids
 //! and numbers only: never a request id, a prompt or a credential.
 
-use std::{rc::Rc, time::Duration};
+use std::rc::Rc;
 
-use iop_core::{http::RequestHead, rt::oneshot::oneshot};
+use iop_core::http::RequestHead;
 
 use crate::{
     ctx::Ctx,
-    mesh::CoreMsg,
-    metrics::{self, render::Gauges, CoreMetrics},
+    metrics::{self, render::Gauges},
     server::Conn,
 };
-
-/// How long a core may take to hand over its counters.
-const CORE_WAIT: Duration = Duration::from_secs(2);
 
 /// Answers a scrape; returns whether the connection may be kept.
 pub async fn scrape(worker: &Rc<Ctx>, conn: &mut Conn, head: &RequestHead, keep: bool) -> bool {
@@ -23,20 +19,7 @@ pub async fn scrape(worker: &Rc<Ctx>, conn: &mut Conn, head: &RequestHead, keep:
     if let Err(kept) = super::admin::check_token(worker, conn, head, keep).await {
         return kept;
     }
-    let mut merged = CoreMetrics::default();
-    let mut pending = Vec::with_capacity(worker.shared.inboxes.len());
-    for inbox in &worker.shared.inboxes {
-        let (reply, rx) = oneshot();
-        if inbox.send(CoreMsg::Metrics { reply }).await.is_ok() {
-            pending.push(rx);
-        }
-    }
-    for rx in pending {
-        // A core that does not answer in time is left out of this scrape.
-        if let Ok(Some(m)) = iop_core::rt::time::timeout(CORE_WAIT, rx).await {
-            merged.merge(&m);
-        }
-    }
+    let merged = metrics::gather::gather(worker).await;
     let body = {
         let config = worker.config.borrow();
         let view = worker.pool.borrow();

@@ -74,6 +74,7 @@ pub fn submit(
         operation: pb::RunOperation::Chat as i32,
         whole: !stream,
         principal,
+        session_id: conn.exchange.session_id().to_owned(),
         ..Default::default()
     };
     let key = admitted.lease.key().clone();

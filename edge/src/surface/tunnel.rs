@@ -78,6 +78,7 @@ pub fn run<'a>(
         body,
         hide_usage_chunk,
         principal: conn.exchange.api_key.as_ref().map(|k| k.entry.name.clone()).unwrap_or_default(),
+        session_id: conn.exchange.session_id().to_owned(),
         ..Default::default()
     };
     let model = &parts.group.name;

@@ -49,6 +49,7 @@ fn event_stream_reports_the_node_lifecycle_and_runs() {
     let snap = edge.snapshot();
     let node = node_of(&snap, "n1");
     assert_eq!((node["connected"].clone(), node["ready"].clone()), (json!(true), json!(true)), "{snap:#}");
+    assert_eq!(node["state"], "ready", "{snap:#}");
     assert_eq!(node["generation"], generation, "{snap:#}");
     assert_eq!(provider_of(&snap, "n1", "mock")["status"], "available", "{snap:#}");
 
@@ -72,7 +73,131 @@ fn event_stream_reports_the_node_lifecycle_and_runs() {
     assert!(gone["reason"].as_str().is_some_and(|s| !s.is_empty()), "{gone}");
     let snap = edge.wait_snapshot(SECS5, "n1 offline", |s| node_of(s, "n1")["connected"] == false);
     assert_offline(&snap, "n1");
+    assert_eq!(node_of(&snap, "n1")["state"], "offline", "{snap:#}");
     counters_zero(&snap).unwrap();
+}
+
+/// A node that registered and has not said it is ready is `registered`
+/// in the snapshot, as its only event so far says, never `ready`; its
+/// providers take nothing. When the connection ends it is offline again.
+#[test]
+fn a_registered_node_is_shown_registered_until_ready() {
+    let edge = Edge::start(&pool_config(&[mock_node("n1", 1, 0, 2, 0)], &[mock_model("m", &["n1"], "")], ""));
+    let mut ev = edge.events();
+    let mut s = std::net::TcpStream::connect(edge.nodes).unwrap();
+    assert_eq!(crate::hostile_peers::try_register(&mut s, &node_token("n1")), None, "registration refused");
+    let reg = ev.wait("node_registered", SECS5, |e| e["node"] == "n1");
+    let snap = edge.snapshot();
+    let n = node_of(&snap, "n1");
+    assert_eq!(n["state"], "registered", "{snap:#}");
+    assert_eq!((&n["connected"], &n["ready"], &n["generation"]), (&json!(true), &json!(false), &reg["generation"]));
+    assert_eq!(provider_of(&snap, "n1", "mock")["status"], "unavailable", "{snap:#}");
+    assert_eq!(provider_of(&snap, "n1", "mock")["normal"]["effective"], 0, "{snap:#}");
+    assert!(!ev.seen.iter().any(|e| e["type"] == "node_ready"), "{:#?}", ev.seen);
+    let r = post_json(
+        edge.http,
+        "/v1/chat/completions",
+        &json!({"model": "m", "messages": [{"role": "user", "content": "x"}]}),
+    );
+    assert_eq!(r.status, 503, "{}", String::from_utf8_lossy(&r.body));
+
+    drop(s);
+    let gone = ev.wait("node_disconnected", SECS5, |e| e["node"] == "n1");
+    assert_eq!((&gone["current"], &gone["generation"]), (&json!(true), &reg["generation"]), "{gone}");
+    let snap = edge.wait_snapshot(SECS5, "n1 offline", |s| node_of(s, "n1")["state"] == "offline");
+    assert_offline(&snap, "n1");
+}
+
+/// The snapshot's request counters are those `/metrics` serves, and the
+/// `?snapshots=1` stream carries the same snapshot as events.
+#[test]
+fn snapshots_count_requests_as_metrics_does_and_ride_the_event_stream() {
+    use std::io::{BufRead, BufReader, Write};
+
+    let edge = Edge::start(&pool_config(&[mock_node("n1", 2, 0, 2, 0)], &[mock_model("m", &["n1"], "")], ""));
+    let _n1 = edge.start_node("n1", "");
+    edge.wait_nodes_ready(1);
+    let chat = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+    for _ in 0..3 {
+        let r = post_json(edge.http, "/v1/chat/completions", &chat);
+        assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    }
+    let snap = edge.wait_snapshot(SECS5, "3 requests of m", |s| model_of(s, "m")["requests"]["total"] == 3);
+    let metrics = String::from_utf8(edge.admin("/metrics").body).unwrap();
+    // Every `iop_edge_requests_total` of model m, summed by status over surfaces.
+    let mut from_metrics = serde_json::Map::new();
+    for l in metrics.lines().filter(|l| l.starts_with(r#"iop_edge_requests_total{model="m","#)) {
+        let status = l.split("status=\"").nth(1).and_then(|r| r.split('"').next()).unwrap().to_owned();
+        let n: u64 = l.rsplit(' ').next().unwrap().parse().unwrap();
+        let sum = from_metrics.get(&status).and_then(serde_json::Value::as_u64).unwrap_or(0) + n;
+        from_metrics.insert(status, json!(sum));
+    }
+    let m = model_of(&snap, "m");
+    assert_eq!(m["requests"]["by_status"], serde_json::Value::Object(from_metrics), "{metrics}");
+    assert_eq!(m["requests"]["by_status"], json!({"200": 3}), "{snap:#}");
+    let ttft_count = metrics
+        .lines()
+        .find(|l| l.starts_with(r#"iop_edge_time_to_first_byte_seconds_count{model="m""#))
+        .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok());
+    assert_eq!(m["ttft"]["count"].as_u64(), ttft_count, "{metrics}");
+    assert_eq!(
+        m["ttft"]["buckets"].as_array().map(Vec::len),
+        snap["histogram_bounds_seconds"].as_array().map(|b| b.len() + 1),
+        "{snap:#}"
+    );
+    assert!(snap["ts_ms"].as_u64().is_some_and(|t| t > 0), "{snap:#}");
+
+    // The stream opens with a snapshot and sends another within a second or so.
+    let mut s = std::net::TcpStream::connect(edge.http).unwrap();
+    s.set_read_timeout(Some(SECS5)).unwrap();
+    let req =
+        format!("GET /admin/v1/events?snapshots=1 HTTP/1.1\r\nhost: t\r\nauthorization: Bearer {ADMIN_TOKEN}\r\n\r\n");
+    s.write_all(req.as_bytes()).unwrap();
+    let mut rd = BufReader::new(s);
+    let mut snapshots = Vec::new();
+    let started = Instant::now();
+    let mut line = String::new();
+    while snapshots.len() < 2 {
+        line.clear();
+        assert!(rd.read_line(&mut line).unwrap() > 0, "stream ended");
+        if let Some(d) = line.trim_end().strip_prefix("data: ") {
+            let v: serde_json::Value = serde_json::from_str(d).unwrap();
+            if v["type"] == "snapshot" {
+                snapshots.push(v);
+            }
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(3), "two snapshots took {:?}", started.elapsed());
+    let v = &snapshots[1];
+    assert_eq!(node_of(v, "n1")["state"], "ready", "{v:#}");
+    assert_eq!(model_of(v, "m")["requests"], snap["models"][0]["requests"], "{v:#}");
+    assert!(v["ts_ms"].as_u64() >= snapshots[0]["ts_ms"].as_u64(), "{snapshots:#?}");
+}
+
+/// The status page's files are served without the token, but only while
+/// the admin API exists.
+#[test]
+fn the_status_page_is_served_without_the_token_only_with_an_admin_api() {
+    let config = pool_config(&[mock_node("n1", 1, 0, 2, 0)], &[mock_model("m", &["n1"], "")], "");
+    let edge = Edge::start(&config);
+    for path in ["/admin", "/admin/", "/admin/app.js", "/admin/style.css"] {
+        let r = request(edge.http, "GET", path, None, &[]);
+        assert_eq!(r.status, 200, "{path}");
+        assert!(r.header("content-security-policy").is_some_and(|c| c.starts_with("default-src 'none'")), "{path}");
+        assert_eq!(r.header("referrer-policy"), Some("no-referrer"), "{path}");
+    }
+    assert!(request(edge.http, "GET", "/admin/", None, &[]).header("content-type").unwrap().starts_with("text/html"));
+    assert_eq!(request(edge.http, "POST", "/admin/", Some(b"{}"), &[]).status, 405);
+    // Data still needs the token.
+    assert_eq!(request(edge.http, "GET", "/admin/v1/nodes", None, &[]).status, 401);
+
+    let without = config.replace(&format!("admin_token = \"{ADMIN_TOKEN}\"\n"), "");
+    assert_ne!(without, config);
+    let edge = Edge::start(&without);
+    for path in ["/admin/", "/admin/app.js"] {
+        let r = request(edge.http, "GET", path, None, &[]);
+        assert_eq!(r.status, 404, "{path}: {}", String::from_utf8_lossy(&r.body));
+    }
 }
 
 #[test]

@@ -42,7 +42,15 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(name: &str, args: &[&str], envs: &[(&str, &str)]) -> Proc {
-        Self::spawn_in(name, Command::new(bin(name)), args, envs)
+        let mut cmd = Command::new(bin(name));
+        if name == "iop-node" {
+            // A node keeps its run store (`iop.db`) in its working directory
+            // by default: one of its own per node, never the crate's.
+            let dir = scratch("node-cwd");
+            std::fs::create_dir_all(&dir).expect("node dir");
+            cmd.current_dir(dir);
+        }
+        Self::spawn_in(name, cmd, args, envs)
     }
 
     /// Like [`Proc::spawn`], through `cmd` (e.g. `prlimit … <binary>`),

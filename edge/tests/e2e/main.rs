@@ -7,6 +7,7 @@ mod harness;
 mod pki;
 
 mod admin;
+mod admin_page;
 pub mod agent;
 mod agent_faults;
 mod agent_ollama;
@@ -33,6 +34,7 @@ mod recovery;
 mod responses;
 mod responses_ws;
 mod robustness;
+mod runs;
 pub mod sdk_fidelity;
 mod secrets;
 mod slow_readers;

@@ -25,6 +25,8 @@ const TAG_DIGITS: usize = 16;
 #[command(
     name = "iop-loadtest",
     version,
+    args_conflicts_with_subcommands = true,
+    disable_help_subcommand = true,
     about = "SSE load generator for OpenAI chat completions, the Responses API and the Anthropic Messages API (iop-edge, iop-mockprov, vLLM, ...)"
 )]
 pub struct LoadArgs {
@@ -97,6 +99,37 @@ pub struct LoadArgs {
     /// Print one JSON object instead of the text report.
     #[arg(long)]
     pub json: bool,
+    /// Also write the report as a self-contained HTML page with plots
+    /// (latency CDF, TTFT and inter-token gap histograms, throughput over time).
+    #[arg(long, value_name = "PATH")]
+    pub html: Option<std::path::PathBuf>,
+    /// `report`: render saved reports instead of running a load.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands (without one, `iop-loadtest` runs a load).
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum Command {
+    /// Render saved `--json` reports as one HTML page, the runs side by side.
+    Report(ReportArgs),
+}
+
+/// `iop-loadtest report` flags.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ReportArgs {
+    /// The HTML file to write.
+    #[arg(long, value_name = "PATH")]
+    pub html: std::path::PathBuf,
+    /// The page's title (default: "iop-loadtest report").
+    #[arg(long)]
+    pub title: Option<String>,
+    /// JSON files: reports of `iop-loadtest --json` (each one run, named
+    /// after its file), or a report set (`{"title", "sections": [{"title",
+    /// "note", "runs": [{"label", "reports": [...]}]}]}`, as the benchmark's
+    /// `compare --html` writes).
+    #[arg(required = true, value_name = "JSON")]
+    pub inputs: Vec<std::path::PathBuf>,
 }
 
 /// Where requests go.
@@ -212,6 +245,8 @@ pub struct Settings {
     pub timeout: Duration,
     /// Bearer token.
     pub api_key: Option<String>,
+    /// Show the progress line on stderr (the binary sets it when stderr is a terminal).
+    pub progress: bool,
 }
 
 impl Settings {
@@ -287,6 +322,7 @@ impl Settings {
             tag_prefix: args.disconnect_after.map(|_| tag_prefix()),
             timeout: Duration::from_secs(args.timeout_sec),
             api_key: args.api_key.clone().filter(|k| !k.is_empty()),
+            progress: false,
         })
     }
 

@@ -14,6 +14,7 @@ use monoio::net::TcpStream;
 
 use super::args::RequestBytes;
 use super::exchange::{Done, Exchange};
+use super::progress::Live;
 use super::stats::{Failure, Recorder, LATE_START};
 
 /// Bytes asked of one read.
@@ -80,14 +81,31 @@ pub(crate) struct WorkerCtx {
     pub(crate) budget: std::sync::Arc<Budget>,
     pub(crate) deadline: Option<Instant>,
     pub(crate) recorder: RefCell<Recorder>,
+    /// The run's start: the timeline counts from it.
+    pub(crate) start: Instant,
+    /// The progress line's counters, when there is one.
+    pub(crate) live: Option<std::sync::Arc<Live>>,
 }
 
 impl WorkerCtx {
     fn record(&self, result: &Result<super::stats::Measure, Failure>) {
+        let at = self.start.elapsed();
         let mut rec = self.recorder.borrow_mut();
         match result {
-            Ok(m) => rec.ok(m),
-            Err(f) => rec.fail(*f),
+            Ok(m) => {
+                rec.ok(m);
+                rec.timeline.ok(at, m.tokens);
+                if let Some(live) = &self.live {
+                    live.ok(m.ttft.unwrap_or(m.total));
+                }
+            }
+            Err(f) => {
+                rec.fail(*f);
+                rec.timeline.error(at);
+                if let Some(live) = &self.live {
+                    live.error();
+                }
+            }
         }
     }
 }

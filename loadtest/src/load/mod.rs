@@ -5,20 +5,34 @@
 //! - [`args`]: the command line ([`LoadArgs`]) and its validated form ([`Settings`]).
 //! - [`exchange`]: one request/response without I/O: timings and validation.
 //! - [`stats`]: HDR histograms and error classes ([`Recorder`], [`Failure`]).
-//! - [`report`]: the text and JSON report.
+//! - [`timeline`]: completions, errors and tokens per second of the run.
+//! - [`report`]: the text and JSON report; [`series`]: the distributions
+//!   in the JSON (HdrHistogram V2, base64), read back by [`saved`].
+//! - [`progress`]: the progress line on a terminal.
+//! - [`dist`] (CDF and histogram bins), [`plots`] (SVG charts, plotters) and
+//!   [`html`] (the self-contained page): the HTML report of `--html` and of
+//!   `iop-loadtest report`.
 //! - `conn`: the connection tasks.
 //!
 //! [`run`] starts `workers` threads, each with its own monoio runtime driving
 //! its share of the `concurrency` keep-alive connections; they share nothing
-//! but an atomic request counter. Each thread keeps its own [`Recorder`];
-//! they are merged when all have finished.
+//! but an atomic request counter (and, on a terminal, the progress line's
+//! atomic counters). Each thread keeps its own [`Recorder`]; they are merged
+//! when all have finished.
 
 pub mod api;
 pub mod args;
 mod conn;
+pub mod dist;
 pub mod exchange;
+pub mod html;
+pub mod plots;
+pub mod progress;
 pub mod report;
+pub mod saved;
+pub mod series;
 pub mod stats;
+pub mod timeline;
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -78,16 +92,22 @@ pub fn run(settings: &Settings) -> anyhow::Result<Outcome> {
     let requests = settings.requests();
     let gate = Arc::new(Gate::default());
     let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    // Nothing is sent: each worker holds a sender until it returns, so the
+    // channel disconnects when the last one is done.
+    let (done_tx, done_rx) = std::sync::mpsc::sync_channel::<()>(1);
+    let live = settings.progress.then(|| Arc::new(progress::Live::new()));
     let mut handles = Vec::with_capacity(workers);
     for index in 0..workers {
         let connections = settings.connections_of(index);
         let (budget, worker_gate, ready, requests) = (budget.clone(), gate.clone(), ready_tx.clone(), requests.clone());
+        let (done, live) = (done_tx.clone(), live.clone());
         let (addr, api, stream, timeout, duration) =
             (settings.addr, settings.api, settings.stream, settings.timeout, settings.bounds.duration);
         let (rate, disconnect_after) = (settings.rate, settings.disconnect_after);
         let firsts: Vec<Duration> = (0..connections).map(|j| settings.first_request_after(index, j)).collect();
         let spawned =
             std::thread::Builder::new().name(format!("iop-loadtest-{index}")).spawn(move || -> WorkerResult {
+                let _done = done;
                 let rt = monoio::RuntimeBuilder::<monoio::FusionDriver>::new().enable_timer().build();
                 let _ = ready.send(());
                 let Some(start) = worker_gate.wait() else {
@@ -109,6 +129,8 @@ pub fn run(settings: &Settings) -> anyhow::Result<Outcome> {
                     budget,
                     deadline: duration.map(|d| start + d),
                     recorder: RefCell::new(Recorder::new()?),
+                    start,
+                    live,
                 });
                 rt.block_on(async {
                     let tasks: Vec<_> =
@@ -138,8 +160,14 @@ pub fn run(settings: &Settings) -> anyhow::Result<Outcome> {
             break;
         }
     }
+    drop(done_tx);
     let start = Instant::now();
     gate.open(Some(start));
+    if let Some(live) = &live {
+        let what = if settings.stream { "ttft" } else { "latency" };
+        // Not a held lock: workers may log to stderr meanwhile.
+        progress::show(live, &done_rx, start, settings.bounds, what, &mut std::io::stderr());
+    }
     let results: Vec<_> = handles.into_iter().map(|h| h.join()).collect();
     let elapsed = start.elapsed();
     let mut merged = Recorder::new()?;

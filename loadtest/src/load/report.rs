@@ -4,13 +4,14 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use hdrhistogram::Histogram;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::args::Settings;
+use super::series::Series;
 use super::Outcome;
 
 /// Percentiles of one histogram, in µs.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
     /// Values recorded.
     pub count: u64,
@@ -27,7 +28,8 @@ pub struct Summary {
 }
 
 impl Summary {
-    fn of(h: &Histogram<u64>) -> Self {
+    /// The summary of `h` (zeros when empty).
+    pub fn of(h: &Histogram<u64>) -> Self {
         if h.is_empty() {
             return Self { count: 0, mean: 0.0, p50: 0, p90: 0, p99: 0, max: 0 };
         }
@@ -43,7 +45,7 @@ impl Summary {
 }
 
 /// Latency summaries, µs.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Latencies {
     /// Request written to the first response byte.
     pub ttfb: Summary,
@@ -142,6 +144,8 @@ pub struct Report {
     /// the wall-clock instant of the close.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub disconnects: Option<Vec<Disconnect>>,
+    /// The distributions and the timeline, for plots (`--html`, `iop-loadtest report`).
+    pub series: Series,
 }
 
 /// One stream the client cut on purpose.
@@ -217,6 +221,7 @@ impl Report {
                 all.sort_by_key(|d| d.unix_ns);
                 all
             }),
+            series: Series::of(r),
         }
     }
 

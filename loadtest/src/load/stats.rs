@@ -1,10 +1,12 @@
-//! Per-worker measurements: HDR histograms (µs), counters and error classes,
-//! merged into one [`Recorder`] at the end of a run.
+//! Per-worker measurements: HDR histograms (µs), counters, error classes and
+//! a timeline, merged into one [`Recorder`] at the end of a run.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
+
+use super::timeline::Timeline;
 
 /// Largest latency recorded: one hour, in µs (larger values saturate).
 const MAX_US: u64 = 3_600_000_000;
@@ -137,6 +139,8 @@ pub struct Recorder {
     pub disconnects: Vec<(u64, u64)>,
     /// Failed requests by class.
     pub errors: Errors,
+    /// Completions, errors and tokens over the run's time.
+    pub timeline: Timeline,
 }
 
 /// How late an open-loop request may start and still count as on time.
@@ -168,6 +172,7 @@ impl Recorder {
             late_starts: 0,
             disconnects: Vec::new(),
             errors: Errors::default(),
+            timeline: Timeline::new(),
         })
     }
 
@@ -213,6 +218,7 @@ impl Recorder {
         self.late_starts += other.late_starts;
         self.disconnects.extend_from_slice(&other.disconnects);
         self.errors.merge(&other.errors);
+        self.timeline.merge(&other.timeline);
         Ok(())
     }
 }
@@ -247,7 +253,9 @@ mod tests {
         b.ok(&Measure { total: Duration::from_secs(7200), events: 1, body_bytes: 1, ..Measure::default() });
         b.late_starts = 2;
         b.disconnects.push((2, 20));
+        b.timeline.ok(Duration::from_millis(1500), 4);
         a.merge(&b).unwrap();
+        assert_eq!(a.timeline.completed, [0, 1]);
         assert_eq!((a.events, a.body_bytes, a.late_starts), (7, 701, 2));
         assert_eq!(a.disconnects, [(1, 10), (2, 20)]);
         assert_eq!((a.requests, a.completed, a.tokens, a.usage_tokens), (8, 2, 4, 4));

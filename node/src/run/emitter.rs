@@ -13,12 +13,14 @@ use iop_core::{
 
 use super::{
     credit::Credit,
+    record::{Noted, Record},
     spec::{EventSink, SinkClosed},
     watchdog::Activity,
 };
 
-/// An item of a stream the node sends to the edge.
-pub trait Outgoing {
+/// An item of a stream the node sends to the edge (and what it tells the
+/// stream's run store row).
+pub trait Outgoing: Noted {
     /// Whether it ends the stream.
     fn is_terminal(&self) -> bool;
     /// Its payload, for the stream's credit window.
@@ -94,6 +96,9 @@ pub struct Emitter<T = ExecEvent> {
     pending: Option<Delta>,
     /// The stall watchdog's view of this stream's progress.
     activity: Option<Rc<Activity>>,
+    /// The stream's run store row (none: the store is off); boxed, so a
+    /// stream's task is one pointer larger.
+    record: Option<Box<Record>>,
     _items: PhantomData<T>,
 }
 
@@ -118,8 +123,16 @@ impl<T: Outgoing> Emitter<T> {
             merge: false,
             pending: None,
             activity: None,
+            record: None,
             _items: PhantomData,
         }
+    }
+
+    /// Notes the stream's first output and terminal in `record`, which
+    /// goes to the run store at the terminal (or with the emitter).
+    pub(crate) fn with_record(mut self, record: Option<Box<Record>>) -> Self {
+        self.record = record;
+        self
     }
 
     /// Waits for `credit` before each item but the terminal.
@@ -158,6 +171,13 @@ impl<T: Outgoing> Emitter<T> {
     /// (nor a copy of the item) while it waits for its provider.
     pub async fn send(&mut self, item: T) -> Result<(), SinkClosed> {
         self.progress(item.is_terminal());
+        if let Some(r) = self.record.as_deref_mut() {
+            item.note(r);
+            if item.is_terminal() {
+                // The stream's outcome is settled: its row goes now.
+                self.record = None;
+            }
+        }
         if self.beyond_credit(&item) {
             return Box::pin(self.send_in_pieces(item)).await;
         }
@@ -288,6 +308,9 @@ impl EventSink for Emitter<ExecEvent> {
         }
         // Merged text is progress too, though it is sent later.
         self.progress(false);
+        if let Some(r) = self.record.as_deref_mut() {
+            r.first_output();
+        }
         if let Some(p) = &mut self.pending {
             let same = p.choice == d.choice && std::mem::discriminant(&p.part) == std::mem::discriminant(&d.part);
             if same {

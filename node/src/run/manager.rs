@@ -24,10 +24,11 @@ use super::{
     credit::Credit,
     emitter::Emitter,
     gate::{Gate, Gates},
+    record::{Origin, Record},
     spec::{EventSink, RunSpec},
     watchdog::Activity,
 };
-use crate::{adapter::Adapter, tunnel::TunnelSpec};
+use crate::{adapter::Adapter, store::Path, tunnel::TunnelSpec};
 
 /// Runs in flight on one edge link.
 pub struct RunManager {
@@ -45,6 +46,8 @@ pub struct RunManager {
     health_seq: HealthSeq,
     /// Managed mode: what credential leases are checked against.
     leases: RefCell<Option<super::lease::NodeLeases>>,
+    /// Where each stream's row goes when it ends (none: `store = false`).
+    store: std::cell::OnceCell<crate::store::Store>,
 }
 
 /// A link's health observation sequence, shared by its stall terminals and
@@ -116,7 +119,23 @@ impl RunManager {
             idle: LocalNotify::new(),
             health_seq: HealthSeq::default(),
             leases: RefCell::new(None),
+            store: std::cell::OnceCell::new(),
         })
+    }
+
+    /// Records every stream from now on in `store`.
+    pub fn set_store(&self, store: crate::store::Store) {
+        let _ = self.store.set(store);
+    }
+
+    /// The run store, when on.
+    pub fn store(&self) -> Option<&crate::store::Store> {
+        self.store.get()
+    }
+
+    /// A stream's record, when the store is on.
+    fn record(&self, origin: impl FnOnce() -> Origin) -> Option<Box<Record>> {
+        self.store.get().map(|s| Record::new(s.clone(), origin()))
     }
 
     /// Managed mode: runs must bring credential leases, checked with these.
@@ -233,10 +252,18 @@ impl RunManager {
     }
 
     /// Starts `req`, or answers it at once with an error terminal.
-    pub fn start(self: &Rc<Self>, req: pb::RunRequest) {
+    pub fn start(self: &Rc<Self>, mut req: pb::RunRequest) {
         let run_id = req.run_id.clone();
-        let refuse = |f: RunFailure| {
-            let mut e = Emitter::<ExecEvent>::new(self.writer.clone(), run_id.clone());
+        let mut record = self.record(|| Origin {
+            run_id: run_id.clone(),
+            session_id: std::mem::take(&mut req.session_id),
+            adapter: req.adapter.clone(),
+            target: req.target.clone(),
+            path: Path::Normalized,
+            operation: Some(req.operation.into()),
+        });
+        let refuse = |f: RunFailure, record: Option<Box<Record>>| {
+            let mut e = Emitter::<ExecEvent>::new(self.writer.clone(), run_id.clone()).with_record(record);
             monoio::spawn(async move {
                 let _ = e.send(ExecEvent::Error(f)).await;
             });
@@ -244,13 +271,13 @@ impl RunManager {
         // Refused before anything is taken or called.
         let stall_timeout = match stall_timeout(req.response_stall_timeout_ms) {
             Ok(t) => t,
-            Err(f) => return refuse(f),
+            Err(f) => return refuse(f, record),
         };
         let deadline = time_left(req.deadline_ms, &run_id);
         let (adapter, slot, cancel, credit) = match self.admit(&run_id, &req.adapter, req.window_bytes, false) {
             Ok(a) => a,
-            Err(None) => return,
-            Err(Some(f)) => return refuse(f),
+            Err(None) => return record.into_iter().for_each(Record::discard),
+            Err(Some(f)) => return refuse(f, record),
         };
         let binding = iop_core::lease::Binding {
             provider: &req.adapter,
@@ -263,8 +290,11 @@ impl RunManager {
         // Dropping `slot` on a refusal gives the capacity back.
         let credential = match self.credential(&binding, req.credential.as_ref()) {
             Ok(c) => c,
-            Err(f) => return refuse(f),
+            Err(f) => return refuse(f, record),
         };
+        if let Some(r) = record.as_deref_mut() {
+            r.started();
+        }
         let spec = RunSpec {
             run_id: run_id.clone(),
             target: req.target,
@@ -277,6 +307,7 @@ impl RunManager {
             .with_slot(slot)
             .with_credit(credit)
             .with_activity(stall.activity.clone())
+            .with_record(record)
             .merging(req.whole);
         monoio::spawn(execute(adapter, spec, emitter, cancel, deadline, stall));
     }
@@ -284,24 +315,32 @@ impl RunManager {
     /// Starts a provider tunnel, or answers it at once with an error. It
     /// takes its slot from the same per-provider gate as runs, so tunnels
     /// and runs together never exceed the provider's concurrency.
-    pub fn start_tunnel(self: &Rc<Self>, req: pb::ProviderTunnelRequest) {
+    pub fn start_tunnel(self: &Rc<Self>, mut req: pb::ProviderTunnelRequest) {
         let id = req.tunnel_id.clone();
-        let refuse = |f: RunFailure| {
-            let mut e = Emitter::<TunnelItem>::new(self.writer.clone(), id.clone());
+        let mut record = self.record(|| Origin {
+            run_id: id.clone(),
+            session_id: std::mem::take(&mut req.session_id),
+            adapter: req.adapter.clone(),
+            target: req.target.clone(),
+            path: Path::Tunnel,
+            operation: None,
+        });
+        let refuse = |f: RunFailure, record: Option<Box<Record>>| {
+            let mut e = Emitter::<TunnelItem>::new(self.writer.clone(), id.clone()).with_record(record);
             monoio::spawn(async move {
                 let _ = e.send(TunnelItem::Error(f)).await;
             });
         };
         let stall_timeout = match stall_timeout(req.response_stall_timeout_ms) {
             Ok(t) => t,
-            Err(f) => return refuse(f),
+            Err(f) => return refuse(f, record),
         };
         let deadline = time_left(req.deadline_ms, &id);
         let target = req.target.clone();
         let (adapter, slot, cancel, credit) = match self.admit(&id, &req.adapter, req.window_bytes, true) {
             Ok(a) => a,
-            Err(None) => return,
-            Err(Some(f)) => return refuse(f),
+            Err(None) => return record.into_iter().for_each(Record::discard),
+            Err(Some(f)) => return refuse(f, record),
         };
         let binding = iop_core::lease::Binding {
             provider: &req.adapter,
@@ -313,18 +352,22 @@ impl RunManager {
         };
         let credential = match self.credential(&binding, req.credential.as_ref()) {
             Ok(c) => c,
-            Err(f) => return refuse(f),
+            Err(f) => return refuse(f, record),
         };
         let mut spec = match TunnelSpec::from_wire(req, deadline) {
             Ok(spec) => spec,
-            Err(f) => return refuse(f),
+            Err(f) => return refuse(f, record),
         };
         spec.credential = credential;
+        if let Some(r) = record.as_deref_mut() {
+            r.started();
+        }
         let stall = self.stall(stall_timeout);
         let emitter = Emitter::new(self.writer.clone(), id)
             .with_slot(slot)
             .with_credit(credit)
-            .with_activity(stall.activity.clone());
+            .with_activity(stall.activity.clone())
+            .with_record(record);
         monoio::spawn(relay(adapter, spec, target, emitter, cancel, stall));
     }
 
@@ -651,7 +694,7 @@ mod tests {
             let env = reader.next().await.unwrap().unwrap();
             match env.body {
                 Some(Body::RunEvent(pb::RunEvent { run_id, kind: Some(pb::run_event::Kind::Error(e)), .. })) => {
-                    return (String::from_utf8(run_id.to_vec()).unwrap(), e.code, e.status)
+                    return (String::from_utf8(run_id.to_vec()).unwrap(), e.code, e.status);
                 }
                 Some(Body::ProviderTunnelFrame(pb::ProviderTunnelFrame {
                     tunnel_id,

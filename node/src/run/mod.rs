@@ -5,6 +5,7 @@ mod emitter;
 mod gate;
 pub mod lease;
 mod manager;
+mod record;
 mod spec;
 pub mod watchdog;
 

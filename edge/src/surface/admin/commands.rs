@@ -7,6 +7,8 @@
 //! - `GET …/providers/{provider}/api/tags` and `…/api/ps`, and
 //!   `POST …/api/show` (or `GET` with `?model=`): Ollama's own API, for an
 //!   `ollama` provider.
+//! - `GET …/runs?limit=&status=`: the node's recent runs and tunnels from
+//!   its run store, newest first; `GET …/runs/{run_id}`: one of them.
 //!
 //! The command goes to the node's session like a run; the node's answer
 //! comes back as JSON, with the provider's status for provider API calls.
@@ -26,6 +28,17 @@ use crate::{ctx::Ctx, link::SessionCmd, server::Conn, surface::openai::error};
 /// How long a node has to answer a command.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The most rows one runs answer may ask for (the node's bound too).
+pub const MAX_RUNS_LIMIT: u32 = 500;
+/// A run's status, as the node's store names them.
+pub const RUN_STATUSES: [&str; 3] = ["complete", "error", "cancelled"];
+/// The largest run store answer relayed: 500 rows of ids, numbers and
+/// closed labels take well under this; past it the node is not answering
+/// what it was asked.
+const MAX_RUNS_ANSWER_BYTES: usize = 1 << 20;
+/// The longest run id asked for (the edge's ids are far shorter).
+const MAX_RUN_ID_BYTES: usize = 128;
+
 /// A command route below `/admin/v1/nodes/`.
 #[derive(Debug, PartialEq, Eq)]
 pub enum CommandRoute<'a> {
@@ -38,6 +51,10 @@ pub enum CommandRoute<'a> {
     /// `POST {node}/links/{index}/close`: closes one link on the edge (the
     /// node reconnects it into the same generation).
     CloseLink { node: &'a str, index: &'a str },
+    /// `{node}/runs`: the node's recent runs.
+    Runs { node: &'a str },
+    /// `{node}/runs/{run_id}`: one run.
+    Run { node: &'a str, run_id: &'a str },
 }
 
 impl<'a> CommandRoute<'a> {
@@ -53,6 +70,8 @@ impl<'a> CommandRoute<'a> {
             }
             [node, "providers", provider, "api", api] => CommandRoute::ProviderApi { node, provider, api },
             [node, "links", index, "close"] => CommandRoute::CloseLink { node, index },
+            [node, "runs"] => CommandRoute::Runs { node },
+            [node, "runs", run_id] => CommandRoute::Run { node, run_id },
             _ => return None,
         })
     }
@@ -62,7 +81,9 @@ impl<'a> CommandRoute<'a> {
             CommandRoute::Capabilities { node, .. }
             | CommandRoute::Transport { node }
             | CommandRoute::ProviderApi { node, .. }
-            | CommandRoute::CloseLink { node, .. } => node,
+            | CommandRoute::CloseLink { node, .. }
+            | CommandRoute::Runs { node }
+            | CommandRoute::Run { node, .. } => node,
         }
     }
 }
@@ -89,6 +110,18 @@ pub async fn handle(worker: &Ctx, conn: &mut Conn, head: &RequestHead, route: Co
         }
         CommandRoute::Transport { .. } if method == "GET" => {
             command(pb::NodeCommandKind::TransportStatus, "", Bytes::new())
+        }
+        CommandRoute::Runs { .. } if method == "GET" => match runs_query(head.query().unwrap_or_default()) {
+            Ok(payload) => command(pb::NodeCommandKind::Runs, "", Bytes::from(payload.to_string())),
+            Err(msg) => return respond_error(conn, 400, &msg, Some("invalid_request"), &[], keep).await,
+        },
+        CommandRoute::Run { run_id, .. } if method == "GET" => {
+            if run_id.is_empty() || run_id.len() > MAX_RUN_ID_BYTES || !run_id.bytes().all(|b| b.is_ascii_graphic()) {
+                let msg = format!("`{}` is not a run id", error::clip(run_id));
+                return respond_error(conn, 400, &msg, Some("invalid_request"), &[], keep).await;
+            }
+            let payload = serde_json::json!({ "run_id": run_id }).to_string();
+            command(pb::NodeCommandKind::Run, "", Bytes::from(payload))
         }
         CommandRoute::ProviderApi { provider, api, .. } => {
             let call = match (method, *api) {
@@ -173,7 +206,18 @@ pub async fn handle(worker: &Ctx, conn: &mut Conn, head: &RequestHead, route: Co
         return conn.respond(200, "application/json", &headers, &body, keep).await.is_ok() && keep;
     }
     let Some((_, resp)) = responses.pop() else { return false };
+    let store = matches!(route, CommandRoute::Runs { .. } | CommandRoute::Run { .. });
+    if store && resp.result_json.len() > MAX_RUNS_ANSWER_BYTES {
+        let msg = format!("node `{node}` answered {} bytes, more than a runs answer may be", resp.result_json.len());
+        return respond_error(conn, 502, &msg, Some("answer_too_large"), &[], keep).await;
+    }
     let status = u16::try_from(resp.status).ok().filter(|s| (200..=599).contains(s));
+    if let CommandRoute::Run { run_id, .. } = route {
+        if status == Some(404) {
+            let msg = format!("node `{node}` holds no run `{}`", error::clip(run_id));
+            return respond_error(conn, 404, &msg, Some("run_not_found"), &[], keep).await;
+        }
+    }
     if resp.ok {
         conn.respond(status.unwrap_or(200), "application/json", &headers, &resp.result_json, keep).await.is_ok() && keep
     } else {
@@ -233,6 +277,41 @@ fn merge_transport(responses: &[(u32, pb::NodeCommandResponse)]) -> Vec<u8> {
     serde_json::to_vec(&total).unwrap_or_default()
 }
 
+/// The `RUNS` payload of a runs query: `limit` (1..=[`MAX_RUNS_LIMIT`])
+/// and `status` (one of [`RUN_STATUSES`]), each optional; anything else is
+/// refused, so a misspelt filter never lists every run.
+fn runs_query(query: &str) -> Result<serde_json::Value, String> {
+    let mut payload = serde_json::Map::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        let value = percent_decode(value);
+        let field = match key {
+            "limit" => match value.parse::<u32>() {
+                Ok(n) if (1..=MAX_RUNS_LIMIT).contains(&n) => serde_json::Value::from(n),
+                _ => {
+                    return Err(format!(
+                        "`limit` must be an integer from 1 to {MAX_RUNS_LIMIT}, not `{}`",
+                        error::clip(&value)
+                    ))
+                }
+            },
+            "status" if RUN_STATUSES.contains(&value.as_str()) => serde_json::Value::from(value),
+            "status" => {
+                return Err(format!(
+                    "`status` must be one of {}, not `{}`",
+                    RUN_STATUSES.join(", "),
+                    error::clip(&value)
+                ))
+            }
+            other => return Err(format!("unknown parameter `{}`: use `limit` and `status`", error::clip(other))),
+        };
+        if payload.insert(key.to_owned(), field).is_some() {
+            return Err(format!("`{key}` is given twice"));
+        }
+    }
+    Ok(serde_json::Value::Object(payload))
+}
+
 fn command(kind: pb::NodeCommandKind, adapter: &str, payload_json: Bytes) -> pb::NodeCommandRequest {
     pb::NodeCommandRequest { kind: kind as i32, adapter: adapter.to_owned(), target: String::new(), payload_json }
 }
@@ -290,8 +369,35 @@ mod tests {
             CommandRoute::parse("/admin/v1/nodes/n1/providers/ol/capabilities"),
             Some(CommandRoute::Capabilities { node: "n1", provider: Some("ol") })
         );
+        assert_eq!(CommandRoute::parse("/admin/v1/nodes/n1/runs"), Some(CommandRoute::Runs { node: "n1" }));
+        assert_eq!(
+            CommandRoute::parse("/admin/v1/nodes/n1/runs/r-1-2"),
+            Some(CommandRoute::Run { node: "n1", run_id: "r-1-2" })
+        );
+        assert_eq!(CommandRoute::parse("/admin/v1/nodes/n1/runs/r/x"), None);
         assert_eq!(CommandRoute::parse("/admin/v1/nodes"), None);
         assert_eq!(CommandRoute::parse("/admin/v1/nodes/n1/providers/ol/api/tags/x"), None);
+    }
+
+    #[test]
+    fn runs_queries() {
+        assert_eq!(runs_query("").unwrap(), serde_json::json!({}));
+        assert_eq!(runs_query("limit=500&status=error").unwrap(), serde_json::json!({"limit": 500, "status": "error"}));
+        assert_eq!(runs_query("status=cancelled&").unwrap(), serde_json::json!({"status": "cancelled"}));
+        for (bad, needle) in [
+            ("limit=0", "`limit` must be"),
+            ("limit=501", "`limit` must be"),
+            ("limit=-1", "`limit` must be"),
+            ("limit=", "`limit` must be"),
+            ("limit=1x", "`limit` must be"),
+            ("status=running", "`status` must be one of complete, error, cancelled"),
+            ("status=Complete", "`status` must be"),
+            ("state=error", "unknown parameter `state`"),
+            ("limit=1&limit=2", "given twice"),
+        ] {
+            let e = runs_query(bad).unwrap_err();
+            assert!(e.contains(needle), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -7,8 +7,17 @@
 //! events lost since the previous report. After 15 s without an event a
 //! `: keep-alive` comment is sent. The stream ends when the client goes
 //! away, a write fails, or the worker stops; the connection then closes.
+//!
+//! With `?snapshots=1` the stream also carries the admin snapshot
+//! ([`super::snapshot::current`]) as `{"type":"snapshot", ...}`: once at
+//! the start, every [`SNAPSHOT_EVERY`], and shortly after each batch of
+//! events, so that one connection holds everything the status page shows.
 
-use std::{rc::Rc, sync::atomic::Ordering, time::Duration};
+use std::{
+    rc::Rc,
+    sync::atomic::Ordering,
+    time::{Duration, Instant},
+};
 
 use crate::{
     ctx::Ctx,
@@ -27,21 +36,51 @@ pub const CAPACITY: usize = 1024;
 /// Silence after which a keep-alive comment is sent.
 pub const KEEP_ALIVE: Duration = Duration::from_secs(15);
 
+/// Interval of the snapshots of a `?snapshots=1` stream.
+pub const SNAPSHOT_EVERY: Duration = Duration::from_secs(1);
+/// Delay of the snapshot that follows events: the cores apply a node's
+/// change to their resources right after its event is published.
+pub const SNAPSHOT_AFTER_EVENTS: Duration = Duration::from_millis(100);
+
 const CONNECTED: &[u8] = b": connected\n\n";
 const KEEP_ALIVE_COMMENT: &[u8] = b": keep-alive\n\n";
 
 enum Wake {
     Event(std::sync::Arc<Stamped>),
     Idle,
+    Snapshot,
     Closed,
 }
 
-async fn next_wake(rx: &mailbox::Receiver<std::sync::Arc<Stamped>>, stop: &LocalCancel) -> Wake {
+async fn next_wake(
+    rx: &mailbox::Receiver<std::sync::Arc<Stamped>>,
+    stop: &LocalCancel,
+    snapshot_at: Option<Instant>,
+) -> Wake {
+    let snapshot = async {
+        match snapshot_at {
+            Some(at) => monoio::time::sleep(at.saturating_duration_since(Instant::now())).await,
+            None => std::future::pending().await,
+        }
+    };
     monoio::select! {
         ev = rx.recv() => ev.map_or(Wake::Closed, Wake::Event),
         _ = stop.cancelled() => Wake::Closed,
+        _ = snapshot => Wake::Snapshot,
         _ = monoio::time::sleep(KEEP_ALIVE) => Wake::Idle,
     }
+}
+
+/// Whether a query string asks for snapshots (`snapshots=1` among its
+/// `&`-separated parameters).
+pub fn wants_snapshots(query: Option<&str>) -> bool {
+    query.is_some_and(|q| q.split('&').any(|p| p == "snapshots=1"))
+}
+
+/// Appends `data: <json>` for a snapshot.
+pub fn write_snapshot(out: &mut BytesMut, mut snapshot: serde_json::Value) {
+    snapshot["type"] = serde_json::json!("snapshot");
+    sse::write_event(out, &serde_json::to_vec(&snapshot).unwrap_or_default());
 }
 
 /// Appends `data: <json>` for one event.
@@ -70,8 +109,9 @@ impl LagTracker {
     }
 }
 
-/// Serves the stream until it ends; the connection is never kept.
-pub async fn stream(worker: &Rc<Ctx>, conn: &mut Conn) -> bool {
+/// Serves the stream until it ends (with snapshots when `snapshots`); the
+/// connection is never kept.
+pub async fn stream(worker: &Rc<Ctx>, conn: &mut Conn, snapshots: bool) -> bool {
     let sub = worker.shared.events.subscribe(CAPACITY);
     // Chunked, or raw for an HTTP/1.0 client (it closes either way).
     let framing = conn.stream_framing;
@@ -92,13 +132,15 @@ pub async fn stream(worker: &Rc<Ctx>, conn: &mut Conn) -> bool {
     }
     let mut lag = LagTracker::default();
     let mut sse = BytesMut::with_capacity(4096);
+    let mut snapshot_at = snapshots.then(Instant::now);
     loop {
         let wake = {
             let Conn { rd, buf, .. } = &mut *conn;
             // Nothing after this request is served (the connection closes
             // with the stream), so stray bytes must not disable the watch.
             buf.clear();
-            with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, std::pin::pin!(next_wake(&sub.rx, &worker.stop))).await
+            let wake = std::pin::pin!(next_wake(&sub.rx, &worker.stop, snapshot_at));
+            with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, wake).await
         };
         let Some(wake) = wake else { return false }; // the client left
         if let Some(n) = lag.take(sub.dropped.load(Ordering::Relaxed)) {
@@ -112,6 +154,13 @@ pub async fn stream(worker: &Rc<Ctx>, conn: &mut Conn) -> bool {
                     let Some(ev) = sub.rx.try_recv() else { break };
                     write_stamped(&mut sse, &ev);
                 }
+                if let Some(at) = snapshot_at.as_mut() {
+                    *at = (*at).min(Instant::now() + SNAPSHOT_AFTER_EVENTS);
+                }
+            }
+            Wake::Snapshot => {
+                write_snapshot(&mut sse, super::snapshot::current(worker).await);
+                snapshot_at = Some(Instant::now() + SNAPSHOT_EVERY);
             }
             Wake::Idle => {
                 if sse.is_empty() {
@@ -162,5 +211,21 @@ mod tests {
         assert_eq!(lag.take(3), None);
         assert_eq!(lag.take(10), Some(7));
         assert_eq!(lag.take(10), None);
+    }
+
+    #[test]
+    fn snapshots_are_asked_for_by_one_parameter_and_sent_as_one_event() {
+        assert!(wants_snapshots(Some("snapshots=1")));
+        assert!(wants_snapshots(Some("a=b&snapshots=1")));
+        assert!(!wants_snapshots(Some("snapshots=0")));
+        assert!(!wants_snapshots(Some("xsnapshots=1")));
+        assert!(!wants_snapshots(None));
+        let mut out = BytesMut::new();
+        write_snapshot(&mut out, json!({"nodes": [{"id": "n\n1"}], "models": [], "ts_ms": 5}));
+        let text = std::str::from_utf8(&out).unwrap();
+        let frame = text.strip_suffix("\n\n").unwrap().strip_prefix("data: ").unwrap();
+        assert!(!frame.contains('\n'), "one data line: {text:?}");
+        let v: serde_json::Value = serde_json::from_str(frame).unwrap();
+        assert_eq!((&v["type"], &v["nodes"][0]["id"], &v["ts_ms"]), (&json!("snapshot"), &json!("n\n1"), &json!(5)));
     }
 }

@@ -6,10 +6,14 @@
 //!
 //! - `GET /admin/v1/nodes`: [`snapshot::snapshot`] as JSON.
 //! - `GET /admin/v1/events`: SSE of [`crate::events::EdgeEvent`]s ([`events`]).
+//! - `/admin/v1/nodes/{node}/…`: node commands ([`commands`]), among them
+//!   `GET …/runs?limit=&status=` and `GET …/runs/{run_id}`, the node's
+//!   recent runs from its run store.
 
 pub mod auth;
 pub mod commands;
 pub mod events;
+pub mod page;
 pub mod snapshot;
 
 use std::rc::Rc;
@@ -76,23 +80,29 @@ pub const TOO_MANY_ADMIN_FAILURES: &str = "too_many_failed_admin_authentications
 /// (the token is checked by [`check_token`]).
 pub async fn handle(worker: &Rc<Ctx>, conn: &mut Conn, head: &RequestHead, body: Body) -> bool {
     let keep = head.keep_alive;
+    // The status page's files hold no data: served without the token
+    // (which the page then sends with every data request), but only while
+    // the admin API exists.
+    if let Some(file) = page::File::of(head.path()) {
+        if worker.config.borrow().admin_token.is_none() {
+            return respond_error(conn, 404, DISABLED_MESSAGE, Some("admin_disabled"), &[], keep).await;
+        }
+        return page::serve(conn, head, file, keep).await;
+    }
     match check_token(worker, conn, head, keep).await {
         Ok(true) => {}
         Ok(false) => return respond_error(conn, 404, DISABLED_MESSAGE, Some("admin_disabled"), &[], keep).await,
         Err(kept) => return kept,
     }
-    let config = worker.config.borrow().clone();
     let path = head.path();
     let method = if head.method == "HEAD" { "GET" } else { head.method.as_str() };
     match (method, path) {
         ("GET", NODES_PATH) => {
-            let statuses = worker.shared.registry.lock().statuses(&config);
-            let pool = worker.pool.borrow().clone();
-            let body = serde_json::to_vec(&snapshot::snapshot(&config, &statuses, &pool)).unwrap_or_default();
+            let body = serde_json::to_vec(&snapshot::current(worker).await).unwrap_or_default();
             let headers = [("cache-control", "no-store")];
             conn.respond(200, "application/json", &headers, &body, keep).await.is_ok() && keep
         }
-        ("GET", EVENTS_PATH) => events::stream(worker, conn).await,
+        ("GET", EVENTS_PATH) => events::stream(worker, conn, events::wants_snapshots(head.query())).await,
         (_, p) if commands::CommandRoute::parse(p).is_some() => {
             let Some(route) = commands::CommandRoute::parse(p) else { return false };
             let (bytes, _permit) = body.into_parts();

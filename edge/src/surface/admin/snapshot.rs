@@ -1,21 +1,59 @@
 //! `GET /admin/v1/nodes`: every configured node and provider (connected or
-//! not) with its published load, and every model group with its queue.
+//! not) with its published load, and every model group with its queue and
+//! its request counters.
+//!
+//! It reads what admission reads (the registry, the pool view's atomics)
+//! and the very counters `GET /metrics` renders ([`metrics::gather`]):
+//! the status page shows nothing that is kept apart for it.
 
-use std::sync::atomic::Ordering;
+use std::{
+    sync::atomic::Ordering,
+    time::{SystemTime, UNIX_EPOCH},
+};
 
 use iop_core::config::{EdgeConfig, NodeEntry, ProviderEntry};
-use serde_json::{json, Value};
+use serde_json::{json, Map, Value};
 
 use crate::{
+    ctx::Ctx,
+    metrics::{self, CoreMetrics, Histogram, ModelMetrics},
     pool::{Overlay, PoolView, ResourceKey, ResourceLoad},
     registry::NodeStatus,
 };
 
-/// The snapshot body: `{"nodes": [...], "models": [...]}`, in config order.
+/// The snapshot of this edge now, with `ts_ms` (Unix milliseconds) beside
+/// `nodes` and `models`.
+pub async fn current(worker: &Ctx) -> Value {
+    // Counters first (it waits on the cores); the rest is read at once after.
+    let counters = metrics::gather::gather(worker).await;
+    let config = worker.config.borrow().clone();
+    let statuses = worker.shared.registry.lock().statuses(&config);
+    let pool = worker.pool.borrow().clone();
+    let mut v = snapshot(&config, &statuses, &pool, &counters);
+    let ts_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+    v["ts_ms"] = json!(ts_ms);
+    v
+}
+
+/// What a node is, as its events tell it: `offline` (no registration, or
+/// after `node_disconnected`), `registered` (after `node_registered`, not
+/// ready yet: it takes no runs), `ready` (after `node_ready`) or
+/// `draining` (after `node_draining`).
+pub fn node_state(status: Option<&NodeStatus>) -> &'static str {
+    match status {
+        Some(s) if s.connected && s.draining => "draining",
+        Some(s) if s.connected && s.ready => "ready",
+        Some(s) if s.connected => "registered",
+        _ => "offline",
+    }
+}
+
+/// The snapshot body: `{"nodes": [...], "models": [...],
+/// "histogram_bounds_seconds": [...]}`, in config order.
 ///
-/// Pure: built from one config revision, the registry's statuses and the
-/// pool view published for that revision.
-pub fn snapshot(config: &EdgeConfig, statuses: &[NodeStatus], pool: &PoolView) -> Value {
+/// Pure: built from one config revision, the registry's statuses, the
+/// pool view published for that revision and the merged counters.
+pub fn snapshot(config: &EdgeConfig, statuses: &[NodeStatus], pool: &PoolView, counters: &CoreMetrics) -> Value {
     let nodes: Vec<Value> =
         config.nodes.iter().map(|n| node(n, statuses.iter().find(|s| s.id == n.id), pool)).collect();
     let models: Vec<Value> = config
@@ -39,11 +77,31 @@ pub fn snapshot(config: &EdgeConfig, statuses: &[NodeStatus], pool: &PoolView) -
                     "cached_input_tokens": g(&u.cached_input_tokens),
                 })
             });
+            let (requests, ttft) = requests(counters.models.get(&*m.name));
             json!({"name": m.name, "waiters": waiters, "max_waiters": m.max_waiters, "targets": targets,
-                   "usage": usage})
+                   "usage": usage, "requests": requests, "ttft": ttft})
         })
         .collect();
-    json!({"nodes": nodes, "models": models})
+    json!({"nodes": nodes, "models": models, "histogram_bounds_seconds": metrics::BUCKETS})
+}
+
+/// A model's answered requests (`iop_edge_requests_total`, summed over
+/// surfaces by status) and its time to first byte
+/// (`iop_edge_time_to_first_byte_seconds`: per-bucket counts, the last
+/// above every bound).
+fn requests(m: Option<&ModelMetrics>) -> (Value, Value) {
+    let empty = Histogram::default();
+    let ttft = m.map_or(&empty, |m| &m.ttft);
+    let mut by_status = Map::new();
+    let mut total = 0u64;
+    for &(_, status, n) in m.map_or(&[][..], |m| &m.by_status[..]) {
+        total += n;
+        let entry = by_status.entry(status.to_string()).or_insert(json!(0));
+        *entry = json!(entry.as_u64().unwrap_or(0) + n);
+    }
+    let requests = json!({"total": total, "by_status": by_status});
+    let ttft = json!({"count": ttft.count(), "sum_seconds": ttft.sum, "buckets": &ttft.counts[..]});
+    (requests, ttft)
 }
 
 fn node(n: &NodeEntry, status: Option<&NodeStatus>, pool: &PoolView) -> Value {
@@ -65,8 +123,8 @@ fn node(n: &NodeEntry, status: Option<&NodeStatus>, pool: &PoolView) -> Value {
                 .collect()
         })
         .unwrap_or_default();
-    json!({"id": n.id, "connected": connected, "ready": ready, "suspect": suspect, "generation": generation,
-           "worker": worker, "links": links, "providers": providers})
+    json!({"id": n.id, "state": node_state(status), "connected": connected, "ready": ready, "suspect": suspect,
+           "generation": generation, "worker": worker, "links": links, "providers": providers})
 }
 
 /// One provider. A resource missing from the view (it cannot be, for a
@@ -197,6 +255,7 @@ mod tests {
                 id: "n1".into(),
                 connected: true,
                 ready: true,
+                draining: false,
                 suspect: false,
                 generation: 3,
                 worker: Some(1),
@@ -209,6 +268,7 @@ mod tests {
                 id: "n2".into(),
                 connected: false,
                 ready: false,
+                draining: false,
                 suspect: false,
                 generation: 0,
                 worker: None,
@@ -216,10 +276,29 @@ mod tests {
             },
         ];
 
-        let v = snapshot(&cfg, &statuses, &pool);
+        // Counted on two cores, for two surfaces, as `/metrics` renders them.
+        let mut counters = CoreMetrics::default();
+        for (surface, status, ttft_ms) in
+            [("chat_completions", 200, 250), ("messages", 200, 500), ("messages", 429, 2000)]
+        {
+            let mut core = CoreMetrics::default();
+            core.models.insert(
+                "gpt-test".into(),
+                ModelMetrics { by_status: vec![(surface, status, 1)], ..Default::default() },
+            );
+            core.models.get_mut("gpt-test").unwrap().ttft.observe(std::time::Duration::from_millis(ttft_ms));
+            counters.merge(&core);
+        }
+        let mut ttft = [0u64; metrics::BUCKETS.len() + 1];
+        (ttft[8], ttft[9], ttft[11]) = (1, 1, 1); // ≤ 0.25 s, ≤ 0.5 s, ≤ 2.5 s (sums exact in binary)
+        let v = snapshot(&cfg, &statuses, &pool, &counters);
+        let zeros = [0u64; metrics::BUCKETS.len() + 1];
+        let no_ttft = json!({"count": 0, "sum_seconds": 0.0, "buckets": zeros});
         let expected = json!({
+            "histogram_bounds_seconds": metrics::BUCKETS,
             "nodes": [
-                {"id": "n1", "connected": true, "ready": true, "suspect": false, "generation": 3, "worker": 1,
+                {"id": "n1", "state": "ready", "connected": true, "ready": true, "suspect": false, "generation": 3,
+                 "worker": 1,
                  "links": [{"index": 0, "worker": 1, "ready": true, "suspect": false},
                            {"index": 1, "worker": 0, "ready": false, "suspect": false}],
                  "providers": [
@@ -232,7 +311,8 @@ mod tests {
                      "long": {"configured": 1, "effective": 1, "in_use": 1},
                      "leases_in_use": 3, "live_leases": 3, "waiters": 5},
                 ]},
-                {"id": "n2", "connected": false, "ready": false, "suspect": false, "generation": 0, "worker": null,
+                {"id": "n2", "state": "offline", "connected": false, "ready": false, "suspect": false, "generation": 0,
+                 "worker": null,
                  "links": [],
                  "providers": [
                     {"id": "up", "status": "unavailable", "health": "offline", "runtime_health": "healthy", "suspect": false,
@@ -246,11 +326,14 @@ mod tests {
                     {"node": "n1", "provider": "up", "model": "mock-upstream"},
                     {"node": "n2", "provider": "up", "model": "other"},
                 ], "usage": {"reported": 1, "unreported": 1, "input_tokens": 10, "output_tokens": 4,
-                             "reasoning_tokens": 1, "cached_input_tokens": 0}},
+                             "reasoning_tokens": 1, "cached_input_tokens": 0},
+                 "requests": {"total": 3, "by_status": {"200": 2, "429": 1}},
+                 "ttft": {"count": 3, "sum_seconds": 2.75, "buckets": ttft}},
                 {"name": "long", "waiters": 0, "max_waiters": cfg.models[1].max_waiters, "targets": [
                     {"node": "n1", "provider": "big", "model": &*cfg.models[1].targets[0].upstream_model},
                 ], "usage": {"reported": 0, "unreported": 0, "input_tokens": 0, "output_tokens": 0,
-                             "reasoning_tokens": 0, "cached_input_tokens": 0}},
+                             "reasoning_tokens": 0, "cached_input_tokens": 0},
+                 "requests": {"total": 0, "by_status": {}}, "ttft": no_ttft},
             ],
         });
         assert_eq!(v, expected);
@@ -260,7 +343,7 @@ mod tests {
     fn nodes_without_a_status_or_a_resource_stay_listed_offline() {
         let cfg = config();
         // No statuses at all and an empty view (e.g. out of step with the config).
-        let v = snapshot(&cfg, &[], &PoolView::default());
+        let v = snapshot(&cfg, &[], &PoolView::default(), &CoreMetrics::default());
         let nodes = v["nodes"].as_array().unwrap();
         assert_eq!(nodes.len(), 2);
         for n in nodes {
@@ -291,12 +374,13 @@ mod tests {
             id: "n2".into(),
             connected: false,
             ready: false,
+            draining: false,
             suspect: false,
             generation: 0,
             worker: None,
             links: vec![],
         }];
-        let v = snapshot(&cfg, &statuses, &pool);
+        let v = snapshot(&cfg, &statuses, &pool, &CoreMetrics::default());
         let p = &v["nodes"][1]["providers"][0];
         assert_eq!(p["status"], "unavailable");
         assert_eq!(p["normal"], json!({"configured": 8, "effective": 0, "in_use": 1}));
@@ -319,12 +403,13 @@ mod tests {
             id: "n1".into(),
             connected: true,
             ready: true,
+            draining: false,
             suspect: true,
             generation: 2,
             worker: Some(0),
             links: vec![link(0, true), link(1, true)],
         };
-        let v = snapshot(&cfg, &[status], &pool);
+        let v = snapshot(&cfg, &[status], &pool, &CoreMetrics::default());
         let n = &v["nodes"][0];
         assert_eq!((&n["suspect"], &n["links"][1]["suspect"]), (&json!(true), &json!(true)));
         let p = &n["providers"][0];
@@ -346,16 +431,50 @@ mod tests {
             id: "n1".into(),
             connected,
             ready: connected,
+            draining: false,
             suspect: false,
             generation: if connected { 2 } else { 0 },
             worker: None,
             links: vec![],
         };
         let up = |v: &Value| v["nodes"][0]["providers"][0].clone();
-        let v = snapshot(&cfg, &[status(true)], &pool);
+        let v = snapshot(&cfg, &[status(true)], &pool, &CoreMetrics::default());
         assert_eq!((&up(&v)["status"], &up(&v)["health"]), (&json!("available"), &json!("online")));
-        let v = snapshot(&cfg, &[status(false)], &pool);
+        let v = snapshot(&cfg, &[status(false)], &pool, &CoreMetrics::default());
         assert_eq!((&up(&v)["status"], &up(&v)["health"]), (&json!("unavailable"), &json!("offline")));
         assert_eq!((&up(&v)["normal"]["effective"], &up(&v)["long"]["effective"]), (&json!(0), &json!(0)));
+    }
+
+    /// The node's state is what its last event said: registered (not yet
+    /// ready: no provider online, none available), ready, draining, offline.
+    #[test]
+    fn a_registered_node_is_not_shown_ready_until_it_is() {
+        let cfg = config();
+        let pool = PoolView::build(&cfg, None);
+        let status = |connected, ready, draining| NodeStatus {
+            id: "n1".into(),
+            connected,
+            ready,
+            draining,
+            suspect: false,
+            generation: if connected { 5 } else { 0 },
+            worker: connected.then_some(0),
+            links: vec![],
+        };
+        let none = CoreMetrics::default();
+        for (st, state) in [
+            (status(true, false, false), "registered"),
+            (status(true, true, false), "ready"),
+            (status(true, true, true), "draining"),
+            (status(false, false, false), "offline"),
+        ] {
+            let v = snapshot(&cfg, &[st], &pool, &none);
+            assert_eq!(v["nodes"][0]["state"], state, "{v:#}");
+        }
+        let v = snapshot(&cfg, &[status(true, false, false)], &pool, &none);
+        let n = &v["nodes"][0];
+        assert_eq!((&n["connected"], &n["ready"]), (&json!(true), &json!(false)));
+        assert_eq!(n["providers"][0]["status"], "unavailable", "{v:#}");
+        assert_eq!(node_state(None), "offline");
     }
 }

@@ -109,7 +109,8 @@ pub async fn serve(worker: &Rc<Ctx>, conn: &mut Conn, head: &RequestHead, body: 
     };
     let request_id = worker.next_run_id();
     let principal = conn.exchange.api_key.as_ref().map(|k| k.entry.name.clone()).unwrap_or_default();
-    let task = Task { request_id: request_id.clone(), text, principal, max_tokens };
+    let session_id = conn.exchange.session_id().to_owned();
+    let task = Task { request_id: request_id.clone(), text, principal, session_id, max_tokens };
     let progress = Rc::new(Progress::default());
     let (tx, rx) = iop_core::rt::oneshot::oneshot();
     let (ctx, name, p) = (worker.clone(), agent.name.clone(), progress.clone());

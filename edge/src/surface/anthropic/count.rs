@@ -67,6 +67,7 @@ pub fn tokenize<'a>(
             operation: pb::RunOperation::Tokenize as i32,
             whole: true,
             principal,
+            session_id: conn.exchange.session_id().to_owned(),
             ..Default::default()
         };
         dispatch::submit(worker, &parts.group.name, admitted, req)

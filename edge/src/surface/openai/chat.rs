@@ -58,8 +58,14 @@ pub fn normalized<'a>(
     let body = top.with_model(&parts.bytes, &admitted.target.upstream_model);
     let asked_model = admitted.target.upstream_model.clone();
     let principal = conn.exchange.api_key.as_ref().map(|k| k.entry.name.clone()).unwrap_or_default();
-    let run_req =
-        pb::RunRequest { body, operation: operation as i32, whole: !top.stream, principal, ..Default::default() };
+    let run_req = pb::RunRequest {
+        body,
+        operation: operation as i32,
+        whole: !top.stream,
+        principal,
+        session_id: conn.exchange.session_id().to_owned(),
+        ..Default::default()
+    };
     let key = admitted.lease.key().clone();
     let mut submitted = dispatch::submit(worker, &parts.group.name, admitted, run_req);
     if let Ok(s) = &mut submitted {

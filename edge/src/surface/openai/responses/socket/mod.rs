@@ -42,7 +42,8 @@ pub async fn serve(worker: &Rc<Ctx>, conn: &mut Conn, head: RequestHead, key: Op
     let opened = std::time::Instant::now();
     let upgraded = socket(worker, conn, &head, key).await;
     if upgraded {
-        conn.exchange.begin_at(&head, opened);
+        let session_header = worker.config.borrow().http.session_header.clone();
+        conn.exchange.begin_at(&head, opened, session_header.as_deref());
         conn.exchange.set_surface(crate::surface::route::Route::Responses.label());
         conn.exchange.status(101);
     }

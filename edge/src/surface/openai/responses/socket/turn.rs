@@ -67,8 +67,11 @@ pub async fn respond(
     history: &mut Option<History>,
     inbox: &mut Inbox,
 ) -> Result<(), End> {
-    let access_log = worker.config.borrow().http.access_log;
-    conn.exchange.begin(head);
+    let (access_log, session_header) = {
+        let cfg = worker.config.borrow();
+        (cfg.http.access_log, cfg.http.session_header.clone())
+    };
+    conn.exchange.begin(head, session_header.as_deref());
     conn.exchange.set_surface(Route::Responses.label());
     let stopped = match Box::pin(turn(worker, conn, head, key, text, history, inbox)).await {
         Ok(()) => Ok(()),
@@ -276,6 +279,7 @@ async fn attempt(
             path: Route::Responses.provider_path().into(),
             body: p.top.with_model(&p.body, &target),
             principal: conn.exchange.api_key.as_ref().map(|k| k.entry.name.clone()).unwrap_or_default(),
+            session_id: conn.exchange.session_id().to_owned(),
             ..Default::default()
         };
         let headers = |id: &str| {

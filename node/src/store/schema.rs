@@ -1,0 +1,114 @@
+//! Opening the store's file and bringing its schema up to date: a list of
+//! migrations numbered by SQLite's `user_version`, each applied once, in
+//! order, in a transaction of its own.
+
+use rusqlite::{Connection, OpenFlags};
+
+use super::StoreError;
+
+/// Migration `i` brings the schema from version `i` to `i + 1`.
+pub(crate) const MIGRATIONS: &[&str] = &[
+    // 1: names (provider ids and targets, each stored once) and one row per
+    // run or tunnel, numbered in the order they ended. Times: `ended_at_ms`
+    // is Unix ms; the others are offsets from the arrival (`total_ms` back
+    // to it), small numbers SQLite stores in one to three bytes.
+    "CREATE TABLE names (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE
+    );
+    CREATE TABLE runs (
+        id INTEGER PRIMARY KEY,
+        run_id TEXT NOT NULL,
+        run_key INTEGER NOT NULL,
+        session_id TEXT,
+        adapter INTEGER NOT NULL,
+        target INTEGER NOT NULL,
+        path INTEGER NOT NULL,
+        op INTEGER,
+        background INTEGER NOT NULL,
+        status INTEGER NOT NULL,
+        code INTEGER,
+        ended_at_ms INTEGER NOT NULL,
+        total_ms INTEGER NOT NULL,
+        start_ms INTEGER,
+        first_byte_ms INTEGER,
+        input_tokens INTEGER,
+        output_tokens INTEGER,
+        reasoning_tokens INTEGER,
+        cached_tokens INTEGER,
+        error_class TEXT
+    );
+    CREATE INDEX runs_by_key ON runs(run_key);",
+    // 2: the runs that did not complete, for the status filter; complete
+    // runs (nearly all of them) cost this index nothing.
+    "CREATE INDEX runs_not_complete ON runs(status) WHERE status != 0;",
+];
+
+/// Opens `path` (a file path or a `file:` URI) and applies its settings.
+/// WAL: readers never block the writer, and a commit is one append.
+/// `synchronous = NORMAL` is safe in WAL mode: a committed transaction
+/// survives the process being killed (its pages are in the OS's cache);
+/// only a power loss may take back the last commits, never corrupt the
+/// file. Incremental auto-vacuum lets retention give freed pages back.
+pub(crate) fn open(path: &str) -> Result<Connection, StoreError> {
+    let failed = |source| StoreError::Open { path: path.to_owned(), source };
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_URI
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(failed)?;
+    // Another node process may share the file: wait for its commit.
+    conn.busy_timeout(std::time::Duration::from_secs(5)).map_err(failed)?;
+    // Before any table exists, or it takes a full VACUUM to change.
+    let version: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0)).map_err(failed)?;
+    if version == 0 {
+        conn.pragma_update(None, "auto_vacuum", "INCREMENTAL").map_err(failed)?;
+    }
+    let mode: String = conn.pragma_update_and_check(None, "journal_mode", "WAL", |r| r.get(0)).map_err(failed)?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        tracing::warn!(journal_mode = %mode, "the run store could not use WAL (an in-memory database?)");
+    }
+    conn.pragma_update(None, "synchronous", "NORMAL").map_err(failed)?;
+    // The WAL is cut back to this after a checkpoint, not left at its peak.
+    conn.pragma_update(None, "journal_size_limit", 8 * 1024 * 1024).map_err(failed)?;
+    migrate(&conn, MIGRATIONS).map_err(|e| match e {
+        MigrateError::TooNew { found, known } => StoreError::TooNew { found, known },
+        MigrateError::Sql(source) => failed(source),
+    })?;
+    Ok(conn)
+}
+
+/// Why migrating failed.
+#[derive(Debug)]
+pub(crate) enum MigrateError {
+    /// A newer node wrote this file.
+    TooNew {
+        found: i64,
+        known: i64,
+    },
+    Sql(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for MigrateError {
+    fn from(e: rusqlite::Error) -> Self {
+        MigrateError::Sql(e)
+    }
+}
+
+/// Applies the migrations `conn` lacks; returns the version it had.
+pub(crate) fn migrate(conn: &Connection, migrations: &[&str]) -> Result<i64, MigrateError> {
+    let found: i64 = conn.pragma_query_value(None, "user_version", |r| r.get(0))?;
+    let known = migrations.len() as i64;
+    if found > known {
+        return Err(MigrateError::TooNew { found, known });
+    }
+    for (i, sql) in migrations.iter().enumerate().skip(usize::try_from(found).unwrap_or(0)) {
+        // The version moves with the change: a crash leaves either both or neither.
+        conn.execute_batch(&format!("BEGIN IMMEDIATE; {sql}\nPRAGMA user_version = {}; COMMIT;", i + 1)).inspect_err(
+            |_| {
+                let _ = conn.execute_batch("ROLLBACK");
+            },
+        )?;
+    }
+    Ok(found)
+}
