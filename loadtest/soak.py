@@ -6,7 +6,8 @@ descriptors of the edge and the node for growth.
 Setup (every file in --out): one iop-mockprov (--tokens 32 at 5 ms a token,
 --no-record), one iop-edge with two models, `tun` (provider `openai_compat`
 -> the mock's /v1: the tunnel path, Messages API native) and `oll` (provider
-`ollama` -> the mock's /api/chat: the normalized path), and one iop-node.
+`ollama` -> the mock's /api/chat: the normalized path), and one iop-node
+(its run store in --out, kept across its restarts).
 Readiness comes from events, not sleeps: the edge's ready line, the node's
 `node_ready` and the reload's `config_reloaded` on the edge's admin event
 stream.
@@ -184,9 +185,18 @@ max_waiters = 1024
 """
 
 
-def node_config(edge_nodes):
+def node_config(edge_nodes, store):
+    # The run store in --out (its default is iop.db in the working directory),
+    # kept across restarts as a deployed node's would be.
     return (f'edge = "{edge_nodes}"\ntoken = "{NODE_TOKEN}"\nshutdown_grace_sec = {NODE_GRACE_S}\n'
-            "[reconnect]\nmax_attempts = 0\ninterval_sec = 1\n")
+            f"[store]\npath = {json.dumps(store)}\n[reconnect]\nmax_attempts = 0\ninterval_sec = 1\n")
+
+
+def file_size(path):
+    try:
+        return os.path.getsize(path)
+    except OSError:
+        return 0
 
 
 def fd_count(pid):
@@ -624,7 +634,7 @@ def main(argv):
         port = int(port)
         node_cfg = os.path.join(out, "node.toml")
         with open(node_cfg, "w") as f:
-            f.write(node_config(edge.match.group(2)))
+            f.write(node_config(edge.match.group(2), os.path.join(out, "node-runs.db")))
         events = Events(host, port)
 
         def start_node(inc, since):
@@ -795,6 +805,8 @@ def main(argv):
             "edge_run_terminal": dict(events.terminal), "events_lagged": events.lagged,
             "restarts": [m for m in marks if m[1] != "reload"], "reloads": sum(1 for m in marks if m[1] == "reload"),
             "incarnations": incarnations, "checks": checks, "samples": len(rows),
+            "run_store_bytes": sum(file_size(os.path.join(out, f)) for f in os.listdir(out)
+                                   if f.startswith("node-runs.db")),
         }
         with open(os.path.join(out, "result.json"), "w") as fh:
             json.dump(result, fh, indent=1)

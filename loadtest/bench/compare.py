@@ -12,7 +12,8 @@ import tempfile
 from scenarios import DIALECT_IDS, KNOWN, TITLES, base, describe
 
 IOP = ["iop-tunnel", "iop-normalized"]
-ORDER = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized", "iop-mock"]
+ORDER = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized", "iop-mock",
+         "iop-tunnel-nostore", "iop-normalized-nostore"]
 
 
 def metrics(rec, cores=1):
@@ -219,6 +220,17 @@ def targets(agg, workers):
             why.append("CPU per event %s → %s µs" % (fmt(ev1, 3), fmt(ev2, 3)))
         value = (fmt(r) + "×" if r is not None else "n/a") + (" (%s)" % "; ".join(why) if why else "")
         out.append(("S7", "2 workers ≥ 1.6× 1 worker", s, value, verdict(None if r is None else r >= 1.6)))
+    # Issue 27: the node's run store (on in every iop system) costs at most
+    # 3% against the same system with `store = false`; only when that ran.
+    for s in IOP:
+        off = s + "-nostore"
+        for sid, name, label in (("S1", "req_s", "req/s"), ("S2", "events_s", "events/s")):
+            if agg.value(sid, off, w, name) is not None:
+                at_least(sid, name, s, off, "store on: %s ≥ 0.97× store off" % label, 0.97)
+        if agg.value("S1", off, w, "cpu_us_req") is not None:
+            r = ratio(agg.value("S1", s, w, "cpu_us_req"), agg.value("S1", off, w, "cpu_us_req"))
+            out.append(("S1", "store on: CPU/request ≤ 1.03× store off", s, fmt(r) + "×" if r is not None else "n/a",
+                        verdict(None if r is None else r <= 1.03)))
     return out
 
 

@@ -48,7 +48,7 @@ pub(crate) fn answer(conn: &Connection, q: &Query) -> rusqlite::Result<Option<Va
         }
         Query::Run { run_id } => {
             let mut stmt = conn.prepare_cached(&run_sql())?;
-            stmt.query_row(params![row::run_key(run_id), run_id], to_json).optional()
+            stmt.query_row(params![run_id], to_json).optional()
         }
     }
 }
@@ -64,9 +64,11 @@ pub(crate) fn runs_sql(status: Option<Status>) -> String {
     }
 }
 
-/// `RUN`'s statement: `?1` the id's key, `?2` the id.
+/// `RUN`'s statement: `?1` the id. Newest first, so the recent runs an
+/// operator asks about are found after a short scan; an unknown id reads
+/// the whole table, which retention bounds (`store.max_rows`).
 pub(crate) fn run_sql() -> String {
-    format!("{COLUMNS} WHERE r.run_key = ?1 AND r.run_id = ?2 ORDER BY r.id DESC LIMIT 1")
+    format!("{COLUMNS} WHERE r.run_id = ?1 ORDER BY r.id DESC LIMIT 1")
 }
 
 /// One row as the commands answer it.

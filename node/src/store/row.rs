@@ -168,15 +168,3 @@ pub(crate) fn clip(mut s: String, max: usize) -> String {
     }
     s
 }
-
-/// A stable 32-bit key of a run id (FNV-1a), indexed for look-ups: a
-/// quarter of what indexing the ids themselves would take. Stored signed,
-/// so SQLite keeps it in 4 bytes.
-pub(crate) fn run_key(run_id: &str) -> i64 {
-    let mut h: u32 = 0x811c_9dc5;
-    for b in run_id.bytes() {
-        h ^= u32::from(b);
-        h = h.wrapping_mul(0x0100_0193);
-    }
-    i64::from(h as i32)
-}
