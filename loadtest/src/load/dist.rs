@@ -112,10 +112,11 @@ impl Bins {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn hist(values: impl IntoIterator<Item = u64>) -> Histogram<u64> {
+    /// A histogram of `values` (µs), as the load generator keeps them.
+    pub(crate) fn hist(values: impl IntoIterator<Item = u64>) -> Histogram<u64> {
         let mut h = Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap();
         for v in values {
             h.record(v).unwrap();

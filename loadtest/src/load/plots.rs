@@ -323,14 +323,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-
-    fn hist(values: impl IntoIterator<Item = u64>) -> Histogram<u64> {
-        let mut h = Histogram::new_with_bounds(1, 3_600_000_000, 3).unwrap();
-        for v in values {
-            h.record(v).unwrap();
-        }
-        h
-    }
+    use crate::load::dist::tests::hist;
 
     #[test]
     fn ticks_read_well() {
