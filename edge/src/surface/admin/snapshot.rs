@@ -12,7 +12,7 @@ use std::{
 };
 
 use iop_core::config::{EdgeConfig, NodeEntry, ProviderEntry};
-use serde_json::{json, Map, Value};
+use serde_json::{json, Value};
 
 use crate::{
     ctx::Ctx,
@@ -92,14 +92,12 @@ pub fn snapshot(config: &EdgeConfig, statuses: &[NodeStatus], pool: &PoolView, c
 fn requests(m: Option<&ModelMetrics>) -> (Value, Value) {
     let empty = Histogram::default();
     let ttft = m.map_or(&empty, |m| &m.ttft);
-    let mut by_status = Map::new();
-    let mut total = 0u64;
+    // Summed over surfaces: one count per status.
+    let mut by_status = std::collections::BTreeMap::<String, u64>::new();
     for &(_, status, n) in m.map_or(&[][..], |m| &m.by_status[..]) {
-        total += n;
-        let entry = by_status.entry(status.to_string()).or_insert(json!(0));
-        *entry = json!(entry.as_u64().unwrap_or(0) + n);
+        *by_status.entry(status.to_string()).or_default() += n;
     }
-    let requests = json!({"total": total, "by_status": by_status});
+    let requests = json!({"total": by_status.values().sum::<u64>(), "by_status": by_status});
     let ttft = json!({"count": ttft.count(), "sum_seconds": ttft.sum, "buckets": &ttft.counts[..]});
     (requests, ttft)
 }
