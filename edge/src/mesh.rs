@@ -81,6 +81,12 @@ pub enum CoreMsg {
         /// new resource's capacity.
         load: Arc<ResourceLoad>,
     },
+    /// The node's share of a resource this core owns was applied (it may
+    /// have grown): grant its queue what is free.
+    Pump {
+        /// Resource.
+        key: ResourceKey,
+    },
     /// A waiter left; drop finished entries from the resource's queue.
     Compact {
         /// Resource.

@@ -216,7 +216,7 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         Some(e) => {
             let node = config.node(&e.node_id).ok_or_else(|| StartError::EmbeddedNode(e.node_id.clone()))?;
             Some(NodeConfig {
-                edge: node_addr.to_string(),
+                edges: vec![node_addr.to_string()],
                 token: node.token.clone(),
                 // One link per edge worker, like a node of its own.
                 workers: config.workers,

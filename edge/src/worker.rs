@@ -48,6 +48,7 @@ fn apply(ctx: &Rc<Ctx>, msg: CoreMsg) {
         CoreMsg::Health(report) => crate::health_probe::observe(ctx, &report),
         CoreMsg::Metrics { reply } => reply.send(crate::metrics::snapshot()),
         CoreMsg::Compact { key } => ctx.shard.borrow_mut().compact(&key),
+        CoreMsg::Pump { key } => ctx.shard.borrow_mut().pump(&key),
         CoreMsg::PrepareConfig { revision, config, pool, ack } => {
             *ctx.pending.borrow_mut() = Some((revision, config, pool));
             let _ = ack.send(ctx.index);

@@ -12,6 +12,7 @@
 //!   status, a provider's own API, the run store's recent runs).
 //! - [`store`]: the run store: one SQLite row per run and tunnel, written
 //!   by a thread of its own.
+//! - [`share`]: capacity shares, when the node serves several edges.
 //! - [`workspace`]: the workspaces the edge approved for this node, checked
 //!   before ready.
 
@@ -21,6 +22,7 @@ pub mod metrics;
 pub mod process;
 pub mod run;
 pub mod session;
+pub mod share;
 pub mod store;
 pub mod supervisor;
 pub mod tunnel;

@@ -70,7 +70,7 @@ fn run() -> anyhow::Result<()> {
     }
     let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM])
         .context("cannot install signal handlers")?;
-    tracing::info!(driver = rt::Driver::detect().name(), edge = %config.edge, workers = config.workers, "iop-node starting");
+    tracing::info!(driver = rt::Driver::detect().name(), edges = ?config.edges, workers = config.workers, "iop-node starting");
     if let Some(addr) = config.metrics_listen {
         let bound =
             iop_node::metrics::serve(addr).with_context(|| format!("cannot listen on metrics_listen {addr}"))?;

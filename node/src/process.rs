@@ -28,6 +28,10 @@ use crate::{
 /// Who one link is, and what it shares with the process's other links.
 #[derive(Debug, Clone)]
 pub struct LinkSpec {
+    /// The edge this link goes to (`host:port`, one of `edges`).
+    pub edge: Arc<str>,
+    /// Its position in `edges` (the process's name for that edge).
+    pub edge_index: usize,
     /// The process's instance id (non-zero, random per start).
     pub instance: u64,
     /// This link's index.
@@ -46,6 +50,8 @@ pub struct LinkSpec {
     pub workspaces: Arc<Workspaces>,
     /// The process's run store (none: `store = false`).
     pub store: Option<crate::store::Store>,
+    /// The capacity share table, when the node serves several edges.
+    pub shares: Option<Arc<crate::share::Shares>>,
 }
 
 /// A running node process.
@@ -95,6 +101,7 @@ pub fn start(config: NodeConfig, pin: bool, tls: Option<ClientTls>) -> std::io::
     let instance = new_instance();
     let leases = Arc::new(iop_core::lease::Opener::generate().map_err(std::io::Error::other)?);
     let gates = Gates::new();
+    let shares = (config.edges.len() > 1).then(|| crate::share::Shares::new(config.edges.len(), gates.clone()));
     let workspaces = Workspaces::new(Limits { supervised: true, ..Limits::default() });
     // Opened here, before any reactor: its file I/O and migrations block.
     let store = config.store.as_ref().map(crate::store::Store::open).transpose().map_err(std::io::Error::other)?;
@@ -105,6 +112,8 @@ pub fn start(config: NodeConfig, pin: bool, tls: Option<ClientTls>) -> std::io::
         let (stop_tx, stop_rx) = mailbox::mailbox(1);
         stops.push(stop_tx);
         let link = LinkSpec {
+            edge: Arc::from(""),
+            edge_index: 0,
             instance,
             index: index as u32,
             count: count as u32,
@@ -113,6 +122,7 @@ pub fn start(config: NodeConfig, pin: bool, tls: Option<ClientTls>) -> std::io::
             leases: leases.clone(),
             workspaces: workspaces.clone(),
             store: store.clone(),
+            shares: shares.clone(),
         };
         let (config, done_tx) = (config.clone(), done_tx.clone());
         let t = rt::spawn_worker("iop-node", index, pin, move || async move {
@@ -123,7 +133,10 @@ pub fn start(config: NodeConfig, pin: bool, tls: Option<ClientTls>) -> std::io::
     Ok(NodeHandle { threads, store, stop: Stopper(Arc::new(stops)), done })
 }
 
-/// One link until shutdown, a fatal error or exhaustion.
+/// This worker's links, one to each edge, until shutdown, or until every
+/// one has ended with a fatal error or exhaustion. Each edge is served and
+/// reconnected on its own: one that fails or goes away leaves the others
+/// alone (its error is logged when others still serve).
 async fn run_link(config: NodeConfig, link: LinkSpec, stop: mailbox::Receiver<()>) -> Result<(), NodeError> {
     let cancel = LocalCancel::new();
     let trigger = cancel.clone();
@@ -131,7 +144,34 @@ async fn run_link(config: NodeConfig, link: LinkSpec, stop: mailbox::Receiver<()
         let _ = stop.recv().await;
         trigger.cancel();
     });
-    supervisor::supervise(config, link, cancel).await
+    let edges = config.edges.clone();
+    if let [edge] = edges.as_slice() {
+        return supervisor::supervise(config, LinkSpec { edge: Arc::from(edge.as_str()), ..link }, cancel).await;
+    }
+    let (tx, rx) = mailbox::mailbox(edges.len());
+    for (edge_index, edge) in edges.iter().enumerate() {
+        let spec = LinkSpec { edge: Arc::from(edge.as_str()), edge_index, ..link.clone() };
+        let (config, cancel, tx) = (config.clone(), cancel.clone(), tx.clone());
+        monoio::spawn(async move {
+            let _ = tx.try_send(supervisor::supervise(config, spec, cancel).await);
+        });
+    }
+    drop(tx);
+    let mut first_err = None;
+    let mut ok = false;
+    while let Some(end) = rx.recv().await {
+        match end {
+            Ok(()) => ok = true,
+            Err(e) => {
+                tracing::error!(link = link.index, error = %e, "a link to one of the edges stopped for good");
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) if !ok => Err(e),
+        _ => Ok(()),
+    }
 }
 
 impl NodeHandle {

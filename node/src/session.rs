@@ -4,7 +4,6 @@
 use std::{
     cell::Cell,
     rc::Rc,
-    sync::Arc,
     time::{Duration, Instant},
 };
 
@@ -26,7 +25,6 @@ use crate::{
     process::LinkSpec,
     run::RunManager,
     upstream::{ClientConfig, UpstreamClient},
-    workspace::Workspaces,
 };
 
 /// Run events may buffer this much before adapters wait for the socket.
@@ -63,10 +61,11 @@ fn retry(reason: impl Into<String>) -> SessionEnd {
 /// Connects `link`, registers and serves until the connection ends or
 /// `shutdown` is raised.
 pub async fn run(cfg: &NodeConfig, link: &LinkSpec, shutdown: &LocalCancel) -> SessionEnd {
-    let addrs = match blocking::resolve(cfg.edge.clone()).await {
+    let edge = &*link.edge;
+    let addrs = match blocking::resolve(edge.to_owned()).await {
         Ok(a) if !a.is_empty() => a,
-        Ok(_) => return retry(format!("edge address {} resolved to nothing", cfg.edge)),
-        Err(e) => return retry(format!("cannot resolve edge address {}: {e}", cfg.edge)),
+        Ok(_) => return retry(format!("edge address {edge} resolved to nothing")),
+        Err(e) => return retry(format!("cannot resolve edge address {edge}: {e}")),
     };
     let mut last_err = String::new();
     let mut stream = None;
@@ -89,8 +88,7 @@ pub async fn run(cfg: &NodeConfig, link: &LinkSpec, shutdown: &LocalCancel) -> S
     let stream = match &link.tls {
         None => Stream::Plain(tcp),
         Some(tls) => {
-            let name =
-                cfg.edge_tls.as_ref().and_then(|t| t.server_name.clone()).unwrap_or_else(|| edge_host(&cfg.edge));
+            let name = cfg.edge_tls.as_ref().and_then(|t| t.server_name.clone()).unwrap_or_else(|| edge_host(edge));
             let handshake = monoio::select! {
                 r = iop_core::rt::time::timeout(HANDSHAKE_TIMEOUT, tls.connect(tcp, &name)) => r,
                 _ = shutdown.cancelled() => return SessionEnd::Shutdown,
@@ -99,8 +97,8 @@ pub async fn run(cfg: &NodeConfig, link: &LinkSpec, shutdown: &LocalCancel) -> S
                 Ok(Ok(s)) => s,
                 // A certificate the node does not trust will not change by
                 // retrying at once, but may by a renewal: retried.
-                Ok(Err(e)) => return retry(format!("TLS handshake with edge {} failed: {e}", cfg.edge)),
-                Err(_) => return retry(format!("TLS handshake with edge {} timed out", cfg.edge)),
+                Ok(Err(e)) => return retry(format!("TLS handshake with edge {edge} failed: {e}")),
+                Err(_) => return retry(format!("TLS handshake with edge {edge} timed out")),
             }
         }
     };
@@ -194,7 +192,9 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
         Err(e) => return SessionEnd::Fatal(format!("invalid provider config from the edge: {e}")),
     };
     let node_id = payload.node_id.clone();
+    set_long_capacities(link, &payload);
     let manager = RunManager::new(adapters, link.gates.clone(), writer.clone());
+    manager.set_edge(link.edge_index, link.shares.clone());
     if let Some(store) = &link.store {
         manager.set_store(store.clone());
     }
@@ -213,8 +213,23 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     let (catalog, refused_workspaces) = crate::workspace::admit(payload.workspaces.clone(), link.index == 0).await;
     // The process's links share one state: the latest admission wins.
     link.workspaces.install(catalog.entries());
-    let ready =
-        pb::NodeReadyRequest { node_id: node_id.clone(), config_revision: payload.revision, refused_workspaces };
+    // A node of several edges joins the share table now: its ready says
+    // this edge's shares, in force from the first admission.
+    let (membership, shares) = match &link.shares {
+        Some(table) => {
+            let (tx, rx) = iop_core::rt::mailbox::mailbox(8);
+            let (m, mine) = table.join(link.edge_index, tx);
+            monoio::spawn(announce(rx, writer.clone()));
+            (Some(m), Some(mine))
+        }
+        None => (None, None),
+    };
+    let ready = pb::NodeReadyRequest {
+        node_id: node_id.clone(),
+        config_revision: payload.revision,
+        refused_workspaces,
+        shares,
+    };
     if writer.send(&envelope(2, Body::NodeReadyRequest(ready))).is_err() {
         return retry("connection closed before ready");
     }
@@ -241,8 +256,7 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     ));
 
     let opened = crate::workspace::Opened::default();
-    let reason =
-        serve_frames(reader, writer, &manager, &link.workspaces, &opened, &last_seen, cfg.stream_coalesce).await;
+    let reason = serve_frames(reader, writer, &manager, link, &opened, &last_seen, cfg.stream_coalesce).await;
     opened.clean_all(&link.workspaces);
     let reason = match reason.as_str() {
         STOPPED if writer.is_closed() => "write to the edge failed".to_owned(),
@@ -251,6 +265,8 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     };
     closed.cancel();
     // Runs are bound to this connection: their events could go nowhere now.
+    manager.detach();
+    drop(membership);
     manager.cancel_all();
     if shutdown.is_cancelled() {
         return SessionEnd::Shutdown;
@@ -272,11 +288,27 @@ fn build_adapters(payload: &pb::NodeConfigPayload, coalesce: Duration) -> Result
         .collect()
 }
 
+/// Each provider's long-context share of its slots, from the edge's config.
+fn set_long_capacities(link: &LinkSpec, payload: &pb::NodeConfigPayload) {
+    for p in &payload.providers {
+        link.gates.set_long(&p.id, p.long_capacity);
+    }
+}
+
+/// Writes the share table's announcements for this link's edge.
+async fn announce(rx: iop_core::rt::mailbox::Receiver<pb::CapacityShares>, writer: FrameWriter) {
+    while let Some(shares) = rx.recv().await {
+        if writer.send(&envelope(0, Body::CapacityShares(shares))).is_err() {
+            return;
+        }
+    }
+}
+
 async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
     reader: &mut FrameReader<R>,
     writer: &FrameWriter,
     manager: &Rc<RunManager>,
-    workspaces: &Arc<Workspaces>,
+    link: &LinkSpec,
     opened: &crate::workspace::Opened,
     last_seen: &Cell<Instant>,
     coalesce: Duration,
@@ -301,11 +333,22 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
                     let _ = writer.send(&envelope(cid, Body::Heartbeat(pong)));
                 }
             }
+            Some(Body::ShareDemand(d)) => {
+                if let Some(table) = &link.shares {
+                    table.report(link.edge_index, &d);
+                }
+            }
             Some(Body::ConfigRefresh(refresh)) => {
                 let revision = refresh.config.as_ref().map(|c| c.revision).unwrap_or(0);
                 let ack = match refresh.config.as_ref().map(|c| build_adapters(c, coalesce)) {
                     Some(Ok(adapters)) => {
+                        if let Some(payload) = refresh.config.as_ref() {
+                            set_long_capacities(link, payload);
+                        }
                         manager.replace_adapters(adapters);
+                        if let Some(table) = &link.shares {
+                            table.reconfigured();
+                        }
                         if let Some(payload) = refresh.config.as_ref() {
                             manager.config_applied(payload);
                         }
@@ -327,7 +370,7 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
                     // The catalog is checked again off this loop (it looks at
                     // the file system); the ack says what it refused.
                     Some(payload) if ack.applied => {
-                        let (writer, workspaces) = (writer.clone(), workspaces.clone());
+                        let (writer, workspaces) = (writer.clone(), link.workspaces.clone());
                         monoio::spawn(async move {
                             let (catalog, refused) = crate::workspace::admit(payload.workspaces, false).await;
                             workspaces.install(catalog.entries());
@@ -350,7 +393,7 @@ async fn serve_frames<R: monoio::io::CancelableAsyncReadRent>(
                 | Body::WorkspaceArtifactRequest(_)
                 | Body::WorkspaceCancelRequest(_)
                 | Body::WorkspaceCleanupRequest(_)),
-            ) => crate::workspace::serve(cid, body, workspaces, writer, opened),
+            ) => crate::workspace::serve(cid, body, &link.workspaces, writer, opened),
             Some(Body::NodeReadyResponse(_)) | Some(Body::RegisterResponse(_)) => {
                 tracing::debug!("ignoring a late handshake response");
             }

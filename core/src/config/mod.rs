@@ -21,7 +21,7 @@ pub use edge::{
     EdgeConfig, EmbeddedNode, HandshakeSettings, HttpSettings, LinkProbe, ModelGroup, ModelTarget, NodeEntry,
 };
 pub use error::ConfigError;
-pub use node::{NodeConfig, ReconnectPolicy, DEFAULT_STREAM_COALESCE};
+pub use node::{NodeConfig, ReconnectPolicy, DEFAULT_STREAM_COALESCE, MAX_EDGES};
 pub use provider::{MockSettings, NativeApis, ProviderEntry, ProviderKind, UpstreamUrl};
 pub use secret::Secret;
 pub use store::{StoreSettings, DEFAULT_STORE_PATH};

@@ -11,8 +11,9 @@ use super::{
 /// The whole validated node configuration.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeConfig {
-    /// Edge node-listener address, `host:port`.
-    pub edge: String,
+    /// The edges' node-listener addresses, `host:port` (`edge`, then
+    /// `edges`): the node links to each and serves each independently.
+    pub edges: Vec<String>,
     /// Registration token.
     pub token: Secret,
     /// Reactor threads, each with its own link to the edge.
@@ -74,8 +75,7 @@ impl TryFrom<RawNodeConfig> for NodeConfig {
     type Error = ConfigError;
 
     fn try_from(raw: RawNodeConfig) -> Result<Self, ConfigError> {
-        let edge = check::required("edge", raw.edge)?;
-        validate_edge_addr(&edge).map_err(|why| ConfigError::invalid("edge", &edge, why))?;
+        let edges = edges(raw.edge, raw.edges)?;
         let token = Secret::new(check::non_empty("token", raw.token)?);
         let default_workers = std::thread::available_parallelism().map_or(1, |n| n.get()).min(MAX_WORKERS);
         let workers = check::range_usize("workers", raw.workers, default_workers, 1, MAX_WORKERS)?;
@@ -112,7 +112,7 @@ impl TryFrom<RawNodeConfig> for NodeConfig {
         )?;
         let store = super::store::settings(raw.store)?;
         Ok(Self {
-            edge,
+            edges,
             token,
             workers,
             pin_workers: raw.pin_workers.unwrap_or(false),
@@ -126,6 +126,34 @@ impl TryFrom<RawNodeConfig> for NodeConfig {
             store,
         })
     }
+}
+
+/// Most edges one node links to (each costs a link per worker).
+pub const MAX_EDGES: usize = 16;
+
+/// `edge` and `edges` as one list: at least one address, each valid, none
+/// twice (the same edge twice would register the node twice).
+fn edges(edge: Option<String>, edges: Option<Vec<String>>) -> Result<Vec<String>, ConfigError> {
+    if edge.is_none() && edges.as_ref().is_none_or(Vec::is_empty) {
+        return Err(ConfigError::key("edge", "is required (or `edges = [\"host:port\", …]`)"));
+    }
+    let mut all = Vec::new();
+    if let Some(e) = edge {
+        validate_edge_addr(&e).map_err(|why| ConfigError::invalid("edge", &e, why))?;
+        all.push(e);
+    }
+    for (i, e) in edges.into_iter().flatten().enumerate() {
+        let key = format!("edges[{i}]");
+        validate_edge_addr(&e).map_err(|why| ConfigError::invalid(&key, &e, why))?;
+        if all.contains(&e) {
+            return Err(ConfigError::invalid(&key, &e, "is listed twice (in `edge` or `edges`)"));
+        }
+        all.push(e);
+    }
+    if all.len() > MAX_EDGES {
+        return Err(ConfigError::invalid("edges", &all.len().to_string(), format!("at most {MAX_EDGES} edges")));
+    }
+    Ok(all)
 }
 
 /// `host:port` with a port in 1..=65535; the host may be a name.
@@ -174,7 +202,7 @@ mod tests {
     #[test]
     fn defaults() {
         let c = ok(BASE);
-        assert_eq!(c.edge, "127.0.0.1:7070");
+        assert_eq!(c.edges, ["127.0.0.1:7070"]);
         assert_eq!(c.token, Secret::new("tok"));
         assert_eq!(c.max_frame_bytes, crate::wire::DEFAULT_MAX_FRAME_BYTES);
         assert_eq!(c.shutdown_grace, Duration::from_secs(30));
@@ -244,9 +272,22 @@ mod tests {
     }
 
     #[test]
+    fn several_edges() {
+        let c = ok("edge = \"a:1\"\nedges = [\"b:2\", \"c:3\"]\ntoken = \"t\"\n");
+        assert_eq!(c.edges, ["a:1", "b:2", "c:3"]);
+        assert_eq!(ok("edges = [\"b:2\"]\ntoken = \"t\"\n").edges, ["b:2"]);
+        rejects("edges = []\ntoken = \"t\"\n", "edge", "is required");
+        let e = rejects("edge = \"a:1\"\nedges = [\"b:2\", \"a:1\"]\ntoken = \"t\"\n", "edges[1]", "twice");
+        assert!(e.to_string().contains("`a:1`"), "{e}");
+        rejects("edges = [\"b:2\", \"b\"]\ntoken = \"t\"\n", "edges[1]", "expected host:port");
+        let many: Vec<String> = (1..=17).map(|i| format!("\"h:{i}\"")).collect();
+        rejects(&format!("edges = [{}]\ntoken = \"t\"\n", many.join(", ")), "edges", "at most 16");
+    }
+
+    #[test]
     fn edge_address_forms() {
         for edge in ["edge.example.com:7070", "localhost:1", "[::1]:7070", "10.0.0.1:65535", "my_edge:7070"] {
-            assert_eq!(ok(&BASE.replace("127.0.0.1:7070", edge)).edge, edge);
+            assert_eq!(ok(&BASE.replace("127.0.0.1:7070", edge)).edges, [edge]);
         }
     }
 
@@ -255,7 +296,7 @@ mod tests {
         let text = "edge = \"${EDGE:-127.0.0.1:7070}\"\ntoken = \"${TOK}\"\n";
         let env = |name: &str| (name == "TOK").then(|| "t".to_owned());
         let c = NodeConfig::from_toml(text, &env).unwrap();
-        assert_eq!((c.edge.as_str(), c.token.expose()), ("127.0.0.1:7070", "t"));
+        assert_eq!((c.edges[0].as_str(), c.token.expose()), ("127.0.0.1:7070", "t"));
         let e = NodeConfig::from_toml(text, &no_env).unwrap_err();
         assert_eq!(e.key_path(), Some("token"), "{e}");
         assert!(e.to_string().contains("environment variable `TOK` is not set"), "{e}");

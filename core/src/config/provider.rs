@@ -159,6 +159,7 @@ impl ProviderEntry {
             // Set by the edge's payload in managed mode.
             leased: false,
             credential_epoch: 0,
+            long_capacity: self.long_capacity,
         }
     }
 }

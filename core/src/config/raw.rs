@@ -257,6 +257,7 @@ pub(crate) struct RawTesting {
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawNodeConfig {
     pub edge: Option<String>,
+    pub edges: Option<Vec<String>>,
     pub token: Option<String>,
     pub workers: Option<u64>,
     pub pin_workers: Option<bool>,

@@ -40,6 +40,71 @@ pub struct ResourceLoad {
     pub waiters: AtomicU32,
     /// Lease guards alive (checked against in-use counts to catch leaks).
     pub live_guards: AtomicI64,
+    /// The node's share of this provider for this edge (a node serving
+    /// several edges announces one; see DESIGN.md, "Capacity shares").
+    pub share: Share,
+}
+
+/// A node's capacity share for this edge: in force for the connection
+/// generation it came on only (a node that comes back without shares, or
+/// with new ones, is not held to the old).
+#[derive(Debug)]
+pub struct Share {
+    normal: AtomicU32,
+    long: AtomicU32,
+    generation: AtomicU64,
+    /// (generation, epoch) of the announcement applied: announcements of
+    /// one generation may arrive on several links out of order.
+    applied: parking_lot::Mutex<(u64, u64)>,
+}
+
+impl Default for Share {
+    fn default() -> Self {
+        Self {
+            normal: AtomicU32::new(u32::MAX),
+            long: AtomicU32::new(u32::MAX),
+            generation: AtomicU64::new(0),
+            applied: parking_lot::Mutex::new((0, 0)),
+        }
+    }
+}
+
+impl Share {
+    /// Applies announcement `epoch` of connection `generation` unless a
+    /// newer one is in force; true when it was applied.
+    pub fn apply(&self, generation: u64, epoch: u64, normal: u32, long: u32) -> bool {
+        let mut applied = self.applied.lock();
+        if (generation, epoch) <= *applied {
+            return false;
+        }
+        *applied = (generation, epoch);
+        self.normal.store(normal, Ordering::SeqCst);
+        self.long.store(long, Ordering::SeqCst);
+        self.generation.store(generation, Ordering::SeqCst);
+        true
+    }
+
+    /// The epoch of the announcement applied for connection `generation` (0: none).
+    pub fn epoch(&self, generation: u64) -> u64 {
+        let applied = self.applied.lock();
+        if applied.0 == generation {
+            applied.1
+        } else {
+            0
+        }
+    }
+
+    /// The share of `class` in force for connection `generation` (none:
+    /// the capacity is this edge's alone).
+    pub fn of(&self, class: LeaseClass, generation: u64) -> Option<u32> {
+        if generation == 0 || self.generation.load(Ordering::SeqCst) != generation {
+            return None;
+        }
+        Some(match class {
+            LeaseClass::Normal => self.normal.load(Ordering::SeqCst),
+            LeaseClass::Long => self.long.load(Ordering::SeqCst),
+        })
+    }
 }
 
 impl ResourceLoad {
@@ -56,6 +121,7 @@ impl ResourceLoad {
             generation: AtomicU64::new(0),
             waiters: AtomicU32::new(0),
             live_guards: AtomicI64::new(0),
+            share: Share::default(),
         }
     }
 
@@ -75,9 +141,18 @@ impl ResourceLoad {
         if !self.live() || self.suspect.load(Ordering::Acquire) {
             return 0;
         }
-        match class {
+        let configured = match class {
             LeaseClass::Normal => self.configured_normal.load(Ordering::Relaxed),
             LeaseClass::Long => self.configured_long.load(Ordering::Relaxed),
+        };
+        self.shared(class, configured)
+    }
+
+    /// `configured` within the node's share of `class`, when one is in force.
+    pub fn shared(&self, class: LeaseClass, configured: u32) -> u32 {
+        match self.share.of(class, self.generation.load(Ordering::Acquire)) {
+            Some(share) => configured.min(share),
+            None => configured,
         }
     }
 

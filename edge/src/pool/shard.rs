@@ -63,10 +63,11 @@ impl Resource {
         if !self.live() || self.suspect {
             return 0;
         }
-        match class {
+        let configured = match class {
             LeaseClass::Normal => self.normal,
             LeaseClass::Long => self.long,
-        }
+        };
+        self.load.shared(class, configured)
     }
 
     /// Takes one lease of `class` from the shared count if there is room.
@@ -327,8 +328,9 @@ impl Shard {
         }
     }
 
-    /// Grants queued waiters, oldest first, while `key` has room.
-    fn pump(&mut self, key: &ResourceKey) {
+    /// Grants queued waiters, oldest first, while `key` has room (its
+    /// node's share for this edge may have grown).
+    pub fn pump(&mut self, key: &ResourceKey) {
         let Some(r) = self.resources.get_mut(key) else { return };
         for class in [LeaseClass::Normal, LeaseClass::Long] {
             while !r.fifo[slot(class)].is_empty() && r.take(class) {

@@ -6,6 +6,7 @@ mod handshake;
 mod pump;
 pub mod runs;
 mod session;
+mod shares;
 mod suspect;
 
 use std::{rc::Rc, time::Duration};

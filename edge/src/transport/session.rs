@@ -248,6 +248,9 @@ impl Session {
                     };
                     let _ = self.writer.send(&envelope(cid, Body::NodeReadyResponse(resp)));
                     if ok {
+                        if req.shares.is_some() {
+                            super::shares::report(&self.worker, &self.writer, &self.node_id, self.generation);
+                        }
                         self.push_config_if_stale(req.config_revision);
                     }
                 }
@@ -265,6 +268,12 @@ impl Session {
                     if hb.ping {
                         let pong = pb::Heartbeat { ping: false, sent_at_ms: hb.sent_at_ms };
                         let _ = self.writer.send(&envelope(cid, Body::Heartbeat(pong)));
+                    }
+                }
+                // Before ready (a refused ready) there is nothing to apply it to.
+                Some(Body::CapacityShares(shares)) => {
+                    if ready && super::shares::apply(&self.worker, &self.node_id, self.generation, &shares) {
+                        super::shares::report(&self.worker, &self.writer, &self.node_id, self.generation);
                     }
                 }
                 Some(Body::ConfigRefreshAck(ack)) => {
@@ -310,6 +319,19 @@ impl Session {
         }
         let refused = req.refused_workspaces.iter().map(|r| r.workspace_ref.clone()).collect();
         self.worker.shared.workspaces.record(&self.node_id, self.generation, refused);
+        // A node of several edges: this edge's shares are in force before
+        // any core sees the node ready (same core, earlier messages).
+        // (Acknowledged after the ready response, which the node awaits first.)
+        if let Some(shares) = &req.shares {
+            super::shares::apply(&self.worker, &self.node_id, self.generation, shares);
+            monoio::spawn(super::shares::keep_reporting(
+                self.worker.clone(),
+                self.writer.clone(),
+                self.node_id.clone(),
+                self.generation,
+                self.closed.clone(),
+            ));
+        }
         let Some(session) = cmd_tx.clone() else { return true };
         let handle = super::LinkHandle { session: session.clone(), suspicion: self.suspicion.clone() };
         let outcome = self.worker.shared.registry.lock().ready(&self.node_id, self.generation, self.link, handle);
@@ -505,6 +527,8 @@ fn body_name(b: &Body) -> &'static str {
         Body::ConfigRefresh(_) => "ConfigRefresh",
         Body::ConfigRefreshAck(_) => "ConfigRefreshAck",
         Body::Heartbeat(_) => "Heartbeat",
+        Body::CapacityShares(_) => "CapacityShares",
+        Body::ShareDemand(_) => "ShareDemand",
         Body::StreamCredit(_) => "StreamCredit",
         Body::WorkspaceOpenRequest(_) => "WorkspaceOpenRequest",
         Body::WorkspaceToolRequest(_) => "WorkspaceToolRequest",

@@ -26,6 +26,7 @@ mod lifecycle;
 mod links;
 pub mod messages;
 mod metrics;
+mod multi_edge;
 mod ollama;
 mod placement;
 mod pool;

@@ -116,7 +116,8 @@ pub(super) struct ActiveStream(Arc<Stats>);
 
 impl ActiveStream {
     pub(super) fn new(stats: &Arc<Stats>) -> Self {
-        stats.active_streams.fetch_add(1, Ordering::Relaxed);
+        let now = stats.active_streams.fetch_add(1, Ordering::Relaxed) + 1;
+        stats.peak_streams.fetch_max(now, Ordering::Relaxed);
         Self(stats.clone())
     }
 }

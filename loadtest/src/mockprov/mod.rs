@@ -232,6 +232,9 @@ pub struct Stats {
     pub aborted: AtomicU64,
     /// Streamed answers in progress.
     pub active_streams: AtomicU64,
+    /// The most streamed answers in progress at once (what a gateway's
+    /// concurrency limit is checked against).
+    pub peak_streams: AtomicU64,
     /// TCP connections accepted.
     pub connections_accepted: AtomicU64,
 }
@@ -244,7 +247,7 @@ impl Stats {
             "{{\"requests\":{},\"model_requests\":{},\"completions_requests\":{},\"embeddings_requests\":{},\
              \"responses_requests\":{},\"messages_requests\":{},\"count_tokens_requests\":{},\"ollama_requests\":{},\
              \"streams_started\":{},\"streams_completed\":{},\
-             \"early_closed\":{},\"aborted\":{},\"active_streams\":{},\"connections_accepted\":{}}}",
+             \"early_closed\":{},\"aborted\":{},\"active_streams\":{},\"peak_streams\":{},\"connections_accepted\":{}}}",
             g(&self.requests),
             g(&self.model_requests),
             g(&self.completions_requests),
@@ -258,6 +261,7 @@ impl Stats {
             g(&self.early_closed),
             g(&self.aborted),
             g(&self.active_streams),
+            g(&self.peak_streams),
             g(&self.connections_accepted)
         )
     }

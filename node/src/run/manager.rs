@@ -23,7 +23,7 @@ use iop_core::tunnel::TunnelItem;
 use super::{
     credit::Credit,
     emitter::Emitter,
-    gate::{Gate, Gates},
+    gate::{Class, Gate, Gates},
     record::{Origin, Record},
     spec::{EventSink, RunSpec},
     watchdog::Activity,
@@ -48,6 +48,14 @@ pub struct RunManager {
     leases: RefCell<Option<super::lease::NodeLeases>>,
     /// Where each stream's row goes when it ends (none: `store = false`).
     store: std::cell::OnceCell<crate::store::Store>,
+    /// Which of the node's edges this link goes to (its streams are counted
+    /// as that edge's in the gates), and the process's share table when
+    /// the node serves several.
+    edge: Cell<usize>,
+    shares: std::cell::OnceCell<Arc<crate::share::Shares>>,
+    /// The session ended: a stream that ends now shrinks a gone edge's
+    /// commitment (see [`crate::share`]).
+    detached: Cell<bool>,
 }
 
 /// A link's health observation sequence, shared by its stall terminals and
@@ -85,6 +93,7 @@ type Admission = (Rc<Adapter>, Slot, LocalCancel, Option<Rc<Credit>>);
 struct Held {
     adapter: String,
     gate: Arc<Gate>,
+    class: Class,
     cancel: LocalCancel,
     credit: Option<Rc<Credit>>,
     tunnel: bool,
@@ -120,7 +129,24 @@ impl RunManager {
             health_seq: HealthSeq::default(),
             leases: RefCell::new(None),
             store: std::cell::OnceCell::new(),
+            edge: Cell::new(0),
+            shares: std::cell::OnceCell::new(),
+            detached: Cell::new(false),
         })
+    }
+
+    /// This link goes to edge `edge` of the node's `edges`; `shares`: the
+    /// process's share table (a node of several edges).
+    pub fn set_edge(&self, edge: usize, shares: Option<Arc<crate::share::Shares>>) {
+        self.edge.set(edge);
+        if let Some(s) = shares {
+            let _ = self.shares.set(s);
+        }
+    }
+
+    /// The session ended; streams still ending are a gone edge's.
+    pub fn detach(&self) {
+        self.detached.set(true);
     }
 
     /// Records every stream from now on in `store`.
@@ -274,11 +300,12 @@ impl RunManager {
             Err(f) => return refuse(f, record),
         };
         let deadline = time_left(req.deadline_ms, &run_id);
-        let (adapter, slot, cancel, credit) = match self.admit(&run_id, &req.adapter, req.window_bytes, false) {
-            Ok(a) => a,
-            Err(None) => return record.into_iter().for_each(Record::discard),
-            Err(Some(f)) => return refuse(f, record),
-        };
+        let (adapter, slot, cancel, credit) =
+            match self.admit(&run_id, &req.adapter, req.window_bytes, false, Class::of_profile(&req.profile)) {
+                Ok(a) => a,
+                Err(None) => return record.into_iter().for_each(Record::discard),
+                Err(Some(f)) => return refuse(f, record),
+            };
         let binding = iop_core::lease::Binding {
             provider: &req.adapter,
             target: &req.target,
@@ -337,11 +364,12 @@ impl RunManager {
         };
         let deadline = time_left(req.deadline_ms, &id);
         let target = req.target.clone();
-        let (adapter, slot, cancel, credit) = match self.admit(&id, &req.adapter, req.window_bytes, true) {
-            Ok(a) => a,
-            Err(None) => return record.into_iter().for_each(Record::discard),
-            Err(Some(f)) => return refuse(f, record),
-        };
+        let (adapter, slot, cancel, credit) =
+            match self.admit(&id, &req.adapter, req.window_bytes, true, Class::of_profile(&req.profile)) {
+                Ok(a) => a,
+                Err(None) => return record.into_iter().for_each(Record::discard),
+                Err(Some(f)) => return refuse(f, record),
+            };
         let binding = iop_core::lease::Binding {
             provider: &req.adapter,
             target: &req.target,
@@ -385,6 +413,7 @@ impl RunManager {
         adapter_id: &str,
         window: u64,
         tunnel: bool,
+        class: Class,
     ) -> Result<Admission, Option<RunFailure>> {
         if id.is_empty() || self.runs.borrow().contains_key(id) {
             tracing::warn!(run = %id, "run request with an empty or duplicate id ignored");
@@ -398,14 +427,20 @@ impl RunManager {
             let f = RunFailure::new(codes::CAPACITY, 503, FailureSource::Node, "node is shutting down").retryable();
             return Err(Some(f));
         }
-        if !gate.try_take() {
+        if !gate.try_take(class, self.edge.get()) {
             let msg = format!("provider `{adapter_id}` is at its concurrency limit");
             return Err(Some(RunFailure::new(codes::CAPACITY, 429, FailureSource::Node, msg).retryable()));
         }
         let cancel = LocalCancel::new();
         let credit = (window > 0).then(|| Rc::new(Credit::new(window)));
-        let held =
-            Held { adapter: adapter_id.to_owned(), gate, cancel: cancel.clone(), credit: credit.clone(), tunnel };
+        let held = Held {
+            adapter: adapter_id.to_owned(),
+            gate,
+            class,
+            cancel: cancel.clone(),
+            credit: credit.clone(),
+            tunnel,
+        };
         self.runs.borrow_mut().insert(id.to_owned(), held);
         let slot = Slot { manager: self.clone(), run_id: id.to_owned() };
         Ok((adapter, slot, cancel, credit))
@@ -422,7 +457,12 @@ impl RunManager {
     /// Frees `run_id`'s slot if it still holds one.
     fn free(&self, run_id: &str) {
         let Some(held) = self.runs.borrow_mut().remove(run_id) else { return };
-        held.gate.give();
+        held.gate.give(held.class, self.edge.get());
+        if self.detached.get() {
+            if let Some(s) = self.shares.get() {
+                s.drained(self.edge.get());
+            }
+        }
         if self.runs.borrow().is_empty() {
             self.idle.notify();
         }

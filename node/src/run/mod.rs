@@ -11,6 +11,6 @@ pub mod watchdog;
 
 pub use credit::Credit;
 pub use emitter::Emitter;
-pub use gate::{Gate, Gates};
+pub use gate::{Class, Gate, Gates};
 pub use manager::RunManager;
 pub use spec::{EventSink, Operation, RunSpec, SinkClosed};

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 use crate::{
     ctx::Ctx,
     metrics::{self, CoreMetrics, Histogram, ModelMetrics},
-    pool::{Overlay, PoolView, ResourceKey, ResourceLoad},
+    pool::{LeaseClass, Overlay, PoolView, ResourceKey, ResourceLoad},
     registry::NodeStatus,
 };
 
@@ -150,7 +150,11 @@ fn provider(p: &ProviderEntry, load: Option<&ResourceLoad>, connected: bool) -> 
     let configured_long = load.configured_long.load(Ordering::Relaxed);
     let in_use_normal = load.in_use_normal.load(Ordering::Relaxed);
     let in_use_long = load.in_use_long.load(Ordering::Relaxed);
-    let effective = |configured: u32| if live { configured } else { 0 };
+    // Within the node's share for this edge, when it serves several.
+    let generation = load.generation.load(Ordering::Acquire);
+    let share = |class| load.share.of(class, generation);
+    let effective =
+        |configured: u32, class| if live { share(class).map_or(configured, |s| configured.min(s)) } else { 0 };
     json!({
         "id": p.id,
         "status": if live { "available" } else { "unavailable" },
@@ -159,8 +163,8 @@ fn provider(p: &ProviderEntry, load: Option<&ResourceLoad>, connected: bool) -> 
         // the connected state above.
         "runtime_health": overlay.as_str(),
         "suspect": suspect,
-        "normal": {"configured": configured_normal, "effective": effective(configured_normal), "in_use": in_use_normal},
-        "long": {"configured": configured_long, "effective": effective(configured_long), "in_use": in_use_long},
+        "normal": {"configured": configured_normal, "effective": effective(configured_normal, LeaseClass::Normal), "in_use": in_use_normal, "share": share(LeaseClass::Normal)},
+        "long": {"configured": configured_long, "effective": effective(configured_long, LeaseClass::Long), "in_use": in_use_long, "share": share(LeaseClass::Long)},
         "leases_in_use": u64::from(in_use_normal) + u64::from(in_use_long),
         "live_leases": load.live_guards.load(Ordering::Relaxed),
         "waiters": load.waiters.load(Ordering::Relaxed),
