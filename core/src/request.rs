@@ -1,6 +1,7 @@
 //! The few top-level fields of an OpenAI-shaped request body the gateway
-//! needs (`model`, `stream`, `stream_options.include_usage`), read in one
-//! pass without building a JSON tree, and the byte-level edits made to the
+//! needs (`model`, `stream`, `stream_options.include_usage`, and where the
+//! values cache affinity reads sit), read in one pass without building a
+//! JSON tree, and the byte-level edits made to the
 //! body: the `model` value, `stream`, and `include_usage` for streams.
 //! Everything else stays exactly as the client sent it (key order, spacing,
 //! numbers of any size, unknown fields).
@@ -27,6 +28,27 @@ pub struct Top {
     end: usize,
     /// `"encoding_format": "base64"` (embeddings).
     encoding_base64: bool,
+    /// Where the values that may tie the request to a target's prompt
+    /// cache sit (read in the same pass; see [`AffinitySpans`]).
+    pub affinity: AffinitySpans,
+}
+
+/// Where the top-level values cache affinity reads sit in the body, each
+/// as sent (JSON text, quotes included); the edge picks the key from them
+/// only when it needs one. Spans, not values: nothing is copied.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct AffinitySpans {
+    /// OpenAI `prompt_cache_key`.
+    pub prompt_cache_key: Option<Range<usize>>,
+    /// OpenAI `user`.
+    pub user: Option<Range<usize>>,
+    /// Anthropic `metadata` (its `user_id` is read from it when needed).
+    pub metadata: Option<Range<usize>>,
+    /// Anthropic `system`, or the Responses API's `instructions`.
+    pub system: Option<Range<usize>>,
+    /// The conversation: `messages`, else `input` (Responses), else
+    /// `prompt` (completions).
+    pub conversation: Option<Range<usize>>,
 }
 
 #[derive(Debug)]
@@ -57,6 +79,22 @@ struct RawTop<'a> {
     stream_options: Field<'a>,
     #[serde(default)]
     encoding_format: Option<String>,
+    #[serde(borrow, default)]
+    prompt_cache_key: Field<'a>,
+    #[serde(borrow, default)]
+    user: Field<'a>,
+    #[serde(borrow, default)]
+    metadata: Field<'a>,
+    #[serde(borrow, default)]
+    system: Field<'a>,
+    #[serde(borrow, default)]
+    instructions: Field<'a>,
+    #[serde(borrow, default)]
+    messages: Field<'a>,
+    #[serde(borrow, default)]
+    input: Field<'a>,
+    #[serde(borrow, default)]
+    prompt: Field<'a>,
 }
 
 #[derive(Deserialize)]
@@ -117,7 +155,15 @@ impl Top {
         // The body parsed as an object, so its last non-space byte is `}`.
         let end = body.iter().rposition(|b| !b.is_ascii_whitespace()).unwrap_or(0);
         let encoding_base64 = raw.encoding_format.as_deref() == Some("base64");
-        Ok(Self { model, model_span, stream, stream_span, stream_options, end, encoding_base64 })
+        let span = |f: Field<'_>| f.0.map(|v| span_in(body, v.get()));
+        let affinity = AffinitySpans {
+            prompt_cache_key: span(raw.prompt_cache_key),
+            user: span(raw.user),
+            metadata: span(raw.metadata),
+            system: span(raw.system).or_else(|| span(raw.instructions)),
+            conversation: span(raw.messages).or_else(|| span(raw.input)).or_else(|| span(raw.prompt)),
+        };
+        Ok(Self { model, model_span, stream, stream_span, stream_options, end, encoding_base64, affinity })
     }
 
     /// Embeddings asked as base64 (`encoding_format`).
@@ -324,6 +370,25 @@ mod tests {
         let escaped = Bytes::from_static(br#"{"model":"\u0074"}"#);
         let out = Top::parse(&escaped).unwrap().with_model(&escaped, "t");
         assert_eq!(&out[..], br#"{"model":"t"}"#);
+    }
+
+    #[test]
+    fn affinity_values_are_found_in_the_same_pass() {
+        let body = br#"{"model":"m","user":"u","prompt_cache_key":"k","metadata":{"user_id":"a"},
+            "system":"s","messages":[{"role":"user","content":"q"}]}"#;
+        let a = Top::parse(body).unwrap().affinity;
+        let text = |r: Option<Range<usize>>| std::str::from_utf8(&body[r.unwrap()]).unwrap().to_owned();
+        assert_eq!(text(a.user.clone()), "\"u\"");
+        assert_eq!(text(a.prompt_cache_key.clone()), "\"k\"");
+        assert_eq!(text(a.metadata.clone()), r#"{"user_id":"a"}"#);
+        assert_eq!(text(a.system.clone()), "\"s\"");
+        assert_eq!(text(a.conversation.clone()), r#"[{"role":"user","content":"q"}]"#);
+        // The Responses API's names; any value type is taken as sent.
+        let body = br#"{"model":"m","instructions":"i","input":"q","user":5}"#;
+        let a = Top::parse(body).unwrap().affinity;
+        let text = |r: Option<Range<usize>>| std::str::from_utf8(&body[r.unwrap()]).unwrap().to_owned();
+        assert_eq!((text(a.system), text(a.conversation), text(a.user)), ("\"i\"".into(), "\"q\"".into(), "5".into()));
+        assert_eq!(Top::parse(br#"{"model":"m"}"#).unwrap().affinity, AffinitySpans::default());
     }
 
     #[test]

@@ -304,17 +304,18 @@ pub fn reachable(worker: &Ctx, admitted: &Admitted) -> bool {
     on_route(worker, admitted, |r| r.links.iter().any(|l| !l.session.is_closed())).unwrap_or(false)
 }
 
-/// Capacity on `group` for a request of `class`, queueing if need be, on
-/// a node this core can still reach. The caller watches its client
-/// meanwhile (dropping this leaves the queue).
+/// Capacity on `group` for a request of `class` (with its affinity `key`,
+/// if any), queueing if need be, on a node this core can still reach. The
+/// caller watches its client meanwhile (dropping this leaves the queue).
 pub async fn admit_reachable(
     worker: &std::rc::Rc<Ctx>,
     group: &iop_core::config::ModelGroup,
     class: crate::pool::LeaseClass,
+    key: Option<crate::pool::AffinityKey>,
 ) -> Result<Admitted, crate::pool::AdmitError> {
     let mut regrants = 0;
     loop {
-        let admitted = crate::pool::admit(worker, group, class).await?;
+        let admitted = crate::pool::admit(worker, group, class, key).await?;
         // Granted through links that closed meanwhile (the node is going
         // away): the lease goes back and the request asks again, so a
         // queued client is not failed by a node it never reached. The
@@ -417,7 +418,7 @@ pub fn submit(
     mut req: pb::RunRequest,
 ) -> Result<RunStream, DispatchError> {
     let mut route = route(worker, &admitted)?;
-    let Admitted { lease, target } = admitted;
+    let Admitted { lease, target, .. } = admitted;
     req.run_id = route.id.clone();
     req.adapter = target.provider.to_string();
     req.target = target.upstream_model.to_string();
@@ -441,7 +442,7 @@ pub fn submit_tunnel(
     headers: impl FnOnce(&str) -> Vec<pb::Header>,
 ) -> Result<TunnelStream, DispatchError> {
     let mut route = route(worker, &admitted)?;
-    let Admitted { lease, target } = admitted;
+    let Admitted { lease, target, .. } = admitted;
     req.headers = headers(&route.id);
     req.tunnel_id = route.id.clone();
     req.adapter = target.provider.to_string();

@@ -13,7 +13,7 @@ from scenarios import DIALECT_IDS, KNOWN, TITLES, base, describe
 
 IOP = ["iop-tunnel", "iop-normalized"]
 ORDER = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized", "iop-mock",
-         "iop-tunnel-nostore", "iop-normalized-nostore"]
+         "iop-tunnel-nostore", "iop-normalized-nostore", "iop-affinity", "iop-affinity-off"]
 
 
 def metrics(rec, cores=1):
@@ -62,6 +62,12 @@ def metrics(rec, cores=1):
     if sid == "S5":
         d = rec["disconnect"]
         m["close_p50"], m["close_p99"], m["never_closed"], m["cut"] = d["p50_ms"], d["p99_ms"], d["never_closed"], d["cut"]
+    if sid == "A1":
+        m["ttft_p50"], m["ttft_p99"] = lat["ttft"]["p50"] / 1000, lat["ttft"]["p99"] / 1000
+        m["total_p50"] = lat["total"]["p50"] / 1000
+        m["hit_pct"] = rec["prefix"]["hit_pct"]
+        by = rec["prefix"]["requests_by_target"]
+        m["by_target"] = "/".join(str(n) for n in by)
     if sid == "S6":
         wb, big = rec["with_big"], rec["big"]
         m["gap_p99_alone"] = lat["itl"]["p99"] / 1000
@@ -379,9 +385,20 @@ def _section_s7(agg, w, sid, section, results):
             "was not the limit either" % results["meta"]["machine"]["nproc"])
 
 
+def _section_a1(agg, w, sid, section, results):
+    rows = []
+    for s in agg.systems(sid):
+        last = agg.values(sid, s, w, "by_target")
+        rows.append([s, cell(agg, sid, s, w, "req_s"), cell(agg, sid, s, w, "ttft_p50"), cell(agg, sid, s, w, "ttft_p99"),
+                     cell(agg, sid, s, w, "total_p50"), cell(agg, sid, s, w, "hit_pct", 1), last[-1] if last else "n/a",
+                     fmt(agg.value(sid, s, w, "errors"), 0)])
+    section(sid, ["system", "req/s", "TTFT p50", "TTFT p99", "total p50", "prefix hits %", "requests by target (last round)",
+                  "errors"], rows, "ms; hits as the mocks counted them")
+
+
 # The table of each scenario shape (the dialects' M2 and R2 draw S2's).
 SECTIONS = {"S1": _section_s1, "S2": _section_s2, "S3": _section_s3, "S4": _section_s4, "S5": _section_s5,
-            "S6": _section_s6, "S7": _section_s7}
+            "S6": _section_s6, "S7": _section_s7, "A1": _section_a1}
 
 
 def render(results, md=False):

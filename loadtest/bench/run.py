@@ -49,7 +49,7 @@ def parse_args(argv):
     r.add_argument("--systems", default=",".join(systems.DEFAULT_SYSTEMS),
                    help="comma-separated, from %s, or 'all' (default: the first five)" % ",".join(systems.SYSTEMS))
     r.add_argument("--scenarios", default=",".join(scenarios.ALL), help="comma-separated subset of S1..S7 and the dialects' M1, M2, M4 (Messages), R1, R2, R4 (Responses); "
-                        "`dialects` is all six")
+                        "`dialects` is all six; A1 (cache affinity) runs on iop-affinity,iop-affinity-off only")
     r.add_argument("--workers", type=int, help="workers per process outside S7 (default: cores)")
     r.add_argument("--bin-dir", help="where the four binaries are (default: $CARGO_TARGET_DIR/release or target/release)")
     r.add_argument("--build", action="store_true", help="run `%s` first" % " ".join(BUILD))
@@ -154,7 +154,8 @@ def summary_line(rec):
     sid = scenarios.base(rec["scenario"])
     keys = {"S1": ["req_s", "cpu_us_req"], "S2": ["events_s", "mb_s", "cpu_us_req"], "S3": ["ttft_p99", "gap_p99"],
             "S4": [k for k in m if k.startswith("rss_")], "S5": ["close_p50", "close_p99", "never_closed"],
-            "S6": ["gap_p99_alone", "gap_p99_big", "gap_shift"], "S7": ["events_s"]}[sid]
+            "S6": ["gap_p99_alone", "gap_p99_big", "gap_shift"], "S7": ["events_s"],
+            "A1": ["req_s", "ttft_p50", "ttft_p99", "hit_pct"]}[sid]
     return " ".join("%s=%s" % (k, compare.fmt(m.get(k))) for k in keys) + " errors=%s" % m.get("errors") + retried
 
 

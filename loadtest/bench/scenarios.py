@@ -32,7 +32,12 @@ DIALECT_IDS = [letter + n for letter in DIALECTS for n in DIALECT_SHAPES]
 for _sid in DIALECT_IDS:
     TITLES[_sid] = "%s API, S%s's shape: %s" % (
         {"M": "Messages", "R": "Responses"}[_sid[0]], _sid[1:], TITLES["S" + _sid[1:]])
-KNOWN = ALL + DIALECT_IDS
+# Cache affinity (issue 28, part 4): its own systems (three targets, each a
+# mock that models a prefix cache), not in the default run: `--scenarios A1
+# --systems iop-affinity,iop-affinity-off`.
+AFFINITY_IDS = ["A1"]
+TITLES["A1"] = "cache affinity: sessions over 3 targets that reward a repeated prefix"
+KNOWN = ALL + DIALECT_IDS + AFFINITY_IDS
 
 
 def base(sid):
@@ -61,6 +66,8 @@ def params(quick, duration, warmup):
     out = _params(quick, d)
     for sid in ("S1", "S2", "S3", "S6", "S7"):
         out[sid]["warmup"] = warmup
+    # Long enough for every session's first (missed) request.
+    out["A1"]["warmup"] = max(warmup, 3)
     # The paced loads start their connections spread over one stream's
     # length: streams that all last as long stay in step once started
     # together, and the percentiles would then measure how fast a burst of
@@ -77,6 +84,17 @@ def params(quick, duration, warmup):
 
 
 def _params(quick, d):
+    out = _shapes(quick, d)
+    # 96 sessions, in turn, over 24 connections on 3 targets of 32 leases
+    # each; each mock remembers 48 prefixes: with affinity a target holds
+    # its share of the sessions (about 32, never all 96), without it every
+    # target sees all of them in turn, which an LRU of 48 mostly misses.
+    out["A1"] = {"tokens": 16, "interval_ms": 5, "hit_ms": 20, "miss_ms": 200, "entries": 48, "targets": 3,
+                 "capacity": 32, "load": ["--concurrency", 24, "--stream", "--sessions", 96, "--duration-sec", d]}
+    return out
+
+
+def _shapes(quick, d):
     if quick:
         return {
             "S1": {"tokens": 16, "interval_ms": 0, "load": ["--concurrency", 64, "--no-stream", "--duration-sec", d]},
@@ -111,6 +129,11 @@ def describe(sid, p):
         return "%s; %d streams at once%s, RSS sampled one token interval after all are open" % (mock, p["streams"], api)
     if sid == "S5":
         return "%s; load: %s, each stream cut after %d tokens" % (mock, " ".join(map(str, p["load"])), p["disconnect_after"])
+    if sid == "A1":
+        return ("mock: %d tokens at %d ms, first token +%d ms on a cached prefix, +%d ms otherwise, %d prefixes "
+                "remembered per target; %d targets of %d leases; load: %s (after %s s of warm-up)") % (
+            p["tokens"], p["interval_ms"], p["hit_ms"], p["miss_ms"], p["entries"], p["targets"], p["capacity"],
+            " ".join(map(str, p["load"])), p.get("warmup", 0))
     if sid == "S6":
         b = p["big"]
         return ("%s; paced: %s (after %s s of warm-up), then the same beside big: %d-%d KB prompts at %s/s over %d "
@@ -135,6 +158,8 @@ def rounds_of(sid, rounds):
 def applies(sid, system):
     """Whether scenario `sid` means anything on `system`."""
     sid = base(sid)
+    if (sid in AFFINITY_IDS) != (system in systems.AFFINITY_SYSTEMS):
+        return False  # the affinity systems run the affinity scenario only
     if sid == "S5" and system == "iop-mock":
         return False  # no upstream connection to close
     if sid == "S7" and system == "direct":
@@ -246,6 +271,8 @@ def measure(sid, run, ctx, p, gens):
         return disconnects(run, ctx, p, gens)
     if sid == "S6":
         return big_prompts(run, ctx, p, gens)
+    if sid == "A1":
+        return affinity(run, ctx, p, gens)
     raise ValueError(sid)
 
 
@@ -388,6 +415,32 @@ def big_prompts(run, ctx, p, gens):
     after = group_cpu(run)
     return {"load": alone["load"], "cpu_sec": alone["cpu_sec"], "with_big": paced_report, "big": big_report,
             "cpu_sec_with_big": dict(cpu_delta(before, after), loadtest=round(paced_cpu + big_cpu, 3))}
+
+
+def mock_counts(run):
+    """Per target mock: (model requests, prefix hits, prefix misses)."""
+    out = []
+    for addr in run.mocks:
+        status, body = procs.http("GET", "http://%s/stats" % addr)
+        if status != 200:
+            raise RuntimeError("mock %s: /stats answered %s" % (addr, status))
+        v = json.loads(body)
+        out.append((v["model_requests"], v.get("prefix_hits", 0), v.get("prefix_misses", 0)))
+    return out
+
+
+def affinity(run, ctx, p, gens):
+    """A1: warm-up (every session's first request misses), then the
+    closed loop; the mocks' prefix hits and requests per target in it."""
+    warm_up(run, ctx, p, p["load"], gens)
+    before = mock_counts(run)
+    out = closed_loop(run, ctx, p["load"], gens)
+    after = mock_counts(run)
+    d = [[a - b for a, b in zip(x, y)] for x, y in zip(after, before)]
+    hits, misses = sum(x[1] for x in d), sum(x[2] for x in d)
+    out["prefix"] = {"hits": hits, "misses": misses, "requests_by_target": [x[0] for x in d],
+                     "hit_pct": round(hits / (hits + misses) * 100, 1) if hits + misses else None}
+    return out
 
 
 def run_one(ctx, sid, system, round_no, workers, p, wait_idle, retries=1):

@@ -21,7 +21,10 @@ from procs import Proc, children, free_port, wait_http
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYSTEMS = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized", "iop-mock",
-           "iop-tunnel-nostore", "iop-normalized-nostore"]
+           "iop-tunnel-nostore", "iop-normalized-nostore", "iop-affinity", "iop-affinity-off"]
+# Scenario A1's: edge + node with three tunnel targets, each its own mock
+# modelling a prefix cache; cache affinity on (the default) and off.
+AFFINITY_SYSTEMS = ["iop-affinity", "iop-affinity-off"]
 DEFAULT_SYSTEMS = SYSTEMS[:5]
 # The node's run store is on in every iop system (its file in the run's
 # directory); `-nostore` runs the same system with `store = false`, for the
@@ -60,6 +63,8 @@ class Running:
         self.groups = {}
         self.mock = None
         self.mock_addr = None
+        # Every upstream mock's address (A1 has one per target).
+        self.mocks = []
         self.admin = None
         self.procs = []
         self.configs = {}
@@ -96,6 +101,9 @@ def start(name, ctx, scen, workers):
     interval_ms) with `workers` workers per process; the caller stops it."""
     run = Running(name, workers, ctx.log_dir)
     try:
+        if name in AFFINITY_SYSTEMS:
+            start_affinity(run, ctx, name, scen, workers)
+            return run
         if name != "iop-mock":
             run.mock = run.add(Proc("mockprov", [ctx.bin("iop-mockprov"), "--listen", "127.0.0.1:0", "--tokens",
                                                  scen["tokens"], "--token-interval-ms", scen["interval_ms"], "--no-record"],
@@ -225,6 +233,48 @@ def start_iop(run, ctx, name, scen, workers):
     run.configs["node.toml"] = text
     if not ctx.node_workers:
         run.notes.append("iop-node has no `workers` key: it ran with its default")
+    node = run.add(Proc("node", [ctx.bin("iop-node"), "--config", node_cfg], ctx.log_dir, env=QUIET))
+    run.url = "http://" + http_addr
+    probe = {"model": "mock", "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1}
+    wait_http("POST", run.url + "/v1/chat/completions", probe, what=name)
+    run.groups = {"edge": [edge.pid], "node": [node.pid]}
+    run.admin = run.url + "/admin/v1/nodes"
+
+
+def start_affinity(run, ctx, name, scen, workers):
+    """Three mocks that model a prefix cache, one node with a provider on
+    each, one model over the three; affinity off for `-off`."""
+    for i in range(scen["targets"]):
+        mock = run.add(Proc("mockprov%d" % i, [ctx.bin("iop-mockprov"), "--listen", "127.0.0.1:0", "--tokens",
+                                               scen["tokens"], "--token-interval-ms", scen["interval_ms"], "--no-record",
+                                               "--prefix-cache-ttft-ms", scen["hit_ms"], "--prefix-miss-ttft-ms",
+                                               scen["miss_ms"], "--prefix-cache-entries", scen["entries"]],
+                            ctx.log_dir, env=QUIET, ready=r"listening on (\S+)"))
+        run.mocks.append(mock.match.group(1))
+    text = 'workers = %d\nshutdown_grace_sec = 0\nadmin_token = "%s"\n' % (workers, ADMIN_TOKEN)
+    text += '[http]\nlisten = "127.0.0.1:0"\nmax_body_bytes = 1048576\naccess_log = false\n'
+    text += '[node_listener]\nlisten = "127.0.0.1:0"\n'
+    text += '[[nodes]]\nid = "bench-node"\ntoken = "%s"\n' % TOKEN
+    for i, addr in enumerate(run.mocks):
+        text += '[[nodes.providers]]\nid = "p%d"\nkind = "openai_compat"\nbase_url = "http://%s/v1"\ncapacity = %d\n' % (
+            i, addr, scen["capacity"])
+    text += '[[models]]\nname = "mock"\nmax_waiters = 4096\n'
+    for i in range(len(run.mocks)):
+        text += '[[models.targets]]\nnode = "bench-node"\nprovider = "p%d"\nmodel = "mock"\n' % i
+    if name.endswith("-off"):
+        text += "[affinity]\nenabled = false\n"
+    edge_cfg = os.path.join(run.dir, "edge.toml")
+    with open(edge_cfg, "w") as f:
+        f.write(text)
+    run.configs["edge.toml"] = text
+    edge = run.add(Proc("edge", [ctx.bin("iop-edge"), "--config", edge_cfg], ctx.log_dir, env=QUIET,
+                        ready=r"ready http=(\S+) nodes=(\S+) driver=(\S+)"))
+    http_addr, nodes_addr, run.driver = edge.match.group(1), edge.match.group(2), edge.match.group(3)
+    node_cfg = os.path.join(run.dir, "node.toml")
+    text = node_config(nodes_addr, workers, ctx.node_workers, None)
+    with open(node_cfg, "w") as f:
+        f.write(text)
+    run.configs["node.toml"] = text
     node = run.add(Proc("node", [ctx.bin("iop-node"), "--config", node_cfg], ctx.log_dir, env=QUIET))
     run.url = "http://" + http_addr
     probe = {"model": "mock", "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1}

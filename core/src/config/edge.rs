@@ -66,6 +66,8 @@ pub struct EdgeConfig {
     /// The coordinator's agents (`[[agents]]`), in file order; names unique
     /// and distinct from the model groups'.
     pub agents: Vec<super::AgentEntry>,
+    /// Cache affinity (`[affinity]`).
+    pub affinity: super::AffinitySettings,
     /// How long SIGINT/SIGTERM lets requests in flight finish.
     pub shutdown_grace: Duration,
     /// Test-only timers (`[testing]`); defaults outside tests.
@@ -443,6 +445,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
         super::workspace::unique_refs(&nodes)?;
         let agents = super::workspace::agents(raw.agents, &models, &nodes)?;
         let testing = TestingSettings::try_from(raw.testing)?;
+        let affinity = super::AffinitySettings::try_from(raw.affinity)?;
 
         Ok(Self {
             workers,
@@ -459,6 +462,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
             admin_token,
             api_keys,
             agents,
+            affinity,
             shutdown_grace,
             testing,
         })

@@ -3,6 +3,7 @@
 //! (and the value, unless the key holds a secret). String values may
 //! reference environment variables as `${NAME}` or `${NAME:-default}`.
 
+pub mod affinity;
 pub mod api_keys;
 pub mod edge;
 pub mod env;
@@ -16,6 +17,7 @@ pub mod testing;
 pub mod tls;
 pub mod workspace;
 
+pub use affinity::AffinitySettings;
 pub use api_keys::ApiKeyEntry;
 pub use edge::{
     EdgeConfig, EmbeddedNode, HandshakeSettings, HttpSettings, LinkProbe, ModelGroup, ModelTarget, NodeEntry,

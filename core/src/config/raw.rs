@@ -60,7 +60,18 @@ pub(crate) struct RawEdge {
     pub api_keys: Vec<RawApiKey>,
     #[serde(default)]
     pub agents: Vec<RawAgent>,
+    pub affinity: Option<RawAffinity>,
     pub testing: Option<RawTesting>,
+}
+
+/// `[affinity]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawAffinity {
+    pub enabled: Option<bool>,
+    pub header: Option<String>,
+    pub prefix_bytes: Option<u64>,
+    pub max_imbalance: Option<f64>,
 }
 
 /// `[[api_keys]]`.

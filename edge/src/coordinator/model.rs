@@ -80,7 +80,7 @@ pub async fn call(
         return Err(CallFailed { class: ErrorClass::Provider, code: "model_gone" });
     };
     let gathered = async {
-        let admitted = crate::dispatch::admit_reachable(ctx, &group, LeaseClass::Normal)
+        let admitted = crate::dispatch::admit_reachable(ctx, &group, LeaseClass::Normal, None)
             .await
             .map_err(|_| CallFailed { class: ErrorClass::Provider, code: "no_capacity" })?;
         body["model"] = serde_json::Value::String(admitted.target.upstream_model.to_string());

@@ -1,6 +1,8 @@
 //! Admission of one request to a model group: take free capacity on the
-//! best candidate, else queue on every candidate until a lease is granted,
-//! the queue timeout passes, or no candidate is left.
+//! best candidate (the least loaded, or with an affinity key its
+//! rendezvous target within the load bound, [`super::affinity`]), else
+//! queue on every candidate until a lease is granted, the queue timeout
+//! passes, or no candidate is left.
 
 use std::{
     rc::Rc,
@@ -12,7 +14,10 @@ use std::{
 
 use iop_core::{config::ModelGroup, config::ModelTarget, rt::oneshot::oneshot};
 
-use super::{Candidate, Lease, LeaseClass, LeastLoaded, ResourceKey, SelectionPolicy, Waiter, WaiterState};
+use super::{
+    affinity::{self, AffinityKey, Choice},
+    Candidate, Lease, LeaseClass, LeastLoaded, ResourceKey, SelectionPolicy, Waiter, WaiterState,
+};
 use crate::{
     ctx::Ctx,
     mesh::{owner_of, post, CoreMsg},
@@ -25,6 +30,8 @@ pub struct Admitted {
     pub lease: Lease,
     /// Where to run.
     pub target: ModelTarget,
+    /// How the affinity key (if any) chose the target.
+    pub affinity: Choice,
 }
 
 /// Why a request was not admitted.
@@ -42,8 +49,14 @@ pub enum AdmitError {
     Timeout(String),
 }
 
-/// Admits a request of `class` to `group`.
-pub async fn admit(worker: &Rc<Ctx>, group: &ModelGroup, class: LeaseClass) -> Result<Admitted, AdmitError> {
+/// Admits a request of `class` to `group`; with `key`, its rendezvous
+/// target is preferred while within `[affinity] max_imbalance`.
+pub async fn admit(
+    worker: &Rc<Ctx>,
+    group: &ModelGroup,
+    class: LeaseClass,
+    key: Option<AffinityKey>,
+) -> Result<Admitted, AdmitError> {
     let view = worker.pool.borrow().clone();
     let mut cands: Vec<Candidate> = group
         .targets
@@ -52,7 +65,7 @@ pub async fn admit(worker: &Rc<Ctx>, group: &ModelGroup, class: LeaseClass) -> R
         .filter_map(|(index, t)| {
             let key = ResourceKey::of(t);
             let load = view.resources.get(&key)?.clone();
-            Some(Candidate { index, key, load })
+            Some(Candidate { index, key, load, rank: 0 })
         })
         // Only candidates that could ever serve this class.
         .filter(|c| match class {
@@ -73,14 +86,29 @@ pub async fn admit(worker: &Rc<Ctx>, group: &ModelGroup, class: LeaseClass) -> R
             group.name
         )));
     }
-    LeastLoaded.order(class, &mut cands);
+    // With one candidate there is nothing to choose (and nothing to hash).
+    let preferred = match key {
+        Some(k) if cands.len() > 1 => {
+            let max_imbalance = worker.config.borrow().affinity.max_imbalance;
+            Some(affinity::order(k.hash, class, &mut cands, max_imbalance))
+        }
+        _ => {
+            LeastLoaded.order(class, &mut cands);
+            None
+        }
+    };
+    let choice = |index: usize| match preferred {
+        None => Choice::None,
+        Some(p) if p == Some(index) => Choice::Preferred,
+        Some(_) => Choice::Fallback,
+    };
 
     // Free capacity first, unless someone already queues there (FIFO fairness).
     for c in &cands {
         let l = &c.load;
         if l.in_use(class) < l.capacity(class) && l.waiters.load(Ordering::Relaxed) == 0 {
             if let Some(lease) = try_acquire(worker, c, class).await {
-                return Ok(Admitted { target: target(group, c.index), lease });
+                return Ok(Admitted { target: target(group, c.index), lease, affinity: choice(c.index) });
             }
         }
     }
@@ -107,7 +135,7 @@ pub async fn admit(worker: &Rc<Ctx>, group: &ModelGroup, class: LeaseClass) -> R
     match outcome {
         Ok(Ok(lease)) => {
             let index = cands.iter().find(|c| &c.key == lease.key()).map(|c| c.index).unwrap_or(0);
-            Ok(Admitted { target: target(group, index), lease })
+            Ok(Admitted { target: target(group, index), lease, affinity: choice(index) })
         }
         Ok(Err(WaiterState::Unavailable)) | Ok(Err(_)) => {
             Err(AdmitError::Unavailable(format!("every node serving model `{}` went away", group.name)))

@@ -8,6 +8,7 @@
 //! the snapshot. Capacity is released only by dropping a [`Lease`].
 
 mod admit;
+pub mod affinity;
 pub mod keys;
 mod lease;
 mod load;
@@ -21,6 +22,7 @@ mod waiter;
 use std::{hash::Hash, sync::Arc};
 
 pub use admit::{admit, AdmitError, Admitted};
+pub use affinity::{AffinityKey, Choice};
 pub use lease::Lease;
 pub use load::{ModelUsage, PoolView, ResourceLoad};
 pub use overlay::{HealthReport, Observed, Overlay, Source};

@@ -13,6 +13,8 @@ pub struct Candidate {
     pub key: ResourceKey,
     /// Its published load.
     pub load: Arc<ResourceLoad>,
+    /// Scratch of a policy's ordering (its sort key, read once per request).
+    pub rank: u64,
 }
 
 /// Orders candidates for one request.
@@ -44,7 +46,7 @@ mod tests {
         let load = Arc::new(ResourceLoad::new(cap, 0));
         load.in_use_normal.store(used, Ordering::Relaxed);
         load.online.store(online, Ordering::Relaxed);
-        Candidate { index, key: ResourceKey::new(&format!("n{index}"), "p"), load }
+        Candidate { index, key: ResourceKey::new(&format!("n{index}"), "p"), load, rank: 0 }
     }
 
     #[test]

@@ -12,7 +12,10 @@ use std::{
 
 use iop_core::exec::Usage;
 
-use crate::metrics;
+use crate::{
+    metrics,
+    pool::{AffinityKey, Choice},
+};
 
 /// How the request's stream ended (written by the stream itself).
 #[derive(Debug, Default)]
@@ -50,6 +53,9 @@ pub struct Exchange {
     pub first_byte: Option<Instant>,
     /// Time spent queued for capacity.
     pub queue_wait: Option<Duration>,
+    /// The request's cache-affinity key and how it chose the target (of
+    /// the last admission).
+    pub affinity: (Option<AffinityKey>, Choice),
     /// Shared with the request's streams, which fill in how they ended.
     pub finish: Rc<RefCell<Finish>>,
     /// The client's API key, when keys are configured (charged the
@@ -74,6 +80,7 @@ impl Default for Exchange {
             status: 0,
             first_byte: None,
             queue_wait: None,
+            affinity: (None, Choice::None),
             finish: Rc::default(),
             api_key: None,
             dropped: String::new(),
@@ -116,6 +123,7 @@ impl Exchange {
         self.status = 0;
         self.first_byte = None;
         self.queue_wait = None;
+        self.affinity = (None, Choice::None);
         self.api_key = None;
         self.dropped.clear();
         self.surface = OTHER_SURFACE;
@@ -181,7 +189,11 @@ impl Exchange {
         let u = f.usage.unwrap_or_default();
         // Never the prompt, a header or a credential: ids, names and numbers.
         // The session id is the client's (visible ASCII, bounded): recorded
-        // as a `&str`, which the formatter quotes and escapes.
+        // as a `&str`, which the formatter quotes and escapes. Of the
+        // affinity key, only a short hash of its hash.
+        let (key, choice) = self.affinity;
+        let mut short = [0u8; 8];
+        let affinity_key = key.map_or("", |k| hex8(k.short(), &mut short));
         tracing::info!(
             target: "iop::access",
             id = %f.id,
@@ -196,6 +208,9 @@ impl Exchange {
             outcome = f.outcome,
             code = f.code.unwrap_or(""),
             attempts = f.attempts,
+            affinity = choice.label(),
+            affinity_from = key.map_or("", |k| k.source.label()),
+            affinity_key,
             api_key = self.api_key.as_ref().map_or("", |k| k.entry.name.as_str()),
             key_fp = self.api_key.as_ref().map(|k| k.entry.fingerprint()).unwrap_or_default(),
             ttft_ms = ttft.map(ms),
@@ -211,6 +226,14 @@ impl Exchange {
     }
 }
 
+/// `v` as 8 hex digits in `buf` (an affinity key as logged, without allocating).
+fn hex8(v: u32, buf: &mut [u8; 8]) -> &str {
+    for (i, b) in buf.iter_mut().enumerate() {
+        *b = b"0123456789abcdef"[((v >> (28 - 4 * i)) & 0xf) as usize];
+    }
+    std::str::from_utf8(buf).unwrap_or("")
+}
+
 /// At most `max` bytes of `s`, cut at a character boundary.
 fn clip(s: &str, max: usize) -> &str {
     let mut end = s.len().min(max);
@@ -218,4 +241,19 @@ fn clip(s: &str, max: usize) -> &str {
         end -= 1;
     }
     &s[..end]
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_affinity_key_is_logged_as_eight_hex_digits() {
+        let mut buf = [0u8; 8];
+        assert_eq!(hex8(0x1a2b_3c4d, &mut buf), "1a2b3c4d");
+        assert_eq!(hex8(0xf, &mut buf), "0000000f");
+        let k = AffinityKey { hash: 0xdead_beef_0000_0001, source: crate::pool::affinity::KeySource::User };
+        assert_eq!(hex8(k.short(), &mut buf), "deadbeef");
+    }
 }

@@ -160,7 +160,8 @@ pub async fn admit(
         return Err(reply::error(&mut conn.responder(), d, 400, &msg, "unsupported_endpoint", keep).await);
     };
     let class = lease_class(&group, bytes.len());
-    let admitted = match take_capacity(worker, conn, &group, class).await {
+    let key = super::affinity::for_group(worker, &group, head, &bytes, &top.affinity);
+    let admitted = match take_capacity(worker, conn, &group, class, key).await {
         None => return Err(false), // client left while queued; the wait guard left the queue
         Some(Ok(a)) => a,
         Some(Err(e)) => {
@@ -188,13 +189,15 @@ pub fn estimated_tokens(body_bytes: usize) -> u64 {
     (body_bytes as u64).div_ceil(4)
 }
 
-/// Takes capacity on `group` for a request of `class`, queueing if need
-/// be, while watching the client; `None` when it left.
+/// Takes capacity on `group` for a request of `class` (with its affinity
+/// `key`, if any), queueing if need be, while watching the client; `None`
+/// when it left.
 pub(super) async fn take_capacity(
     worker: &Rc<Ctx>,
     conn: &mut Conn,
     group: &ModelGroup,
     class: LeaseClass,
+    key: Option<pool::AffinityKey>,
 ) -> Option<Result<Admitted, AdmitError>> {
     let asked = std::time::Instant::now();
     let admitted = {
@@ -202,12 +205,13 @@ pub(super) async fn take_capacity(
         with_disconnect_watch::<STREAM_WATCH, _, _>(
             rd,
             buf,
-            std::pin::pin!(crate::dispatch::admit_reachable(worker, group, class)),
+            std::pin::pin!(crate::dispatch::admit_reachable(worker, group, class, key)),
         )
         .await?
     };
-    if admitted.is_ok() {
+    if let Ok(a) = &admitted {
         conn.exchange.queue_wait = Some(asked.elapsed());
+        conn.exchange.affinity = (key, a.affinity);
     }
     Some(admitted)
 }

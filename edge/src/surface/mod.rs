@@ -1,6 +1,7 @@
 //! Client-facing API surfaces and the request router.
 
 pub mod admin;
+mod affinity;
 pub mod anthropic;
 pub(crate) mod api_keys;
 pub mod dialect;

@@ -297,7 +297,8 @@ pub async fn replay(worker: &Rc<Ctx>, conn: &mut Conn, route: Route, r: Kept, fa
     let Some((full, group)) = second_attempt(worker, route, &top.model, &r.avoid, r.avoid_generation, &failed) else {
         return reply::failure(&mut conn.responder(), d, &failed, keep).await;
     };
-    let admitted = match exchange::take_capacity(worker, conn, &group, r.class).await {
+    // Least loaded among the others: the preferred target just failed.
+    let admitted = match exchange::take_capacity(worker, conn, &group, r.class, None).await {
         None => return false, // the client left while queued
         Some(Ok(a)) => a,
         Some(Err(_)) => {

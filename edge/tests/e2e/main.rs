@@ -8,6 +8,7 @@ mod pki;
 
 mod admin;
 mod admin_page;
+mod affinity;
 pub mod agent;
 mod agent_faults;
 mod agent_ollama;

@@ -17,6 +17,8 @@ pub const PROMPT_SIZES: usize = 4;
 pub const MAX_PROMPT_BYTES: usize = 64 << 20;
 /// Largest `--ramp-ms` (one hour).
 pub const MAX_RAMP_MS: u64 = 3_600_000;
+/// Largest `--sessions`.
+pub const MAX_SESSIONS: usize = 100_000;
 /// Hex digits of the request number in a tag.
 const TAG_DIGITS: usize = 16;
 
@@ -68,6 +70,12 @@ pub struct LoadArgs {
     /// cycle through 4 sizes spread evenly over the range.
     #[arg(long)]
     pub prompt_bytes_max: Option<usize>,
+    /// Spread requests over this many sessions: request n belongs to
+    /// session n mod N, whose user message starts with its own words (its
+    /// own prompt prefix, as every turn of one conversation resends), so a
+    /// server's prefix cache and a gateway's cache affinity tell them apart.
+    #[arg(long)]
+    pub sessions: Option<usize>,
     /// Open loop: start this many requests per second, whether or not
     /// earlier ones have finished (at most --concurrency at once). Without
     /// it, each connection sends its next request when the last one ends.
@@ -233,6 +241,8 @@ pub struct Settings {
     pub prompt_bytes: usize,
     /// Largest user message, when the sizes vary.
     pub prompt_bytes_max: Option<usize>,
+    /// Sessions the requests cycle through (1: every request alike).
+    pub sessions: usize,
     /// Open-loop request rate (requests per second).
     pub rate: Option<f64>,
     /// Closed loop: the first requests spread over this long.
@@ -284,6 +294,12 @@ impl Settings {
                 return Err("--prompt-bytes-max must be at least --prompt-bytes".into());
             }
         }
+        let sessions = match args.sessions {
+            Some(n) if !(1..=MAX_SESSIONS).contains(&n) => {
+                return Err(format!("--sessions must be from 1 to {MAX_SESSIONS}"))
+            }
+            n => n.unwrap_or(1),
+        };
         if let Some(rate) = args.rate {
             if !(rate.is_finite() && (0.001..=1e7).contains(&rate)) {
                 return Err("--rate must be a number of requests per second in [0.001, 10000000]".into());
@@ -316,6 +332,7 @@ impl Settings {
             max_tokens: args.max_tokens,
             prompt_bytes: args.prompt_bytes,
             prompt_bytes_max: args.prompt_bytes_max,
+            sessions,
             rate: args.rate,
             ramp: args.ramp_ms.filter(|&ms| ms > 0).map(Duration::from_millis),
             disconnect_after: args.disconnect_after,
@@ -329,7 +346,20 @@ impl Settings {
     /// The JSON request body with a user message of `prompt_bytes` bytes
     /// (and the placeholder tag of request 0, when requests are tagged).
     pub fn body_of(&self, prompt_bytes: usize) -> String {
-        let mut body = self.api.body(&self.model, &prompt(prompt_bytes), self.stream, self.max_tokens);
+        self.session_body(prompt_bytes, None)
+    }
+
+    /// [`Self::body_of`] for `session` (its words first), if any.
+    fn session_body(&self, prompt_bytes: usize, session: Option<usize>) -> String {
+        let text = match session {
+            None => prompt(prompt_bytes),
+            Some(s) => {
+                let mut t = format!("session {s}: ");
+                t.push_str(&prompt(prompt_bytes.saturating_sub(t.len())));
+                t
+            }
+        };
+        let mut body = self.api.body(&self.model, &text, self.stream, self.max_tokens);
         if let Some(prefix) = &self.tag_prefix {
             body["mock"] = serde_json::json!({"tag": tag(prefix, 0)});
         }
@@ -352,10 +382,19 @@ impl Settings {
         }
     }
 
-    /// The whole request (head and body) for every prompt size; request
-    /// `n` sends `requests[n % len]` (its tag, if any, patched in).
+    /// The whole request (head and body) for every prompt size and
+    /// session (sessions vary fastest); request `n` sends
+    /// `requests[n % len]` (its tag, if any, patched in).
     pub fn requests(&self) -> Vec<RequestBytes> {
-        self.prompt_sizes().into_iter().map(|size| self.request_of(size)).collect()
+        let sessions = self.sessions;
+        let mut out = Vec::with_capacity(self.prompt_sizes().len() * sessions);
+        for size in self.prompt_sizes() {
+            for s in 0..sessions {
+                let body = self.session_body(size, (sessions > 1).then_some(s));
+                out.push(self.request_with(body));
+            }
+        }
+        out
     }
 
     /// The whole request (head and body) of the smallest prompt.
@@ -364,7 +403,10 @@ impl Settings {
     }
 
     fn request_of(&self, prompt_bytes: usize) -> RequestBytes {
-        let body = self.body_of(prompt_bytes);
+        self.request_with(self.body_of(prompt_bytes))
+    }
+
+    fn request_with(&self, body: String) -> RequestBytes {
         let auth = self.api_key.as_ref().map(|k| format!("Bearer {k}"));
         let mut headers: Vec<(&str, &str)> = vec![
             ("content-type", "application/json"),
@@ -611,6 +653,29 @@ mod tests {
         ]))
         .unwrap();
         assert_eq!(s.prompt_sizes(), [7, 7, 7, 7]);
+    }
+
+    #[test]
+    fn sessions_have_prefixes_of_their_own() {
+        let s = Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--sessions", "3", "--prompt-bytes", "40"]))
+            .unwrap();
+        let contents: Vec<String> = s
+            .requests()
+            .iter()
+            .map(|r| {
+                let text = std::str::from_utf8(&r.bytes).unwrap();
+                let v: serde_json::Value = serde_json::from_str(text.split_once("\r\n\r\n").unwrap().1).unwrap();
+                v["messages"][0]["content"].as_str().unwrap().to_owned()
+            })
+            .collect();
+        assert_eq!(contents.len(), 3);
+        for (i, c) in contents.iter().enumerate() {
+            assert!(c.starts_with(&format!("session {i}: the quick")), "{c}");
+            assert_eq!(c.len(), 40);
+        }
+        assert!(Settings::from_args(&args(&["--url", "http://127.0.0.1:1", "--sessions", "0"])).is_err());
+        let one = Settings::from_args(&args(&["--url", "http://127.0.0.1:1"])).unwrap();
+        assert_eq!((one.sessions, one.requests().len()), (1, 1));
     }
 
     #[test]

@@ -26,7 +26,7 @@ use monoio::io::{AsyncReadRent, AsyncWriteRent, AsyncWriteRentExt};
 use super::clock::Timestamp;
 use super::play::Live;
 use super::record::{Exchange, RequestHeaders};
-use super::reply::{Env, Reply, OLLAMA_JSON};
+use super::reply::{Action, Env, Reply, OLLAMA_JSON};
 use super::routes::{self, Endpoint, Meta, Route};
 use super::{
     chat, completions, embeddings, errors, messages, models, ollama_chat, ollama_meta, responses, script,
@@ -324,6 +324,7 @@ impl Conn {
             }
             Endpoint::OllamaEmbed => embeddings::ollama_reply(&body, &env),
         };
+        let reply = self.prefix_delay(endpoint, reply, &body);
         if !self.ctx.config.no_record {
             let headers = match raw_head {
                 Some(raw) => RequestHeaders::Raw(raw),
@@ -333,6 +334,25 @@ impl Conn {
             self.live = Some(Live::new(seq));
         }
         self.play(reply, seq, started, head.keep_alive).await
+    }
+
+    /// `reply` with the prefix cache model's delay added before its first
+    /// token ([`super::prefix_cache`]), on the endpoints that generate.
+    fn prefix_delay(&self, endpoint: Endpoint, mut reply: Reply, body: &[u8]) -> Reply {
+        let Some(delays) = self.ctx.config.prefix_delays() else { return reply };
+        if matches!(endpoint, Endpoint::Embeddings | Endpoint::CountTokens | Endpoint::OllamaEmbed) {
+            return reply;
+        }
+        let Some(prefix) = super::prefix_cache::prefix_of(body) else { return reply };
+        let hit = self.ctx.prefix_cache.borrow_mut().touch(prefix);
+        Stats::bump(if hit { &self.ctx.stats.prefix_hits } else { &self.ctx.stats.prefix_misses });
+        let extra = if hit { delays.hit } else { delays.miss };
+        match &mut reply.action {
+            Action::Whole(w) => w.delay = w.delay.saturating_add(extra),
+            Action::Stream(s) => s.timing.ttft = s.timing.ttft.saturating_add(extra),
+            Action::Hangup => {}
+        }
+        reply
     }
 
     /// Waits the token interval before every token but the first.

@@ -51,6 +51,7 @@ pub mod ollama_chat;
 pub mod ollama_meta;
 pub mod overrides;
 mod play;
+pub mod prefix_cache;
 pub mod record;
 pub mod reply;
 pub mod responses;
@@ -173,6 +174,20 @@ pub struct MockConfig {
     /// whose messages hold `[script:NAME]` gets the next answer of its stage.
     #[arg(long, value_name = "PATH")]
     pub script: Option<std::path::PathBuf>,
+    /// Model a prompt-prefix cache: a request whose prompt prefix (system
+    /// prompt, leading system messages and the first other message) this
+    /// mock saw among its last `--prefix-cache-entries` gets its first
+    /// token this many milliseconds later (added to the first-token delay).
+    #[arg(long, value_name = "MS")]
+    pub prefix_cache_ttft_ms: Option<u64>,
+    /// With the prefix cache model: the first token of a request whose
+    /// prefix is not cached comes this many milliseconds later.
+    #[arg(long, value_name = "MS")]
+    pub prefix_miss_ttft_ms: Option<u64>,
+    /// Prefixes the prefix cache model remembers (least recently used
+    /// evicted first).
+    #[arg(long, default_value_t = 1024)]
+    pub prefix_cache_entries: usize,
 }
 
 impl MockConfig {
@@ -198,7 +213,19 @@ impl MockConfig {
             tls_key: None,
             without: Vec::new(),
             script: None,
+            prefix_cache_ttft_ms: None,
+            prefix_miss_ttft_ms: None,
+            prefix_cache_entries: 1024,
         }
+    }
+
+    /// The prefix cache model's delays, when either flag is given.
+    pub fn prefix_delays(&self) -> Option<prefix_cache::PrefixDelays> {
+        if self.prefix_cache_ttft_ms.is_none() && self.prefix_miss_ttft_ms.is_none() {
+            return None;
+        }
+        let ms = |v: Option<u64>| Duration::from_millis(v.unwrap_or(0));
+        Some(prefix_cache::PrefixDelays { hit: ms(self.prefix_cache_ttft_ms), miss: ms(self.prefix_miss_ttft_ms) })
     }
 }
 
@@ -237,6 +264,10 @@ pub struct Stats {
     pub peak_streams: AtomicU64,
     /// TCP connections accepted.
     pub connections_accepted: AtomicU64,
+    /// Model requests whose prompt prefix was cached (prefix cache model).
+    pub prefix_hits: AtomicU64,
+    /// Model requests whose prompt prefix was not.
+    pub prefix_misses: AtomicU64,
 }
 
 impl Stats {
@@ -247,7 +278,8 @@ impl Stats {
             "{{\"requests\":{},\"model_requests\":{},\"completions_requests\":{},\"embeddings_requests\":{},\
              \"responses_requests\":{},\"messages_requests\":{},\"count_tokens_requests\":{},\"ollama_requests\":{},\
              \"streams_started\":{},\"streams_completed\":{},\
-             \"early_closed\":{},\"aborted\":{},\"active_streams\":{},\"peak_streams\":{},\"connections_accepted\":{}}}",
+             \"early_closed\":{},\"aborted\":{},\"active_streams\":{},\"peak_streams\":{},\"connections_accepted\":{},\
+             \"prefix_hits\":{},\"prefix_misses\":{}}}",
             g(&self.requests),
             g(&self.model_requests),
             g(&self.completions_requests),
@@ -262,7 +294,9 @@ impl Stats {
             g(&self.aborted),
             g(&self.active_streams),
             g(&self.peak_streams),
-            g(&self.connections_accepted)
+            g(&self.connections_accepted),
+            g(&self.prefix_hits),
+            g(&self.prefix_misses)
         )
     }
 
@@ -285,6 +319,8 @@ pub(crate) struct Ctx {
     pub(crate) list_health: std::cell::Cell<list_health::ListHealth>,
     /// `--script`, read at start.
     pub(crate) scripts: Option<Arc<script::Scripts>>,
+    /// The prefix cache model's prefixes (`--prefix-cache-entries`).
+    pub(crate) prefix_cache: RefCell<prefix_cache::PrefixCache>,
 }
 
 /// A bound mock provider. Create and run it inside a monoio runtime.
@@ -311,13 +347,14 @@ impl MockProv {
         let opts = monoio::net::ListenerOpts::new().reuse_port(false);
         let listener = monoio::net::TcpListener::bind_with_config(config.listen, &opts)?;
         let ctx = Rc::new(Ctx {
-            config,
             stats: Arc::new(Stats::default()),
             limits: Limits::default(),
             log: RefCell::new(record::ExchangeLog::default()),
             closes: RefCell::new(closes::CloseLog::default()),
             list_health: std::cell::Cell::new(list_health::ListHealth::Ok),
             scripts: scripts.map(Arc::new),
+            prefix_cache: RefCell::new(prefix_cache::PrefixCache::new(config.prefix_cache_entries)),
+            config,
         });
         Ok(Self { listener, ctx, tls })
     }

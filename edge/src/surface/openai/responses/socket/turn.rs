@@ -166,7 +166,8 @@ async fn turn(
         return Err(Refused::new(400, "unsupported_endpoint", msg).into());
     };
     let class = lease_class(&group, p.body.len());
-    let admitted = admit(worker, conn, inbox, &group, class).await?;
+    let key = crate::surface::affinity::for_group(worker, &group, head, &p.body, &p.top.affinity);
+    let admitted = admit(worker, conn, inbox, &group, class, key).await?;
     let terminal = match attempt(worker, conn, inbox, &p, &group, admitted, true).await? {
         Attempted::Answered(terminal) => terminal,
         Attempted::Failed(failed) => Box::pin(replay(worker, conn, inbox, &p, class, failed)).await?,
@@ -183,19 +184,22 @@ async fn turn(
     Ok(())
 }
 
-/// Capacity on `group`, queueing if need be, while the client is heard.
+/// Capacity on `group` (with the affinity `key`, if any), queueing if need
+/// be, while the client is heard.
 async fn admit(
     worker: &Rc<Ctx>,
     conn: &mut Conn,
     inbox: &mut Inbox,
     group: &ModelGroup,
     class: LeaseClass,
+    key: Option<crate::pool::AffinityKey>,
 ) -> Result<Admitted, Stop> {
     let asked = std::time::Instant::now();
     let write_timeout = worker.config.borrow().http.idle_timeout;
-    match inbox.during(conn, crate::dispatch::admit_reachable(worker, group, class), write_timeout).await? {
+    match inbox.during(conn, crate::dispatch::admit_reachable(worker, group, class, key), write_timeout).await? {
         Ok(admitted) => {
             conn.exchange.queue_wait = Some(asked.elapsed());
+            conn.exchange.affinity = (key, admitted.affinity);
             Ok(admitted)
         }
         Err(e) => {
@@ -238,7 +242,8 @@ async fn replay(
     else {
         return Err(Refused::of_failure(&failed).into());
     };
-    let admitted = match admit(worker, conn, inbox, &group, class).await {
+    // Least loaded among the others: the preferred target just failed.
+    let admitted = match admit(worker, conn, inbox, &group, class, None).await {
         Ok(a) => a,
         Err(Stop::Refused(_)) => {
             replay::readmission_refused();
