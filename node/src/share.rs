@@ -42,7 +42,38 @@ pub struct Shares {
 
 impl std::fmt::Debug for Shares {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Shares").field("edges", &self.lock().edges.len()).finish()
+        let inner = self.lock();
+        let mut d = f.debug_struct("Shares");
+        d.field("epoch", &inner.epoch);
+        for (i, e) in inner.edges.iter().enumerate() {
+            let mut ids: Vec<&String> = e.shares.keys().chain(e.demand.keys()).collect();
+            ids.sort();
+            ids.dedup();
+            let per: Vec<String> = ids
+                .iter()
+                .map(|id| {
+                    let d = e.demand.get(*id).copied().unwrap_or_default();
+                    format!(
+                        "{id}: share {:?} held {:?} in use {:?} waiting {}",
+                        e.shares.get(*id),
+                        e.held.get(*id),
+                        d.in_use,
+                        d.waiting
+                    )
+                })
+                .collect();
+            d.field(
+                &format!("edge{i}"),
+                &format_args!(
+                    "links {} applied {} announced {} [{}]",
+                    e.links.len(),
+                    e.applied,
+                    e.announced_epoch,
+                    per.join("; ")
+                ),
+            );
+        }
+        d.finish()
     }
 }
 
@@ -111,7 +142,7 @@ impl Shares {
             e.links.push((link, announce));
         }
         self.rebalance(&mut inner);
-        let mine = inner.edges.get(edge).map(|e| current(e)).unwrap_or_default();
+        let mine = inner.edges.get(edge).map(current).unwrap_or_default();
         drop(inner);
         (Membership { shares: self.clone(), edge, link }, mine)
     }
@@ -201,13 +232,15 @@ impl Shares {
                             .fold(0u32, u32::saturating_add);
                         target[i].min(cap.saturating_sub(others)).max(old.min(target[i]))
                     };
-                    if new != old || !inner.edges[i].shares.contains_key(id) {
+                    let fresh = !inner.edges[i].shares.contains_key(id);
+                    if new != old || fresh {
                         let e = &mut inner.edges[i];
                         let s = e.shares.entry(id.clone()).or_default();
                         s[c] = new;
                         let h = e.held.entry(id.clone()).or_default();
                         h[c] = h[c].max(new);
-                        changed[i] |= new != old;
+                        // A first share is announced too (with an epoch of its own).
+                        changed[i] |= new != old || fresh;
                     }
                 }
             }

@@ -40,7 +40,7 @@ fn demand(epoch: u64, in_use: u32, waiting: u32) -> pb::ShareDemand {
 
 #[test]
 fn targets_are_max_min_fair_and_add_up() {
-    assert_eq!(targets(8, &[0, 0], &[true, true]), [4, 4]);
+        assert_eq!(targets(8, &[0, 0], &[true, true]), [4, 4]);
     assert_eq!(targets(8, &[10, 0], &[true, true]), [8, 0]);
     assert_eq!(targets(8, &[6, 0], &[true, true]), [7, 1]);
     assert_eq!(targets(9, &[10, 10, 1], &[true, true, true]), [4, 4, 1]);
@@ -202,15 +202,15 @@ fn shares_in_force_never_exceed_the_capacity() {
         assert!(in_force <= CAP, "shares in force {in_force} > {CAP}: {applied:?} {running:?}");
     }
     // Settle: everything ends, every edge acknowledges twice.
-    for e in 0..EDGES {
-        for _ in 0..running[e] {
+    for (e, n) in running.iter_mut().enumerate() {
+        for _ in 0..*n {
             gate.give(Class::Normal, e);
         }
-        running[e] = 0;
+        *n = 0;
     }
     for _ in 0..3 {
-        for e in 0..EDGES {
-            if let Some((_, rx)) = &edges[e] {
+        for (e, link) in edges.iter().enumerate() {
+            if let Some((_, rx)) = link {
                 if let Some(a) = last(rx) {
                     applied[e] = (normal(&a), a.epoch);
                 }

@@ -151,7 +151,7 @@ fn edges(edge: Option<String>, edges: Option<Vec<String>>) -> Result<Vec<String>
         all.push(e);
     }
     if all.len() > MAX_EDGES {
-        return Err(ConfigError::invalid("edges", &all.len().to_string(), format!("at most {MAX_EDGES} edges")));
+        return Err(ConfigError::invalid("edges", all.len(), format!("at most {MAX_EDGES} edges")));
     }
     Ok(all)
 }

@@ -543,6 +543,19 @@ mod tests {
                     workspace_ref: "repo".into(),
                     reason: pb::WorkspaceRefusalReason::RootMissing as i32,
                 }],
+                shares: Some(pb::CapacityShares {
+                    epoch: 3,
+                    shares: vec![pb::ProviderShare { provider: "mock".into(), normal: 2, long: 1 }],
+                }),
+            }),
+            Body::ShareDemand(pb::ShareDemand {
+                applied_epoch: 3,
+                providers: vec![pb::ProviderDemand {
+                    provider: "mock".into(),
+                    in_use_normal: 2,
+                    in_use_long: 0,
+                    waiting: 5,
+                }],
             }),
             Body::NodeReadyResponse(pb::NodeReadyResponse { ready: true, reason: String::new() }),
             Body::RunRequest(pb::RunRequest {

@@ -37,6 +37,10 @@ pub(super) struct Pumped {
     pub(super) probe_now: iop_core::rt::signal::LocalNotify,
 }
 
+/// A long-context request's capacity profile (a normal one's is left
+/// empty outside managed mode: nothing to send).
+const LONG: &str = "long";
+
 /// Applies commands from any core to this session until it closes.
 pub(super) async fn pump_commands(rx: mailbox::Receiver<SessionCmd>, p: Pumped) {
     let Pumped { runs, commands, workspace, writer, closed, stop, sent_revision, leases, probe_now } = p;
@@ -50,6 +54,9 @@ pub(super) async fn pump_commands(rx: mailbox::Receiver<SessionCmd>, p: Pumped) 
             SessionCmd::Run { mut req, events, lease } => {
                 if let Some(l) = &leases {
                     l.seal_run(&mut req, &lease);
+                } else if lease.class() == crate::pool::LeaseClass::Long {
+                    // The node gates each class apart: it must know this one.
+                    req.profile = LONG.into();
                 }
                 runs.borrow_mut().insert(req.run_id.clone(), events, Some(lease));
                 let env = envelope(0, Body::RunRequest(*req));
@@ -64,6 +71,8 @@ pub(super) async fn pump_commands(rx: mailbox::Receiver<SessionCmd>, p: Pumped) 
             SessionCmd::Tunnel { mut req, events, lease } => {
                 if let Some(l) = &leases {
                     l.seal_tunnel(&mut req, &lease);
+                } else if lease.class() == crate::pool::LeaseClass::Long {
+                    req.profile = LONG.into();
                 }
                 let tunnel_id = req.tunnel_id.clone();
                 runs.borrow_mut().insert_tunnel(tunnel_id, events, Some(lease));

@@ -86,4 +86,26 @@ fn one_node_serves_two_edges_within_its_capacity_and_survives_one_dying() {
         let t = c.join_within(Duration::from_secs(30));
         assert_eq!(t.resp.status, 200, "{}", t.resp_text());
     }
+
+    // Edge A comes back on its address: the node links to it again (its own
+    // schedule) and, as A's clients queue, shares move back by demand.
+    let nodes_addr = a.nodes;
+    let a = Edge::start(&config(&mock.base_url()).replacen(
+        "[node_listener]\nlisten = \"127.0.0.1:0\"",
+        &format!("[node_listener]\nlisten = \"{nodes_addr}\""),
+        1,
+    ));
+    a.wait_nodes_ready(1);
+    let chats: Vec<Chat> = (0..CAPACITY).map(|_| Chat::stream(a.http, "m")).collect();
+    eventually(Duration::from_secs(5), "A holds a share again", || share(&a).is_some_and(|s| s > 0));
+    for c in chats {
+        let t = c.join_within(Duration::from_secs(30));
+        assert_eq!((t.resp.status, t.last().1.as_str()), (200, "[DONE]"), "{}", t.resp_text());
+    }
+    let peak = mock.stats()["peak_streams"].as_u64().expect("peak_streams");
+    assert!(peak <= u64::from(CAPACITY), "the provider ran {peak} streams at once, capacity {CAPACITY}");
+    // Idle again, the two split the capacity between them.
+    eventually(Duration::from_secs(10), "the shares add up to the capacity again", || {
+        matches!((share(&a), share(&b)), (Some(x), Some(y)) if x + y == u64::from(CAPACITY) && x > 0 && y > 0)
+    });
 }
