@@ -40,7 +40,7 @@ fn demand(epoch: u64, in_use: u32, waiting: u32) -> pb::ShareDemand {
 
 #[test]
 fn targets_are_max_min_fair_and_add_up() {
-        assert_eq!(targets(8, &[0, 0], &[true, true]), [4, 4]);
+    assert_eq!(targets(8, &[0, 0], &[true, true]), [4, 4]);
     assert_eq!(targets(8, &[10, 0], &[true, true]), [8, 0]);
     assert_eq!(targets(8, &[6, 0], &[true, true]), [7, 1]);
     assert_eq!(targets(9, &[10, 10, 1], &[true, true, true]), [4, 4, 1]);

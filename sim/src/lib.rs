@@ -85,14 +85,7 @@ impl Params {
 
     /// A form that runs in seconds (CI).
     pub fn reduced() -> Self {
-        Self {
-            nodes: 200,
-            edges: 4,
-            seconds: 40.0,
-            requests_per_minute: 20_000.0,
-            warmup_s: 8.0,
-            ..Self::full()
-        }
+        Self { nodes: 200, edges: 4, seconds: 40.0, requests_per_minute: 20_000.0, warmup_s: 8.0, ..Self::full() }
     }
 }
 
@@ -130,20 +123,51 @@ fn us(s: f64) -> Time {
 
 #[derive(Debug)]
 enum Ev {
-    Arrival { edge: usize },
+    Arrival {
+        edge: usize,
+    },
     /// The run reaches the node.
-    Dispatch { run: u64 },
-    Complete { run: u64 },
-    Timeout { edge: usize, req: u64 },
+    Dispatch {
+        run: u64,
+    },
+    Complete {
+        run: u64,
+    },
+    Timeout {
+        edge: usize,
+        req: u64,
+    },
     /// A node's announcement reaches an edge.
-    Apply { edge: usize, node: usize, conn: u64, shares: pb::CapacityShares },
+    Apply {
+        edge: usize,
+        node: usize,
+        conn: u64,
+        shares: pb::CapacityShares,
+    },
     /// An edge's demand report reaches a node.
-    Report { edge: usize, node: usize, conn: u64, demand: pb::ShareDemand },
-    ReportTick { edge: usize },
-    EdgeDown { edge: usize, back_after: Option<f64> },
-    EdgeUp { edge: usize },
-    NodeDown { node: usize, back_after: f64 },
-    NodeUp { node: usize },
+    Report {
+        edge: usize,
+        node: usize,
+        conn: u64,
+        demand: pb::ShareDemand,
+    },
+    ReportTick {
+        edge: usize,
+    },
+    EdgeDown {
+        edge: usize,
+        back_after: Option<f64>,
+    },
+    EdgeUp {
+        edge: usize,
+    },
+    NodeDown {
+        node: usize,
+        back_after: f64,
+    },
+    NodeUp {
+        node: usize,
+    },
     Sample,
 }
 
@@ -245,7 +269,8 @@ impl Sim {
             pending: Vec::new(),
         };
         for e in 0..p.edges {
-            sim.edges[e].nodes = (0..p.nodes).map(|_| EdgeNode { load: fresh_load(), conn: 0, last_report: None }).collect();
+            sim.edges[e].nodes =
+                (0..p.nodes).map(|_| EdgeNode { load: fresh_load(), conn: 0, last_report: None }).collect();
         }
         for n in 0..p.nodes {
             sim.nodes.push(new_node(&p));
@@ -391,7 +416,13 @@ impl Sim {
             return false;
         }
         let conn = en.conn;
-        assert!(conn != 0, "t={} edge {edge} (up {}) admitted on node {n} (up {}) with no connection", self.now, self.edges[edge].up, self.nodes[n].up);
+        assert!(
+            conn != 0,
+            "t={} edge {edge} (up {}) admitted on node {n} (up {}) with no connection",
+            self.now,
+            self.edges[edge].up,
+            self.nodes[n].up
+        );
         self.edges[edge].leased[n] += 1;
         let run = req;
         self.runs.insert(run, Run { edge, node: n, conn, req, at_node: false });
@@ -498,7 +529,10 @@ impl Sim {
     // ---- shares ----------------------------------------------------------
 
     fn linked(&self, edge: usize, n: usize, conn: u64) -> bool {
-        self.edges[edge].up && self.nodes[n].up && self.nodes[n].links[edge].is_some() && self.edges[edge].nodes[n].conn == conn
+        self.edges[edge].up
+            && self.nodes[n].up
+            && self.nodes[n].links[edge].is_some()
+            && self.edges[edge].nodes[n].conn == conn
     }
 
     /// Edge `edge` and node `n` connect: the node joins it to its table and
@@ -776,10 +810,12 @@ impl Sim {
     fn group_idle(&mut self, group: usize) -> f64 {
         let lo = group * self.p.group;
         let hi = (lo + self.p.group).min(self.p.nodes);
-        (lo..hi).map(|n| {
-            self.account_idle(n);
-            self.nodes[n].idle
-        }).sum()
+        (lo..hi)
+            .map(|n| {
+                self.account_idle(n);
+                self.nodes[n].idle
+            })
+            .sum()
     }
 
     fn check_node(&mut self, n: usize) {
@@ -861,7 +897,6 @@ fn new_node(p: &Params) -> NodeSim {
 fn share_of(s: &pb::CapacityShares) -> (u32, u32) {
     s.shares.iter().find(|x| x.provider == PROVIDER).map_or((0, 0), |x| (x.normal, x.long))
 }
-
 
 /// The same demand through one edge that holds all the capacity (no share
 /// to split; node churn kept): what the shares are measured against.

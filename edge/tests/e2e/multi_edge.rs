@@ -105,7 +105,9 @@ fn one_node_serves_two_edges_within_its_capacity_and_survives_one_dying() {
     let peak = mock.stats()["peak_streams"].as_u64().expect("peak_streams");
     assert!(peak <= u64::from(CAPACITY), "the provider ran {peak} streams at once, capacity {CAPACITY}");
     // Idle again, the two split the capacity between them.
-    eventually(Duration::from_secs(10), "the shares add up to the capacity again", || {
-        matches!((share(&a), share(&b)), (Some(x), Some(y)) if x + y == u64::from(CAPACITY) && x > 0 && y > 0)
-    });
+    eventually(
+        Duration::from_secs(10),
+        "the shares add up to the capacity again",
+        || matches!((share(&a), share(&b)), (Some(x), Some(y)) if x + y == u64::from(CAPACITY) && x > 0 && y > 0),
+    );
 }
