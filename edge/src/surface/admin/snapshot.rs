@@ -385,7 +385,7 @@ mod tests {
         let v = snapshot(&cfg, &statuses, &pool, &CoreMetrics::default());
         let p = &v["nodes"][1]["providers"][0];
         assert_eq!(p["status"], "unavailable");
-        assert_eq!(p["normal"], json!({"configured": 8, "effective": 0, "in_use": 1}));
+        assert_eq!(p["normal"], json!({"configured": 8, "effective": 0, "in_use": 1, "share": null}));
         assert_eq!(p["leases_in_use"], 1);
         assert_eq!(p["live_leases"], 1);
     }
@@ -419,7 +419,7 @@ mod tests {
             (&p["status"], &p["suspect"], &p["health"]),
             (&json!("unavailable"), &json!(true), &json!("online"))
         );
-        assert_eq!(p["normal"], json!({"configured": 4, "effective": 0, "in_use": 1}));
+        assert_eq!(p["normal"], json!({"configured": 4, "effective": 0, "in_use": 1, "share": null}));
     }
 
     /// The node's registration ends before every core has fenced its
