@@ -22,7 +22,7 @@ const ETC: &str = "/etc/iop/";
 
 /// The scenarios `configs/examples/` must hold, each an `edge.toml` and at
 /// least one `node*.toml`.
-const SCENARIOS: [&str; 5] = ["llamacpp", "managed-mtls", "ollama", "two-nodes", "vllm"];
+const SCENARIOS: [&str; 6] = ["llamacpp", "managed-mtls", "ollama", "two-edges", "two-nodes", "vllm"];
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
