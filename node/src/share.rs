@@ -196,51 +196,54 @@ impl Shares {
 
     /// Recomputes every share; announces the changed ones.
     fn rebalance(&self, inner: &mut Inner) {
-        let providers = self.gates.capacities();
         let n = inner.edges.len();
+        let providers = self.gates.capacities(n);
         let mut changed = vec![false; n];
+        let connected: Vec<bool> = inner.edges.iter().map(|e| !e.links.is_empty()).collect();
+        let (mut demand, mut committed, mut old, mut fresh) =
+            (vec![0u32; n], vec![0u32; n], vec![0u32; n], vec![false; n]);
         for (id, caps, by_edge) in &providers {
             for class in Class::ALL {
                 let c = class.index();
                 let cap = caps[c];
-                let connected: Vec<bool> = inner.edges.iter().map(|e| !e.links.is_empty()).collect();
-                let demand: Vec<u32> = inner
-                    .edges
-                    .iter()
-                    .map(|e| e.demand.get(id).map_or(0, |d| d.in_use[c].saturating_add(d.waiting)))
-                    .collect();
-                let target = targets(cap, &demand, &connected);
-                // What each edge may be using now, whatever it is granted.
-                let committed = |e: &EdgeState, i: usize| {
+                for (i, e) in inner.edges.iter().enumerate() {
+                    let d = e.demand.get(id);
+                    let share = e.shares.get(id);
+                    demand[i] = d.map_or(0, |d| d.in_use[c].saturating_add(d.waiting));
+                    old[i] = share.map_or(0, |s| s[c]);
+                    fresh[i] = share.is_none();
+                    // What it may be using now, whatever it is granted.
                     let held = e.held.get(id).map_or(0, |h| h[c]);
-                    let share = e.shares.get(id).map_or(0, |s| s[c]);
-                    let reported = e.demand.get(id).map_or(0, |d| d.in_use[c]);
+                    let reported = d.map_or(0, |d| d.in_use[c]);
                     let here = by_edge.get(i).map_or(0, |b| b[c]);
-                    held.max(share).max(reported).max(here)
-                };
+                    committed[i] = held.max(old[i]).max(reported).max(here);
+                }
+                let target = targets(cap, &demand, &connected);
+                let mut total = committed.iter().fold(0u32, |a, b| a.saturating_add(*b));
                 // Shrink first (at once, it drains), then grow into what is free.
-                let mut order: Vec<usize> = (0..n).collect();
-                order.sort_by_key(|&i| target[i] > inner.edges[i].shares.get(id).map_or(0, |s| s[c]));
-                for i in order {
-                    let old = inner.edges[i].shares.get(id).map_or(0, |s| s[c]);
-                    let new = if target[i] <= old {
-                        target[i]
-                    } else {
-                        let others: u32 = (0..n)
-                            .filter(|&j| j != i)
-                            .map(|j| committed(&inner.edges[j], j))
-                            .fold(0u32, u32::saturating_add);
-                        target[i].min(cap.saturating_sub(others)).max(old.min(target[i]))
-                    };
-                    let fresh = !inner.edges[i].shares.contains_key(id);
-                    if new != old || fresh {
+                for grow in [false, true] {
+                    for i in 0..n {
+                        if (target[i] > old[i]) != grow {
+                            continue;
+                        }
+                        let new = if grow {
+                            let others = total.saturating_sub(committed[i]);
+                            target[i].min(cap.saturating_sub(others)).max(old[i])
+                        } else {
+                            target[i]
+                        };
+                        if new == old[i] && !fresh[i] {
+                            continue;
+                        }
                         let e = &mut inner.edges[i];
-                        let s = e.shares.entry(id.clone()).or_default();
-                        s[c] = new;
+                        e.shares.entry(id.clone()).or_default()[c] = new;
                         let h = e.held.entry(id.clone()).or_default();
                         h[c] = h[c].max(new);
                         // A first share is announced too (with an epoch of its own).
-                        changed[i] |= new != old || fresh;
+                        changed[i] = true;
+                        let before = committed[i];
+                        committed[i] = committed[i].max(new);
+                        total = total.saturating_sub(before).saturating_add(committed[i]);
                     }
                 }
             }

@@ -106,9 +106,10 @@ pub struct Report {
     /// After an edge left: until the others held 95% of the capacity, ms
     /// (worst). The rest moves among the live edges with their demand.
     pub rebalance_after_leave_ms: f64,
-    /// After an edge joined: until it held a share on 90% of the nodes it
-    /// has demand on, ms (worst). Under saturation a share grows only as
-    /// other edges' runs end (no slot in use is taken back).
+    /// After an edge joined: until its shares added up to 90% of its fair
+    /// part of the capacity (or of its demand, when smaller), ms (worst).
+    /// Under saturation a share grows only as other edges' runs end (no
+    /// slot in use is taken back).
     pub rebalance_after_join_ms: f64,
     pub events: u64,
     pub invariant_checks: u64,
@@ -207,6 +208,12 @@ struct EdgeSim {
     queues: Vec<VecDeque<u64>>,
     /// Leases the simulation holds per node (its own count).
     leased: Vec<u32>,
+    /// Nodes whose demand may have changed since the last tick (a lease,
+    /// a queue of their group); the others are looked at every 5 s.
+    dirty: Vec<bool>,
+    dirty_list: Vec<usize>,
+    /// When every node was last looked at.
+    full_scan_at: Time,
 }
 
 /// The simulation.
@@ -245,6 +252,9 @@ impl Sim {
                 nodes: Vec::new(),
                 queues: vec![VecDeque::new(); p.nodes.div_ceil(p.group)],
                 leased: vec![0; p.nodes],
+                dirty: vec![false; p.nodes],
+                dirty_list: Vec::new(),
+                full_scan_at: 0,
             })
             .collect();
         let mut sim = Sim {
@@ -386,6 +396,7 @@ impl Sim {
             return;
         }
         self.edges[edge].queues[group].push_back(req);
+        self.touch_group(edge, group);
         self.waiting.insert(req, (edge, group));
         let idle = self.group_idle(group);
         self.idle_at_enqueue.insert(req, idle);
@@ -424,6 +435,7 @@ impl Sim {
             self.nodes[n].up
         );
         self.edges[edge].leased[n] += 1;
+        self.touch(edge, n);
         let run = req;
         self.runs.insert(run, Run { edge, node: n, conn, req, at_node: false });
         self.after_wire(Ev::Dispatch { run });
@@ -495,6 +507,24 @@ impl Sim {
         if en.conn == conn && conn != 0 {
             en.load.give_back(LeaseClass::Normal);
             self.edges[edge].leased[n] -= 1;
+            self.touch(edge, n);
+        }
+    }
+
+    /// Node `n`'s demand at `edge` may have changed.
+    fn touch(&mut self, edge: usize, n: usize) {
+        let e = &mut self.edges[edge];
+        if !e.dirty[n] {
+            e.dirty[n] = true;
+            e.dirty_list.push(n);
+        }
+    }
+
+    /// The demand of every node of `group` at `edge` may have changed (its queue did).
+    fn touch_group(&mut self, edge: usize, group: usize) {
+        let lo = group * self.p.group;
+        for n in lo..(lo + self.p.group).min(self.p.nodes) {
+            self.touch(edge, n);
         }
     }
 
@@ -505,6 +535,7 @@ impl Sim {
                 return;
             }
             self.edges[edge].queues[group].pop_front();
+            self.touch_group(edge, group);
             self.waiting.remove(&req);
             self.idle_at_enqueue.remove(&req);
         }
@@ -515,6 +546,7 @@ impl Sim {
         let since_idle = self.idle_at_enqueue.remove(&req).unwrap_or(0.0);
         debug_assert_eq!(e, edge);
         self.edges[edge].queues[group].retain(|r| *r != req);
+        self.touch_group(edge, group);
         self.report.timed_out += 1;
         // Starved: over its wait, its group's nodes that this edge reaches
         // had on average half a slot or more idle (what a share on the wire
@@ -619,7 +651,19 @@ impl Sim {
         if !self.edges[edge].up {
             return;
         }
-        for n in 0..self.p.nodes {
+        // What changed since the last tick; every node every 5 s.
+        let full = self.now - self.edges[edge].full_scan_at >= us(5.0);
+        let nodes: Vec<usize> = if full {
+            self.edges[edge].full_scan_at = self.now;
+            (0..self.p.nodes).collect()
+        } else {
+            std::mem::take(&mut self.edges[edge].dirty_list)
+        };
+        if full {
+            self.edges[edge].dirty_list.clear();
+        }
+        for n in nodes {
+            self.edges[edge].dirty[n] = false;
             if !self.nodes[n].up || self.nodes[n].links[edge].is_none() {
                 continue;
             }
@@ -633,7 +677,10 @@ impl Sim {
             }
         }
         // Once a tick, by the first live edge.
-        if !self.pending.is_empty() && self.edges.iter().position(|e| e.up) == Some(edge) {
+        if !self.pending.is_empty()
+            && self.edges.iter().position(|e| e.up) == Some(edge)
+            && (self.now / us(REPORT_EVERY_S)) % 5 == 0
+        {
             self.measure_rebalance();
         }
     }
@@ -752,17 +799,20 @@ impl Sim {
         for (i, &(join, edge, since)) in self.pending.iter().enumerate() {
             let up: Vec<usize> = (0..self.p.nodes).filter(|&n| self.nodes[n].up).collect();
             let ok = if join {
-                // Where it has demand (a share follows demand).
+                // Its shares add up to 90% of its fair part of the live
+                // capacity, or of its demand when that is smaller (a share
+                // follows demand).
                 let e = &self.edges[edge];
-                let wanting: Vec<usize> = up
+                let held: u64 = up.iter().map(|&n| u64::from(e.nodes[n].load.capacity(LeaseClass::Normal))).sum();
+                let demand: u64 = up
                     .iter()
-                    .copied()
-                    .filter(|&n| {
-                        e.queues[n / self.p.group].len() as u32 + e.nodes[n].load.in_use(LeaseClass::Normal) > 0
+                    .map(|&n| {
+                        u64::from(e.nodes[n].load.in_use(LeaseClass::Normal)) + e.queues[n / self.p.group].len() as u64
                     })
-                    .collect();
-                let with = wanting.iter().filter(|&&n| e.nodes[n].load.capacity(LeaseClass::Normal) > 0).count();
-                !wanting.is_empty() && with * 10 >= wanting.len() * 9
+                    .sum();
+                let live = self.edges.iter().filter(|e| e.up).count().max(1) as u64;
+                let fair = (up.len() as u64 * u64::from(self.p.capacity) / live).min(demand);
+                fair > 0 && held * 10 >= fair * 9
             } else {
                 let held: u64 = up
                     .iter()

@@ -23,9 +23,9 @@ fn shares_hold_their_invariants_and_keep_the_capacity_busy() {
     );
     // A gone edge's share moves at once (its runs are cancelled); a joining
     // edge's grows only as other edges' runs end (none is taken back): under
-    // saturation that takes runs' lengths, bounded by the queue timeout.
+    // saturation that takes a few runs' lengths.
     assert!(shares.rebalance_after_leave_ms < 1000.0, "{s}");
-    assert!(shares.rebalance_after_join_ms < p.queue_timeout_s * 1000.0, "{s}");
+    assert!(shares.rebalance_after_join_ms < 5.0 * p.mean_run_s * 1000.0, "{s}");
     assert_eq!(shares.gate_refusals, 0, "{s}");
 }
 

@@ -153,12 +153,13 @@ impl Gates {
         map.retain(|id, g| ids.contains(&id.as_str()) || g.in_flight() > 0);
     }
 
-    /// Each provider's limits per class and its slots per edge and class.
-    pub fn capacities(&self) -> Vec<(String, [u32; 2], Vec<[u32; 2]>)> {
+    /// Each provider's limits per class and its slots per class for each of
+    /// the first `edges` edges.
+    pub fn capacities(&self, edges: usize) -> Vec<(String, [u32; 2], Vec<[u32; 2]>)> {
         let map = self.by_id.lock().unwrap_or_else(PoisonError::into_inner);
         let mut v: Vec<_> = map
             .iter()
-            .map(|(id, g)| (id.clone(), g.limits(), (0..MAX_EDGES).map(|e| g.of_edge(e)).collect()))
+            .map(|(id, g)| (id.clone(), g.limits(), (0..edges.min(MAX_EDGES)).map(|e| g.of_edge(e)).collect()))
             .collect();
         v.sort_by(|a, b| a.0.cmp(&b.0));
         v
@@ -186,7 +187,7 @@ mod tests {
         g.give(N, 1);
         assert_eq!(g.of_edge(1), [0, 1]);
         assert!(g.try_take(N, 0));
-        assert_eq!(gates.capacities()[0].2[0], [2, 0]);
+        assert_eq!(gates.capacities(2)[0].2[0], [2, 0]);
         // An edge past the table is counted in the class only.
         assert!(!g.try_take(N, MAX_EDGES));
         g.give(N, 0);
