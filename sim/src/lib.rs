@@ -679,7 +679,7 @@ impl Sim {
         // Once a tick, by the first live edge.
         if !self.pending.is_empty()
             && self.edges.iter().position(|e| e.up) == Some(edge)
-            && (self.now / us(REPORT_EVERY_S)) % 5 == 0
+            && (self.now / us(REPORT_EVERY_S)).is_multiple_of(5)
         {
             self.measure_rebalance();
         }
