@@ -151,6 +151,21 @@ pub enum EdgeEvent {
         /// Why.
         error: String,
     },
+    /// The shared limits engine (`[cluster]`) was lost (`up` false: each
+    /// key's `on_engine_down` decides) or is back (`up`: it decides).
+    ClusterEngine {
+        /// Whether it is reachable now.
+        up: bool,
+        /// The edges last seen live (what fail-open divides limits by).
+        live_edges: u64,
+    },
+    /// An API key's limits in force changed at run time.
+    KeyLimitsChanged {
+        /// The key's configured name.
+        key: String,
+        /// `admin` (this edge's admin API) or `engine` (read from it).
+        source: &'static str,
+    },
 }
 
 impl EdgeEvent {
@@ -169,6 +184,8 @@ impl EdgeEvent {
             EdgeEvent::ConfigReloaded { .. } => "config_reloaded",
             EdgeEvent::ConfigRejected { .. } => "config_rejected",
             EdgeEvent::SingleRequestRejected { .. } => "edge_single_request_terminal_rejection",
+            EdgeEvent::ClusterEngine { .. } => "cluster_engine",
+            EdgeEvent::KeyLimitsChanged { .. } => "key_limits_changed",
         }
     }
 
@@ -211,6 +228,11 @@ impl EdgeEvent {
                 json!({"terminal": terminal, "class": class, "status": status})
             }
             EdgeEvent::ConfigRejected { error } => json!({"error": error}),
+            EdgeEvent::ClusterEngine { up, live_edges } => {
+                let (state, mode) = if *up { ("up", "engine") } else { ("down", "on_engine_down") };
+                json!({"state": state, "mode": mode, "live_edges": live_edges})
+            }
+            EdgeEvent::KeyLimitsChanged { key, source } => json!({"key": key, "source": source}),
             EdgeEvent::ProviderHealth { node, provider, source, health, outcome, overlay } => {
                 json!({"node": node, "provider": provider, "source": source, "health": health,
                        "outcome": outcome, "overlay": overlay})

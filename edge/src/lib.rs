@@ -15,6 +15,7 @@
 
 pub mod accept;
 pub mod budget;
+pub mod cluster;
 pub mod coordinator;
 pub mod credentials;
 pub mod ctx;

@@ -54,6 +54,11 @@ pub struct Shared {
     pub leases: Option<Arc<iop_core::lease::Issuer>>,
     /// The workspaces each node's generation refused.
     pub workspaces: crate::workspaces::Served,
+    /// API key limits set at run time (the admin API; with `[cluster]`,
+    /// the engine's copy).
+    pub key_limits: Arc<crate::pool::keys::LimitTable>,
+    /// The shared limits engine (`[cluster]`).
+    pub cluster: Option<Arc<crate::cluster::Engine>>,
 }
 
 /// Counts one client request as active while it lives.

@@ -253,6 +253,14 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
     let (inboxes, receivers): (Vec<_>, Vec<_>) = (0..workers).map(|_| mailbox::mailbox(INBOX_CAPACITY)).unzip();
     let instance =
         format!("{:x}", SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros()).unwrap_or(0) & 0xffff_ffff);
+    let key_limits = Arc::new(crate::pool::keys::LimitTable::default());
+    let (cluster, cluster_runner) = match &config.cluster {
+        Some(c) => {
+            let (engine, runner) = crate::cluster::Engine::new(c, &instance, key_limits.clone());
+            (Some(engine), Some(runner))
+        }
+        None => (None, None),
+    };
     let shared = Arc::new(Shared {
         config: Arc::new(config),
         registry: Mutex::new(Registry::new()),
@@ -275,7 +283,20 @@ pub fn start(config: EdgeConfig) -> Result<EdgeHandle, StartError> {
         node_tls,
         leases,
         workspaces: Default::default(),
+        key_limits,
+        cluster,
     });
+    if let Some(runner) = cluster_runner {
+        // Not joined: it ends with the process.
+        let events = Arc::downgrade(&shared);
+        runner
+            .spawn(Box::new(move |ev| {
+                if let Some(s) = events.upgrade() {
+                    s.events.publish(ev);
+                }
+            }))
+            .map_err(StartError::Thread)?;
+    }
     let pool = Arc::new(PoolView::build(&shared.config, None));
 
     let mut threads = Vec::with_capacity(workers + 1);

@@ -68,6 +68,9 @@ pub struct EdgeConfig {
     pub agents: Vec<super::AgentEntry>,
     /// Cache affinity (`[affinity]`).
     pub affinity: super::AffinitySettings,
+    /// The API keys' limits shared across edges (`[cluster]`); None: each
+    /// edge enforces them alone.
+    pub cluster: Option<super::ClusterSettings>,
     /// How long SIGINT/SIGTERM lets requests in flight finish.
     pub shutdown_grace: Duration,
     /// Test-only timers (`[testing]`); defaults outside tests.
@@ -446,6 +449,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
         let agents = super::workspace::agents(raw.agents, &models, &nodes)?;
         let testing = TestingSettings::try_from(raw.testing)?;
         let affinity = super::AffinitySettings::try_from(raw.affinity)?;
+        let cluster = raw.cluster.map(|c| super::ClusterSettings::try_from(Some(c))).transpose()?;
 
         Ok(Self {
             workers,
@@ -463,6 +467,7 @@ impl TryFrom<RawEdge> for EdgeConfig {
             api_keys,
             agents,
             affinity,
+            cluster,
             shutdown_grace,
             testing,
         })

@@ -5,6 +5,7 @@
 
 pub mod affinity;
 pub mod api_keys;
+pub mod cluster;
 pub mod edge;
 pub mod env;
 pub mod error;
@@ -18,7 +19,8 @@ pub mod tls;
 pub mod workspace;
 
 pub use affinity::AffinitySettings;
-pub use api_keys::ApiKeyEntry;
+pub use api_keys::{ApiKeyEntry, EngineDown, KeyLimits};
+pub use cluster::ClusterSettings;
 pub use edge::{
     EdgeConfig, EmbeddedNode, HandshakeSettings, HttpSettings, LinkProbe, ModelGroup, ModelTarget, NodeEntry,
 };

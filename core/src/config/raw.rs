@@ -61,6 +61,7 @@ pub(crate) struct RawEdge {
     #[serde(default)]
     pub agents: Vec<RawAgent>,
     pub affinity: Option<RawAffinity>,
+    pub cluster: Option<RawCluster>,
     pub testing: Option<RawTesting>,
 }
 
@@ -84,6 +85,19 @@ pub(crate) struct RawApiKey {
     pub models: Vec<String>,
     pub requests_per_minute: Option<u64>,
     pub tokens_per_minute: Option<u64>,
+    pub tokens_per_day: Option<u64>,
+    pub tokens_per_month: Option<u64>,
+    pub on_engine_down: Option<String>,
+}
+
+/// `[cluster]`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawCluster {
+    pub redis: Option<String>,
+    pub prefix: Option<String>,
+    pub deadline_ms: Option<u64>,
+    pub queue: Option<u64>,
 }
 
 /// `[http]`.

@@ -6,6 +6,7 @@
 //! scrape time. Every label value comes from a closed set: configured model,
 //! node and provider ids, HTTP statuses, and the fixed vocabularies below.
 
+pub mod cluster;
 pub mod gather;
 pub mod render;
 

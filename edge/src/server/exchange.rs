@@ -178,9 +178,7 @@ impl Exchange {
             queue_wait: self.queue_wait,
         });
         if let (Some(k), Some(u)) = (&self.api_key, f.usage) {
-            if let Some(t) = &k.tokens {
-                t.charge(u.input_tokens.saturating_add(u.output_tokens));
-            }
+            k.charge_tokens(u.input_tokens.saturating_add(u.output_tokens));
         }
         if !access_log {
             return;

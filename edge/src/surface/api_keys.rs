@@ -10,7 +10,15 @@ use std::{rc::Rc, sync::Arc};
 use iop_core::http::RequestHead;
 
 use super::{dialect::Dialect, error};
-use crate::{ctx::Ctx, limits::failures::Credential, pool::keys::KeyState, server::Conn};
+use iop_core::config::EngineDown;
+
+use crate::{
+    cluster::Verdict,
+    ctx::Ctx,
+    limits::failures::Credential,
+    pool::keys::{KeyState, Over},
+    server::Conn,
+};
 
 /// The presented key: `Authorization: Bearer …` first, else `x-api-key`.
 fn presented(head: &RequestHead) -> Option<&[u8]> {
@@ -91,33 +99,73 @@ pub struct Refusal {
     pub status: u16,
     pub message: &'static str,
     pub code: &'static str,
-    /// `Retry-After` in seconds (429).
+    /// `Retry-After` in seconds (429, 503).
     pub retry_after: Option<String>,
 }
 
+/// Error code of the 503 a key that fails closed gets while the shared
+/// limits engine is unreachable.
+pub const LIMITS_UNAVAILABLE: &str = "rate_limits_unavailable";
+
+impl From<Over> for Refusal {
+    fn from(over: Over) -> Self {
+        let secs = |wait: std::time::Duration| Some(wait.as_secs().max(1).to_string());
+        let (message, retry_after) = match over {
+            Over::Requests(w) => ("this API key is over its requests_per_minute", secs(w)),
+            Over::Tokens(w) => ("this API key is over its tokens_per_minute", secs(w)),
+            Over::Day(w) => ("this API key has spent its tokens_per_day (the day ends at 00:00 UTC)", secs(w)),
+            Over::Month(w) => {
+                ("this API key has spent its tokens_per_month (the month ends at 00:00 UTC on its last day)", secs(w))
+            }
+            Over::EngineDown => {
+                let message = "this API key's limits cannot be checked now (the shared limits engine is unreachable)";
+                return Refusal { status: 503, message, code: LIMITS_UNAVAILABLE, retry_after: Some("1".into()) };
+            }
+        };
+        Refusal { status: 429, message, code: "rate_limit_exceeded", retry_after }
+    }
+}
+
 /// Whether `key` may start a request for `model` now (taking one of its
-/// requests when it may).
-pub fn check(key: &KeyState, model: &str) -> Result<(), Refusal> {
+/// requests when it may). With `[cluster]` the engine decides within its
+/// deadline; without a verdict the key's `on_engine_down` does: `open`,
+/// this edge's share of each limit locally; `closed`, a 503.
+pub async fn check(worker: &Ctx, key: &KeyState, model: &str) -> Result<(), Refusal> {
     if !key.allows_model(model) {
         let message = "this API key may not use this model";
         return Err(Refusal { status: 403, message, code: "model_not_allowed", retry_after: None });
     }
-    let over = |wait: std::time::Duration| Some(wait.as_secs().max(1).to_string());
-    if let Some(Err(wait)) = key.tokens.as_ref().map(|t| t.allows()) {
-        let message = "this API key is over its tokens_per_minute";
-        return Err(Refusal { status: 429, message, code: "rate_limit_exceeded", retry_after: over(wait) });
+    key.sync(&worker.shared.key_limits);
+    let Some(engine) = &worker.shared.cluster else { return key.check_local(1).map_err(Refusal::from) };
+    key.attach(engine);
+    let limits = key.limits();
+    if !limits.any() {
+        return Ok(());
     }
-    if let Some(Err(wait)) = key.requests.as_ref().map(|r| r.take(1)) {
-        let message = "this API key is over its requests_per_minute";
-        return Err(Refusal { status: 429, message, code: "rate_limit_exceeded", retry_after: over(wait) });
+    match engine.check(&key.name, limits).await {
+        Ok(Verdict::Allowed) => {
+            key.note_admitted();
+            Ok(())
+        }
+        Ok(Verdict::Over(over)) => Err(over.into()),
+        Err(_) => match key.entry.on_engine_down {
+            EngineDown::Open => key.check_local(engine.live_edges()).map_err(Refusal::from),
+            EngineDown::Closed => Err(Over::EngineDown.into()),
+        },
     }
-    Ok(())
 }
 
 /// Whether `key` may start a request for `model` now: `Err(keep)` when
-/// answered (403 not allowed, 429 over a rate).
-pub async fn admit(conn: &mut Conn, head: &RequestHead, key: &KeyState, model: &str, keep: bool) -> Result<(), bool> {
-    let Err(r) = check(key, model) else { return Ok(()) };
+/// answered (403 not allowed, 429 over a limit, 503 limits unavailable).
+pub async fn admit(
+    worker: &Ctx,
+    conn: &mut Conn,
+    head: &RequestHead,
+    key: &KeyState,
+    model: &str,
+    keep: bool,
+) -> Result<(), bool> {
+    let Err(r) = check(worker, key, model).await else { return Ok(()) };
     let msg = if r.status == 403 {
         format!("this API key may not use model `{}`", error::clip(model))
     } else {

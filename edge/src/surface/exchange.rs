@@ -134,7 +134,7 @@ pub async fn admit(
             // The single-request path answers here (an `Err` is "answered").
             drop(permit);
             if let Some(k) = key {
-                super::api_keys::admit(conn, head, &k, &agent.name, keep).await?;
+                super::api_keys::admit(worker, conn, head, &k, &agent.name, keep).await?;
                 conn.exchange.api_key = Some(k);
             }
             conn.exchange.finish.borrow_mut().model.push_str(&agent.name);
@@ -149,7 +149,7 @@ pub async fn admit(
     };
     conn.exchange.finish.borrow_mut().model.push_str(&group.name);
     if let Some(k) = key {
-        super::api_keys::admit(conn, head, &k, &group.name, keep).await?;
+        super::api_keys::admit(worker, conn, head, &k, &group.name, keep).await?;
         conn.exchange.api_key = Some(k);
     }
     let Some(group) = serving(worker, &group, route) else {

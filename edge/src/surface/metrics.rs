@@ -29,10 +29,12 @@ pub async fn scrape(worker: &Rc<Ctx>, conn: &mut Conn, head: &RequestHead, keep:
             let reconnects: Vec<u64> = nodes.iter().map(|n| registry.reconnects(&n.id)).collect();
             (nodes, reconnects)
         };
-        metrics::render::render(
+        let mut text = metrics::render::render(
             &merged,
             &Gauges { config: &config, view: &view, nodes: &nodes, reconnects: &reconnects },
-        )
+        );
+        metrics::cluster::render(&mut text, worker.shared.cluster.as_deref(), &view.keys);
+        text
     };
     let ct = "text/plain; version=0.0.4; charset=utf-8";
     conn.respond(200, ct, &[], body.as_bytes(), keep).await.is_ok() && keep

@@ -15,6 +15,7 @@ mod agent_ollama;
 mod agent_sdk;
 mod api_keys;
 mod chat;
+mod cluster_limits;
 mod commands;
 mod errors;
 mod faults;

@@ -9,10 +9,13 @@
 //! - `/admin/v1/nodes/{node}/…`: node commands ([`commands`]), among them
 //!   `GET …/runs?limit=&status=` and `GET …/runs/{run_id}`, the node's
 //!   recent runs from its run store.
+//! - `/admin/v1/keys` and `/admin/v1/keys/{name}/limits`: API key limits
+//!   at run time ([`limits`]).
 
 pub mod auth;
 pub mod commands;
 pub mod events;
+pub mod limits;
 pub mod page;
 pub mod snapshot;
 
@@ -107,6 +110,11 @@ pub async fn handle(worker: &Rc<Ctx>, conn: &mut Conn, head: &RequestHead, body:
             let Some(route) = commands::CommandRoute::parse(p) else { return false };
             let (bytes, _permit) = body.into_parts();
             commands::handle(worker, conn, head, route, bytes).await
+        }
+        (_, p) if limits::LimitsRoute::parse(p).is_some() => {
+            let Some(route) = limits::LimitsRoute::parse(p) else { return false };
+            let (bytes, _permit) = body.into_parts();
+            limits::handle(worker, conn, head, route, &bytes).await
         }
         (_, NODES_PATH | EVENTS_PATH) => {
             crate::surface::method_not_allowed(conn, head, crate::surface::ALLOW_GET, keep).await.is_ok() && keep

@@ -119,8 +119,8 @@ pub async fn serve(worker: &Rc<Ctx>, conn: &mut Conn, head: &RequestHead, body: 
         let outcome = run::run(ctx, agent, frozen, task, p.clone()).await;
         if p.client_gone.is_cancelled() {
             // The client's record is gone: its key is charged here.
-            if let Some(t) = key.as_ref().and_then(|k| k.tokens.as_ref()) {
-                t.charge(outcome.usage.input_tokens.saturating_add(outcome.usage.output_tokens));
+            if let Some(k) = &key {
+                k.charge_tokens(outcome.usage.input_tokens.saturating_add(outcome.usage.output_tokens));
             }
         }
         tx.send(outcome);

@@ -157,7 +157,7 @@ async fn turn(
     };
     conn.exchange.finish.borrow_mut().model.push_str(&group.name);
     if let Some(k) = key {
-        api_keys::check(k, &group.name).map_err(|r| Refused::new(r.status, r.code, r.message))?;
+        api_keys::check(worker, k, &group.name).await.map_err(|r| Refused::new(r.status, r.code, r.message))?;
         // Charged the response's tokens, named in its access-log line.
         conn.exchange.api_key = Some(k.clone());
     }
