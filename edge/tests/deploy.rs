@@ -115,7 +115,7 @@ fn required_vars(text: &str) -> BTreeSet<String> {
 }
 
 /// A value for each required variable, distinct per name (node tokens must
-/// differ), 64 hex digits for a `*_SHA256`.
+/// differ), 64 hex digits for a `*_SHA256`, a Redis URL for a `*_REDIS_URL`.
 fn env_for(text: &str) -> Vec<(String, String)> {
     required_vars(text)
         .into_iter()
@@ -123,6 +123,8 @@ fn env_for(text: &str) -> Vec<(String, String)> {
             let value = if name.ends_with("_SHA256") {
                 let n = name.bytes().fold(0u64, |h, b| h.wrapping_mul(31).wrapping_add(u64::from(b)));
                 format!("{n:016x}").repeat(4)
+            } else if name.ends_with("_REDIS_URL") {
+                "redis://redis.test.invalid:6379/0".to_owned()
             } else {
                 format!("test-{}", name.to_lowercase())
             };
