@@ -33,8 +33,10 @@ fn short(edge: &Edge, ev: &mut Events) -> (u16, Duration, String) {
 fn a_frozen_node_gets_no_new_work_and_takes_it_again_once_it_answers() {
     // Without suspicion n1 is preferred: least loaded by share of capacity
     // (1 of 8 in use against 1 of 2), and first on ties.
+    // (Affinity off: the prompts' prefix would otherwise pick the target.)
     let nodes = [mock_node("n1", 8, 0, 200, 25), mock_node("n2", 2, 0, 200, 25)];
-    let edge = Edge::start(&pool_config_with("", PROBE, &nodes, &[mock_model("m", &["n1", "n2"], "")], ""));
+    let models = [mock_model("m", &["n1", "n2"], "")];
+    let edge = Edge::start(&pool_config_with("", PROBE, &nodes, &models, "[affinity]\nenabled = false\n"));
     let mut ev = edge.events();
     let n1 = edge.start_node("n1", "");
     let _n2 = edge.start_node("n2", "");
