@@ -10,6 +10,7 @@
 //! - [`flow`]: per-stream credit windows on the edge↔node link.
 //! - [`lease`]: sealed credential leases (managed mode).
 //! - [`limits`]: counted slots, a log throttle, the open-file limit.
+//! - [`calendar`]: days since the epoch as UTC dates.
 //! - [`net`]: the stream seam (plain TCP or TLS) and TLS configuration.
 //! - [`liveness`]: the response-stall timeout and a stall terminal's evidence.
 //! - [`tunnel`]: the provider tunnel's items and header rules.
@@ -22,6 +23,7 @@
 //! - [`ws`]: a sans-IO WebSocket (RFC 6455) server codec: the upgrade
 //!   handshake, a frame reader with limits, frame writers.
 
+pub mod calendar;
 pub mod config;
 pub mod exec;
 pub mod flow;

@@ -213,26 +213,31 @@ def node_config(edge_nodes, workers, with_workers, store_path=None):
 
 
 def start_iop(run, ctx, name, scen, workers):
-    edge_cfg = os.path.join(run.dir, "edge.toml")
-    text = edge_config(name, run.mock_addr, scen, workers)
-    with open(edge_cfg, "w") as f:
-        f.write(text)
-    run.configs["edge.toml"] = text
-    edge = run.add(Proc("edge", [ctx.bin("iop-edge"), "--config", edge_cfg], ctx.log_dir, env=QUIET,
-                        ready=r"ready http=(\S+) nodes=(\S+) driver=(\S+)"))
-    http_addr, nodes_addr, run.driver = edge.match.group(1), edge.match.group(2), edge.match.group(3)
-    node_cfg = os.path.join(run.dir, "node.toml")
     store = None if name.endswith(NOSTORE) else os.path.join(run.dir, "iop.db")
     if store is not None:
         for suffix in ("", "-wal", "-shm"):
             if os.path.exists(store + suffix):
                 os.remove(store + suffix)
+    start_edge_and_node(run, ctx, name, edge_config(name, run.mock_addr, scen, workers), workers, store)
+    if not ctx.node_workers:
+        run.notes.append("iop-node has no `workers` key: it ran with its default")
+
+
+def start_edge_and_node(run, ctx, name, edge_text, workers, store):
+    """An edge on `edge_text` and a node linked to it (its run store at
+    `store`, none: off); returns when a request gets through."""
+    edge_cfg = os.path.join(run.dir, "edge.toml")
+    with open(edge_cfg, "w") as f:
+        f.write(edge_text)
+    run.configs["edge.toml"] = edge_text
+    edge = run.add(Proc("edge", [ctx.bin("iop-edge"), "--config", edge_cfg], ctx.log_dir, env=QUIET,
+                        ready=r"ready http=(\S+) nodes=(\S+) driver=(\S+)"))
+    http_addr, nodes_addr, run.driver = edge.match.group(1), edge.match.group(2), edge.match.group(3)
+    node_cfg = os.path.join(run.dir, "node.toml")
     text = node_config(nodes_addr, workers, ctx.node_workers, store)
     with open(node_cfg, "w") as f:
         f.write(text)
     run.configs["node.toml"] = text
-    if not ctx.node_workers:
-        run.notes.append("iop-node has no `workers` key: it ran with its default")
     node = run.add(Proc("node", [ctx.bin("iop-node"), "--config", node_cfg], ctx.log_dir, env=QUIET))
     run.url = "http://" + http_addr
     probe = {"model": "mock", "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1}
@@ -263,24 +268,7 @@ def start_affinity(run, ctx, name, scen, workers):
         text += '[[models.targets]]\nnode = "bench-node"\nprovider = "p%d"\nmodel = "mock"\n' % i
     if name.endswith("-off"):
         text += "[affinity]\nenabled = false\n"
-    edge_cfg = os.path.join(run.dir, "edge.toml")
-    with open(edge_cfg, "w") as f:
-        f.write(text)
-    run.configs["edge.toml"] = text
-    edge = run.add(Proc("edge", [ctx.bin("iop-edge"), "--config", edge_cfg], ctx.log_dir, env=QUIET,
-                        ready=r"ready http=(\S+) nodes=(\S+) driver=(\S+)"))
-    http_addr, nodes_addr, run.driver = edge.match.group(1), edge.match.group(2), edge.match.group(3)
-    node_cfg = os.path.join(run.dir, "node.toml")
-    text = node_config(nodes_addr, workers, ctx.node_workers, None)
-    with open(node_cfg, "w") as f:
-        f.write(text)
-    run.configs["node.toml"] = text
-    node = run.add(Proc("node", [ctx.bin("iop-node"), "--config", node_cfg], ctx.log_dir, env=QUIET))
-    run.url = "http://" + http_addr
-    probe = {"model": "mock", "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1}
-    wait_http("POST", run.url + "/v1/chat/completions", probe, what=name)
-    run.groups = {"edge": [edge.pid], "node": [node.pid]}
-    run.admin = run.url + "/admin/v1/nodes"
+    start_edge_and_node(run, ctx, name, text, workers, None)
 
 
 def node_workers_supported(ctx):

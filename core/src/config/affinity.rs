@@ -20,11 +20,6 @@ pub const MAX_PREFIX_BYTES: usize = 1 << 20;
 /// least busy target.
 pub const DEFAULT_MAX_IMBALANCE: f64 = 0.25;
 
-/// Headers that carry credentials: never an affinity key (a short hash of
-/// the key is logged).
-const CREDENTIAL_HEADERS: [&str; 6] =
-    ["authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-goog-api-key"];
-
 /// Validated `[affinity]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AffinitySettings {
@@ -82,25 +77,9 @@ impl TryFrom<Option<RawAffinity>> for AffinitySettings {
     }
 }
 
-/// `affinity.header`: a header name (an RFC 9110 token of at most 64
-/// characters), lower-cased; empty turns it off.
+/// `affinity.header`.
 fn header(value: Option<String>) -> Result<Option<String>, ConfigError> {
-    const KEY: &str = "affinity.header";
-    let Some(name) = value else { return Ok(Some(DEFAULT_AFFINITY_HEADER.to_owned())) };
-    if name.is_empty() {
-        return Ok(None);
-    }
-    let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b);
-    if name.len() > 64 || !name.bytes().all(tchar) {
-        let why = "must be a header name of at most 64 characters (letters, digits, `-`, `_` and the other \
-                   token characters), or empty for none";
-        return Err(ConfigError::invalid(KEY, name.escape_debug(), why));
-    }
-    let name = name.to_ascii_lowercase();
-    if CREDENTIAL_HEADERS.contains(&name.as_str()) {
-        return Err(ConfigError::invalid(KEY, &name, "carries a credential, and a hash of the key is logged"));
-    }
-    Ok(Some(name))
+    super::edge::header_name("affinity.header", value, DEFAULT_AFFINITY_HEADER, "a hash of the key is logged")
 }
 
 #[cfg(test)]

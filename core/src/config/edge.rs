@@ -310,15 +310,26 @@ pub(crate) fn split_host_port(authority: &str) -> Result<(&str, Option<&str>), S
 /// every request (one id per session); other agents' are configured.
 pub const DEFAULT_SESSION_HEADER: &str = "x-claude-code-session-id";
 
-/// Headers that carry credentials: never a session id (it is logged).
+/// Headers that carry credentials: never a session id or an affinity key
+/// (the one is logged, a hash of the other is).
 const CREDENTIAL_HEADERS: [&str; 6] =
     ["authorization", "proxy-authorization", "cookie", "x-api-key", "api-key", "x-goog-api-key"];
 
-/// `http.session_header`: a header name (an RFC 9110 token of at most 64
-/// characters), lower-cased; empty turns it off.
+/// `http.session_header`.
 fn session_header(value: Option<String>) -> Result<Option<String>, ConfigError> {
-    const KEY: &str = "http.session_header";
-    let Some(name) = value else { return Ok(Some(DEFAULT_SESSION_HEADER.to_owned())) };
+    header_name("http.session_header", value, DEFAULT_SESSION_HEADER, "the session id is logged")
+}
+
+/// Config key `key` naming a request header: an RFC 9110 token of at most
+/// 64 characters, lower-cased; absent: `default`; empty: none. A header
+/// that carries a credential is refused (`logged` says why it matters).
+pub(crate) fn header_name(
+    key: &str,
+    value: Option<String>,
+    default: &str,
+    logged: &str,
+) -> Result<Option<String>, ConfigError> {
+    let Some(name) = value else { return Ok(Some(default.to_owned())) };
     if name.is_empty() {
         return Ok(None);
     }
@@ -326,11 +337,11 @@ fn session_header(value: Option<String>) -> Result<Option<String>, ConfigError> 
     if name.len() > 64 || !name.bytes().all(tchar) {
         let why = "must be a header name of at most 64 characters (letters, digits, `-`, `_` and the other \
                    token characters), or empty for none";
-        return Err(ConfigError::invalid(KEY, name.escape_debug(), why));
+        return Err(ConfigError::invalid(key, name.escape_debug(), why));
     }
     let name = name.to_ascii_lowercase();
     if CREDENTIAL_HEADERS.contains(&name.as_str()) {
-        return Err(ConfigError::invalid(KEY, &name, "carries a credential, and the session id is logged"));
+        return Err(ConfigError::invalid(key, &name, format!("carries a credential, and {logged}")));
     }
     Ok(Some(name))
 }

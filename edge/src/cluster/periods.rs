@@ -28,25 +28,10 @@ pub fn day(unix: u64) -> Period {
 /// The UTC calendar month of `unix` seconds.
 pub fn month(unix: u64) -> Period {
     let days = unix / DAY;
-    let (y, m, _) = civil_from_days(days);
+    let (y, m, _) = iop_core::calendar::civil_from_days(days);
     let (ny, nm) = if m == 12 { (y + 1, 1) } else { (y, m + 1) };
     let next = days_from_civil(ny, nm, 1).saturating_mul(DAY);
     Period { index: (y.saturating_sub(1970)) * 12 + (m - 1), left: next.saturating_sub(unix).max(1) }
-}
-
-/// (year, month 1-12, day 1-31) of a count of days since 1970-01-01
-/// (H. Hinnant's `civil_from_days`, for days on or after the epoch).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 /// Days since 1970-01-01 of a date on or after it (`days_from_civil`).
@@ -79,7 +64,7 @@ mod tests {
         assert_eq!(month(t).left, 16 * DAY + DAY / 2);
         assert_eq!(month(0), Period { index: 0, left: 31 * DAY });
         for days in [0, 59, 365, 10_957, 19_782, 40_000] {
-            let (y, m, d) = civil_from_days(days);
+            let (y, m, d) = iop_core::calendar::civil_from_days(days);
             assert_eq!(days_from_civil(y, m, d), days);
         }
     }

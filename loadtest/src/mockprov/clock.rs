@@ -41,7 +41,7 @@ impl Timestamp {
     pub fn rfc3339(self) -> String {
         let days = self.secs / 86_400;
         let rem = self.secs % 86_400;
-        let (y, m, d) = civil_from_days(days);
+        let (y, m, d) = iop_core::calendar::civil_from_days(days);
         let mut out = format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}", rem / 3600, rem / 60 % 60, rem % 60);
         if self.nanos > 0 {
             let frac = format!("{:09}", self.nanos);
@@ -51,21 +51,6 @@ impl Timestamp {
         out.push('Z');
         out
     }
-}
-
-/// Proleptic Gregorian (year, month, day) of `days` since 1970-01-01
-/// (Howard Hinnant's `civil_from_days`, for non-negative days).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    let z = days + 719_468;
-    let era = z / 146_097;
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + u64::from(m <= 2);
-    (y, m, d)
 }
 
 #[cfg(test)]
