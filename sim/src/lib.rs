@@ -103,8 +103,8 @@ pub struct Report {
     pub gate_refusals: u64,
     /// Mean fraction of live capacity in use after the warm-up.
     pub utilisation: f64,
-    /// After an edge left: until the others held 95% of the capacity, ms
-    /// (worst). The rest moves among the live edges with their demand.
+    /// After an edge left: until the others held 95% of what all held
+    /// before (its share moved to them), ms (worst).
     pub rebalance_after_leave_ms: f64,
     /// After an edge joined: until its shares added up to 90% of its fair
     /// part of the capacity (or of its demand, when smaller), ms (worst).
@@ -238,8 +238,9 @@ pub struct Sim {
     busy_integral: f64,
     cap_integral: f64,
     last_sample: Time,
-    /// Pending rebalance measurements: (kind, edge, since).
-    pending: Vec<(bool, usize, Time)>,
+    /// Pending rebalance measurements: (a join, edge, since, what every
+    /// edge held before a leave).
+    pending: Vec<(bool, usize, Time, u64)>,
 }
 
 impl Sim {
@@ -717,7 +718,14 @@ impl Sim {
                 self.announce(n);
             }
         }
-        self.pending.push((false, edge, self.now));
+        // What every edge held before: the survivors are to hold that again.
+        let up: Vec<usize> = (0..self.p.nodes).filter(|&n| self.nodes[n].up).collect();
+        let before: u64 = self
+            .edges
+            .iter()
+            .map(|e| up.iter().map(|&n| u64::from(e.nodes[n].load.capacity(LeaseClass::Normal))).sum::<u64>())
+            .sum();
+        self.pending.push((false, edge, self.now, before));
         if let Some(after) = back_after {
             self.at(self.now + us(after), Ev::EdgeUp { edge });
         }
@@ -729,13 +737,13 @@ impl Sim {
         }
         self.edges[edge].up = true;
         // Back before its share had moved: that leave is not measured.
-        self.pending.retain(|&(join, e, _)| join || e != edge);
+        self.pending.retain(|&(join, e, _, _)| join || e != edge);
         for n in 0..self.p.nodes {
             if self.nodes[n].up {
                 self.link(edge, n);
             }
         }
-        self.pending.push((true, edge, self.now));
+        self.pending.push((true, edge, self.now, 0));
     }
 
     fn node_down(&mut self, n: usize, back_after: f64) {
@@ -796,7 +804,7 @@ impl Sim {
     fn measure_rebalance(&mut self) {
         let now = self.now;
         let mut done = Vec::new();
-        for (i, &(join, edge, since)) in self.pending.iter().enumerate() {
+        for (i, &(join, edge, since, before)) in self.pending.iter().enumerate() {
             let up: Vec<usize> = (0..self.p.nodes).filter(|&n| self.nodes[n].up).collect();
             let ok = if join {
                 // Its shares add up to 90% of its fair part of the live
@@ -824,7 +832,7 @@ impl Sim {
                             .sum::<u64>()
                     })
                     .sum();
-                held * 100 >= up.len() as u64 * u64::from(self.p.capacity) * 95
+                held * 100 >= before * 95
             };
             if ok {
                 let ms = (now - since) as f64 / 1000.0;
