@@ -12,7 +12,7 @@ import tempfile
 from scenarios import DIALECT_IDS, KNOWN, TITLES, base, describe
 
 IOP = ["iop-tunnel", "iop-normalized"]
-ORDER = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized", "iop-mock",
+ORDER = ["direct", "nginx1", "nginx2", "haproxy1", "haproxy2", "iop-tunnel", "iop-normalized", "iop-mock",
          "iop-tunnel-nostore", "iop-normalized-nostore", "iop-affinity", "iop-affinity-off"]
 
 
@@ -226,6 +226,25 @@ def targets(agg, workers):
             why.append("CPU per event %s → %s µs" % (fmt(ev1, 3), fmt(ev2, 3)))
         value = (fmt(r) + "×" if r is not None else "n/a") + (" (%s)" % "; ".join(why) if why else "")
         out.append(("S7", "2 workers ≥ 1.6× 1 worker", s, value, verdict(None if r is None else r >= 1.6)))
+    # Issue 29: against HAProxy, when it ran. The floor: two iop hops at
+    # least as fast and as lean as two HAProxy hops; the goal: as fast as one.
+    if any(agg.value(sid, "haproxy2", w, "completed") is not None for sid in ("S1", "S2", "S3")):
+        for s in IOP:
+            at_least("S1", "req_s", s, "haproxy2", "req/s ≥ 1.0× haproxy2")
+            r = ratio(agg.value("S1", s, w, "cpu_us_req"), agg.value("S1", "haproxy2", w, "cpu_us_req"))
+            out.append(("S1", "CPU/request ≤ haproxy2", s, fmt(r) + "×" if r is not None else "n/a",
+                        verdict(None if r is None else r <= 1.0)))
+            at_least("S2", "events_s", s, "haproxy2", "events/s ≥ 1.0× haproxy2")
+        for name, label in (("ttft_p99", "added TTFT p99 ≤ haproxy2's"), ("gap_p99", "added gap p99 ≤ haproxy2's")):
+            theirs, _ = agg.added("S3", "haproxy2", w, name)
+            for s in IOP:
+                ours, _ = agg.added("S3", s, w, name)
+                ok = None if ours is None or theirs is None else ours <= theirs
+                out.append(("S3", label, s, "%s vs %s ms" % (fmt(ours), fmt(theirs)), verdict(ok)))
+    if any(agg.value(sid, "haproxy1", w, "completed") is not None for sid in ("S1", "S2")):
+        for s in IOP:
+            at_least("S1", "req_s", s, "haproxy1", "goal: req/s ≥ 1.0× haproxy1")
+            at_least("S2", "events_s", s, "haproxy1", "goal: events/s ≥ 1.0× haproxy1")
     # Issue 27: the node's run store (on in every iop system) costs at most
     # 3% against the same system with `store = false`; only when that ran.
     for s in IOP:
@@ -404,7 +423,7 @@ SECTIONS = {"S1": _section_s1, "S2": _section_s2, "S3": _section_s3, "S4": _sect
 def render(results, md=False):
     agg = Agg(results)
     w = results["meta"]["workers"]
-    out = ["iop vs nginx (issue 8 benchmark)", "", header(results, md), ""]
+    out = ["iop vs nginx and HAProxy (issues 8, 29 benchmark)", "", header(results, md), ""]
 
     def section(sid, headers, rows, note=None):
         if not rows:
@@ -465,7 +484,7 @@ def report_set(results):
         if base(sid) == "S6":
             note += "; charts: the paced streams beside the big prompts"
         sections.append({"title": "%s  %s" % (sid, TITLES[sid]), "note": note, "runs": runs})
-    return {"title": "iop vs nginx (issue 8 benchmark)", "intro": header(results, False).split("\n"), "sections": sections}
+    return {"title": "iop vs nginx and HAProxy (issues 8, 29 benchmark)", "intro": header(results, False).split("\n"), "sections": sections}
 
 
 def write_html(results, out, loadtest):

@@ -73,25 +73,41 @@ def default_bin_dir():
     return os.path.join(target, "release")
 
 
+def find_program(name):
+    return shutil.which(name) or next((p for p in ("/usr/sbin/" + name, "/sbin/" + name) if os.path.exists(p)), None)
+
+
 def find_nginx():
-    return shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx", "/sbin/nginx") if os.path.exists(p)), None)
+    return find_program("nginx")
+
+
+def find_haproxy():
+    return find_program("haproxy")
+
+
+def ensure_program(name, systems):
+    """`name` from Debian's package of the same name, installed when missing."""
+    found = find_program(name)
+    if found:
+        return found
+    print("%s is missing: apt-get install -y %s" % (name, name), flush=True)
+    sudo = [] if os.geteuid() == 0 else ["sudo"]
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    if subprocess.run(sudo + ["apt-get", "install", "-y", name], env=env).returncode != 0:
+        subprocess.run(sudo + ["apt-get", "update"], env=env)
+        subprocess.run(sudo + ["apt-get", "install", "-y", name], env=env)
+    found = find_program(name)
+    if not found:
+        raise SystemExit("could not install %s; install it (apt-get install %s) or leave out %s" % (name, name, systems))
+    return found
 
 
 def ensure_nginx():
-    """nginx from Debian's package, installed when missing."""
-    found = find_nginx()
-    if found:
-        return found
-    print("nginx is missing: apt-get install -y nginx", flush=True)
-    sudo = [] if os.geteuid() == 0 else ["sudo"]
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    if subprocess.run(sudo + ["apt-get", "install", "-y", "nginx"], env=env).returncode != 0:
-        subprocess.run(sudo + ["apt-get", "update"], env=env)
-        subprocess.run(sudo + ["apt-get", "install", "-y", "nginx"], env=env)
-    found = find_nginx()
-    if not found:
-        raise SystemExit("could not install nginx; install it (apt-get install nginx) or leave out nginx1,nginx2")
-    return found
+    return ensure_program("nginx", "nginx1,nginx2")
+
+
+def ensure_haproxy():
+    return ensure_program("haproxy", "haproxy1,haproxy2")
 
 
 def raise_fd_limit():
@@ -103,7 +119,7 @@ def raise_fd_limit():
     return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
 
 
-def versions(bin_dir, nginx):
+def versions(bin_dir, nginx, haproxy=None):
     git = procs.output(["git", "rev-parse", "--short", "HEAD"], cwd=REPO) or "unknown"
     dirty = bool(procs.output(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO))
     return {
@@ -111,6 +127,8 @@ def versions(bin_dir, nginx):
         "dirty": dirty,
         "rustc": procs.output(["rustc", "-V"]) or "rustc unknown",
         "nginx": (procs.output([nginx, "-v"]) or "nginx unknown").replace("nginx version: ", "") if nginx else "no nginx",
+        "haproxy": ((procs.output([haproxy, "-v"]) or "haproxy unknown").splitlines() or ["haproxy unknown"])[0]
+        if haproxy else "no haproxy",
         "iop_edge": procs.output([os.path.join(bin_dir, "iop-edge"), "-V"]) or "unknown",
         "iop_node": procs.output([os.path.join(bin_dir, "iop-node"), "-V"]) or "unknown",
     }
@@ -198,8 +216,9 @@ def cmd_run(a):
     if missing:
         raise SystemExit("missing in %s: %s (build them: %s)" % (bin_dir, ", ".join(missing), " ".join(BUILD)))
     nginx = ensure_nginx() if any(s.startswith("nginx") for s in names) else find_nginx()
+    haproxy = ensure_haproxy() if any(s.startswith("haproxy") for s in names) else find_haproxy()
     fd_limit = raise_fd_limit()
-    ctx = systems.Ctx(bin_dir, nginx, node_workers=False, fd_limit=fd_limit)
+    ctx = systems.Ctx(bin_dir, nginx, node_workers=False, fd_limit=fd_limit, haproxy=haproxy)
     ctx.node_workers = systems.node_workers_supported(ctx) if "iop-edge" in needed else None
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     out = os.path.abspath(a.out or os.path.join(HERE, "results", stamp + ("-quick" if quick else "") + ".json"))
@@ -214,7 +233,7 @@ def cmd_run(a):
             "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "quick": quick, "rounds": rounds, "duration_sec": duration, "warmup_sec": warmup, "workers": workers,
             "systems": names, "scenarios": sids, "params": params,
-            "machine": procs.machine(), "versions": versions(bin_dir, nginx), "bin_dir": bin_dir,
+            "machine": procs.machine(), "versions": versions(bin_dir, nginx, haproxy), "bin_dir": bin_dir,
             "binaries_built": built, "nginx": nginx, "node_workers": ctx.node_workers, "fd_limit": fd_limit,
             "logs": log_root,
         },

@@ -3,6 +3,9 @@
 - direct:          the load generator against iop-mockprov
 - nginx1:          nginx -> mock
 - nginx2:          nginx -> nginx -> mock (two instances: the hop-count twin of edge + node)
+- haproxy1:        HAProxy -> mock (HTTP mode, keep-alive both sides, http-reuse always,
+                   option http-no-delay, one thread per core, no logging)
+- haproxy2:        HAProxy -> HAProxy -> mock
 - iop-tunnel:      iop-edge + iop-node (two processes), provider openai_compat -> the mock's /v1
                    (the Messages and Responses APIs too: native, tunnelled)
 - iop-normalized:  iop-edge + iop-node, provider ollama -> the mock's /api/chat
@@ -20,12 +23,13 @@ import time
 from procs import Proc, children, free_port, wait_http
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-SYSTEMS = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized", "iop-mock",
+SYSTEMS = ["direct", "nginx1", "nginx2", "haproxy1", "haproxy2", "iop-tunnel", "iop-normalized", "iop-mock",
            "iop-tunnel-nostore", "iop-normalized-nostore", "iop-affinity", "iop-affinity-off"]
+PROXIES = {"nginx1", "nginx2", "haproxy1", "haproxy2"}
 # Scenario A1's: edge + node with three tunnel targets, each its own mock
 # modelling a prefix cache; cache affinity on (the default) and off.
 AFFINITY_SYSTEMS = ["iop-affinity", "iop-affinity-off"]
-DEFAULT_SYSTEMS = SYSTEMS[:5]
+DEFAULT_SYSTEMS = ["direct", "nginx1", "nginx2", "haproxy1", "haproxy2", "iop-tunnel", "iop-normalized"]
 # The node's run store is on in every iop system (its file in the run's
 # directory); `-nostore` runs the same system with `store = false`, for the
 # store's cost (issue 27: within 3%).
@@ -37,11 +41,12 @@ QUIET = {"IOP_LOG": "warn"}
 
 
 class Ctx:
-    """What every start needs: binaries, nginx, and where logs go."""
+    """What every start needs: binaries, nginx, HAProxy, and where logs go."""
 
-    def __init__(self, bin_dir, nginx, node_workers, fd_limit=65536):
+    def __init__(self, bin_dir, nginx, node_workers, fd_limit=65536, haproxy=None):
         self.bin_dir = bin_dir
         self.nginx = nginx
+        self.haproxy = haproxy
         self.node_workers = node_workers
         # nginx workers raise their own limit to this (an unprivileged nginx
         # cannot go past the hard limit it inherits).
@@ -124,6 +129,12 @@ def start(name, ctx, scen, workers):
             wait_http("GET", run.url + "/healthz", what=name)
             for group, pids in run.groups.items():
                 run.groups[group] = pids + children(pids[0])
+        elif name in ("haproxy1", "haproxy2"):
+            if not ctx.haproxy:
+                raise RuntimeError("haproxy is not installed")
+            back = start_haproxy(run, ctx, "haproxy-back" if name == "haproxy2" else "haproxy", run.mock_addr, workers)
+            run.url = "http://" + (start_haproxy(run, ctx, "haproxy-front", back, workers) if name == "haproxy2" else back)
+            wait_http("GET", run.url + "/healthz", what=name)
         elif name.startswith("iop-"):
             start_iop(run, ctx, name, scen, workers)
         else:
@@ -160,6 +171,35 @@ def start_nginx(run, ctx, group, upstream, workers):
         last = open(os.path.join(prefix, "error.log")).read()[-500:] if os.path.exists(
             os.path.join(prefix, "error.log")) else ""
         proc.stop()
+    raise RuntimeError("%s did not start: %s" % (group, last))
+
+
+def start_haproxy(run, ctx, group, upstream, workers):
+    """One HAProxy instance (one process, `workers` threads) proxying to
+    `upstream`; returns its listen address."""
+    prefix = os.path.join(run.dir, group)
+    os.makedirs(prefix, exist_ok=True)
+    with open(os.path.join(HERE, "haproxy.cfg.in")) as f:
+        template = f.read()
+    last = None
+    for _ in range(3):
+        listen = "127.0.0.1:%d" % free_port()
+        # Two descriptors a connection, within the limit it inherits.
+        maxconn = max(1024, (min(ctx.fd_limit, 65536) - 256) // 2)
+        conf = template.format(workers=workers, prefix=prefix, upstream=upstream, listen=listen, maxconn=maxconn)
+        path = os.path.join(prefix, "haproxy.cfg")
+        with open(path, "w") as f:
+            f.write(conf)
+        # -db: in the foreground, its warnings on stderr (the log).
+        proc = Proc(group, [ctx.haproxy, "-f", path, "-db"], ctx.log_dir)
+        host, port = listen.rsplit(":", 1)
+        if wait_port(proc, host, int(port)):
+            run.add(proc)
+            run.configs[group + ".cfg"] = conf
+            run.groups[group] = [proc.pid]
+            return listen
+        proc.stop()
+        last = "see %s" % ctx.log_dir
     raise RuntimeError("%s did not start: %s" % (group, last))
 
 

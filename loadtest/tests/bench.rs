@@ -6,7 +6,7 @@
 //!   that applies to `direct` (the mock alone: S1-S6) with this package's
 //!   binaries, then `compare` as text, as markdown and as HTML charts
 //!   (`--html`). Needs python3 only.
-//! - `quick_run_nginx_and_iop` (ignored: it needs nginx and the iop-edge and
+//! - `quick_run_nginx_and_iop` (ignored: it needs nginx, HAProxy and the iop-edge and
 //!   iop-node binaries, which `cargo test -p iop-loadtest` does not build):
 //!   a short `--quick` run through one and two nginx and both iop paths,
 //!   then one of S2 beside the Messages and Responses scenarios (M2, R4).
@@ -225,7 +225,7 @@ fn quick_run_direct_and_compare() {
 }
 
 #[test]
-#[ignore = "needs nginx (apt-get install nginx) and iop-edge + iop-node beside this test \
+#[ignore = "needs nginx and haproxy (the harness installs them with apt-get) and iop-edge + iop-node beside this test \
             (cargo build -p iop-edge -p iop-node) or in IOP_BENCH_BIN_DIR"]
 fn quick_run_nginx_and_iop() {
     let _one = LOAD.lock().unwrap_or_else(|e| e.into_inner());
@@ -240,13 +240,15 @@ fn quick_run_nginx_and_iop() {
     let (r, stdout, dir) = quick_run(
         "all",
         &bin_dir,
-        &["--systems", "direct,nginx1,nginx2,iop-tunnel,iop-normalized", "--scenarios", "S1,S2,S4,S5,S7"],
+        &["--systems", "direct,nginx1,nginx2,haproxy1,haproxy2,iop-tunnel,iop-normalized", "--scenarios", "S1,S2,S4,S5,S7"],
     );
     // S7: 1 and 2 workers of every system but direct.
-    assert_eq!(r["runs"].as_array().unwrap().len(), 4 * 5 + 4 * 2, "{stdout}");
+    assert_eq!(r["runs"].as_array().unwrap().len(), 4 * 7 + 6 * 2, "{stdout}");
     check_runs(&r, &stdout);
-    // S1: 2 per path, S2: 3, S4, S5 and S7: 1 per path.
-    check_compare(&dir.join("results.json"), &["S1", "S2", "S4", "S5", "S7"], 4 + 3 + 2 + 2 + 2);
+    // S1: 2 per path against nginx2, 3 against HAProxy (two hops, and one:
+    // the goal); S2: 3 against nginx, 2 against HAProxy; S4, S5 and S7: 1
+    // per path.
+    check_compare(&dir.join("results.json"), &["S1", "S2", "S4", "S5", "S7"], 4 + 6 + 3 + 4 + 2 + 2 + 2);
     assert!(stdout.contains("CPU per event"), "S7's target does not show the CPU per event:\n{stdout}");
     std::fs::remove_dir_all(&dir).ok();
     // The other dialects, judged against chat in the same run.
