@@ -9,7 +9,7 @@ import statistics
 import subprocess
 import tempfile
 
-from scenarios import DIALECT_IDS, KNOWN, TITLES, base, describe
+from scenarios import BURSTS, DIALECT_IDS, KNOWN, TITLES, base, describe
 
 IOP = ["iop-tunnel", "iop-normalized"]
 ORDER = ["direct", "nginx1", "nginx2", "haproxy1", "haproxy2", "iop-tunnel", "iop-normalized", "iop-mock",
@@ -241,6 +241,28 @@ def targets(agg, workers):
                 ours, _ = agg.added("S3", s, w, name)
                 ok = None if ours is None or theirs is None else ours <= theirs
                 out.append(("S3", label, s, "%s vs %s ms" % (fmt(ours), fmt(theirs)), verdict(ok)))
+    # The bursts (issue 29): the same floor on the bursty S2 and S3, and
+    # 16 KiB bodies at ≥ 0.7× of S1's throughput.
+    for sid in BURSTS:
+        if agg.value(sid, "haproxy2", w, "completed") is None:
+            continue
+        if base(sid) == "S2":
+            for s in IOP:
+                at_least(sid, "events_s", s, "haproxy2", "events/s ≥ 1.0× haproxy2")
+        else:
+            for name, label in (("ttft_p99", "added TTFT p99 ≤ haproxy2's"), ("gap_p99", "added gap p99 ≤ haproxy2's")):
+                theirs, _ = agg.added(sid, "haproxy2", w, name)
+                for s in IOP:
+                    ours, _ = agg.added(sid, s, w, name)
+                    ok = None if ours is None or theirs is None else ours <= theirs
+                    out.append((sid, label, s, "%s vs %s ms" % (fmt(ours), fmt(theirs)), verdict(ok)))
+    for s in IOP:
+        if agg.value("S1L", s, w, "req_s") is not None and agg.value("S1", s, w, "req_s") is not None:
+            r = ratio(agg.value("S1L", s, w, "req_s"), agg.value("S1", s, w, "req_s"))
+            out.append(("S1L", "16 KiB req/s ≥ 0.7× S1's", s, fmt(r) + "×" if r is not None else "n/a",
+                        verdict(None if r is None else r >= 0.7)))
+        if agg.value("S1L", "haproxy2", w, "req_s") is not None:
+            at_least("S1L", "req_s", s, "haproxy2", "req/s ≥ 1.0× haproxy2")
     if any(agg.value(sid, "haproxy1", w, "completed") is not None for sid in ("S1", "S2")):
         for s in IOP:
             at_least("S1", "req_s", s, "haproxy1", "goal: req/s ≥ 1.0× haproxy1")

@@ -37,12 +37,23 @@ for _sid in DIALECT_IDS:
 # --systems iop-affinity,iop-affinity-off`.
 AFFINITY_IDS = ["A1"]
 TITLES["A1"] = "cache affinity: sessions over 3 targets that reward a repeated prefix"
-KNOWN = ALL + DIALECT_IDS + AFFINITY_IDS
+# Bursts (issue 29): S2 and S3 whose mock writes several events per write,
+# so a read holds many (a fast engine's several tokens a scheduler step, a
+# congested link), and S1 with 16 KiB prompts and answers. Not in the
+# default run: `--scenarios bursts`.
+BURSTS = {"S2B4": 4, "S2B16": 16, "S2B64": 64, "S3B4": 4, "S3B16": 16}
+for _sid, _n in BURSTS.items():
+    TITLES[_sid] = "%s, %d events per write" % (TITLES[_sid[:2]], _n)
+TITLES["S1L"] = "S1 with 16 KiB prompts and 16 KiB answers"
+BURST_IDS = list(BURSTS) + ["S1L"]
+KNOWN = ALL + DIALECT_IDS + AFFINITY_IDS + BURST_IDS
 
 
 def base(sid):
-    """The scenario whose shape `sid` has: S2 for M2 and R2."""
-    return "S" + sid[1:] if sid[0] in DIALECTS else sid
+    """The scenario whose shape `sid` has: S2 for M2, R2 and S2B16."""
+    if sid[0] in DIALECTS:
+        return "S" + sid[1:]
+    return sid[:2] if sid in BURST_IDS else sid
 
 
 def api_of(sid):
@@ -54,7 +65,7 @@ def expand(names):
     """Scenario ids from a --scenarios list (`dialects` is every M and R)."""
     out = []
     for n in names:
-        out.extend(DIALECT_IDS if n == "DIALECTS" else [n])
+        out.extend({"DIALECTS": DIALECT_IDS, "BURSTS": BURST_IDS}.get(n, [n]))
     return out
 
 
@@ -64,15 +75,16 @@ def params(quick, duration, warmup):
     the same load run first, unmeasured (S1, S2, S3, S6, S7)."""
     d = duration
     out = _params(quick, d)
-    for sid in ("S1", "S2", "S3", "S6", "S7"):
-        out[sid]["warmup"] = warmup
+    for sid, p in out.items():
+        if base(sid) in ("S1", "S2", "S3", "S6", "S7"):
+            p["warmup"] = warmup
     # Long enough for every session's first (missed) request.
     out["A1"]["warmup"] = max(warmup, 3)
     # The paced loads start their connections spread over one stream's
     # length: streams that all last as long stay in step once started
     # together, and the percentiles would then measure how fast a burst of
     # every connection at once drains, not the load.
-    for sid, load in (("S3", "load"), ("S6", "paced")):
+    for sid, load in [("S3", "load"), ("S6", "paced")] + [(b, "load") for b in BURSTS if b.startswith("S3")]:
         p = out[sid]
         p[load] = p[load] + ["--ramp-ms", p["tokens"] * p["interval_ms"]]
     for sid in DIALECT_IDS:
@@ -85,6 +97,10 @@ def params(quick, duration, warmup):
 
 def _params(quick, d):
     out = _shapes(quick, d)
+    for sid, n in BURSTS.items():
+        out[sid] = dict(out[sid[:2]], burst=n)
+    # 16 tokens of 1 KiB each, and a 16 KiB user message.
+    out["S1L"] = dict(out["S1"], token_bytes=1024, load=out["S1"]["load"] + ["--prompt-bytes", 16384])
     # 96 sessions, in turn, over 24 connections on 3 targets of 32 leases
     # each; each mock remembers 48 prefixes: with affinity a target holds
     # its share of the sessions (about 32, never all 96), without it every
@@ -124,6 +140,10 @@ def describe(sid, p):
     """The parameters of a scenario in words (they differ with --quick)."""
     sid = base(sid)
     mock = "mock: %d tokens at %d ms" % (p["tokens"], p["interval_ms"])
+    if p.get("burst", 1) > 1:
+        mock += ", %d per write" % p["burst"]
+    if p.get("token_bytes"):
+        mock += " of %d bytes" % p["token_bytes"]
     if sid == "S4":
         api = " (--api %s)" % p["api"] if p.get("api") else ""
         return "%s; %d streams at once%s, RSS sampled one token interval after all are open" % (mock, p["streams"], api)

@@ -110,9 +110,10 @@ def start(name, ctx, scen, workers):
             start_affinity(run, ctx, name, scen, workers)
             return run
         if name != "iop-mock":
+            shape = ["--burst", scen.get("burst", 1), "--token-bytes", scen.get("token_bytes", 0)]
             run.mock = run.add(Proc("mockprov", [ctx.bin("iop-mockprov"), "--listen", "127.0.0.1:0", "--tokens",
-                                                 scen["tokens"], "--token-interval-ms", scen["interval_ms"], "--no-record"],
-                                    ctx.log_dir, env=QUIET, ready=r"listening on (\S+)"))
+                                                 scen["tokens"], "--token-interval-ms", scen["interval_ms"], "--no-record"]
+                                    + shape, ctx.log_dir, env=QUIET, ready=r"listening on (\S+)"))
             run.mock_addr = run.mock.match.group(1)
         if name == "direct":
             run.url = "http://" + run.mock_addr

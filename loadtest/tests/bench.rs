@@ -162,7 +162,7 @@ fn check_html(dir: &Path, sids: &[&str], systems: &[&str]) {
     ]);
     assert!(ok && out.contains("charts: "), "compare --html failed: {stderr}\n{out}");
     let html = std::fs::read_to_string(&page).unwrap();
-    assert!(html.contains("<title>iop vs nginx (issue 8 benchmark)</title>"), "{html}");
+    assert!(html.contains("<title>iop vs nginx and HAProxy (issues 8, 29 benchmark)</title>"), "{html}");
     for (n, sid) in sids.iter().enumerate() {
         let section =
             html.split(&format!("<h2 id=\"s{}\">{sid}  ", n + 1)).nth(1).unwrap_or_else(|| panic!("no {sid}"));
@@ -182,10 +182,10 @@ fn dry_run_interleaves_rounds() {
     assert!(ok, "{stderr}");
     let runs: Vec<Vec<&str>> =
         out.lines().filter(|l| l.contains(" round ")).map(|l| l.split_whitespace().collect()).collect();
-    // 7 scenarios x 5 systems x 2 rounds, less S7 on direct, S7 twice (1 and
-    // 2 workers), and S3 twice the rounds (2 more of 5 systems).
-    assert_eq!(runs.len(), (6 * 5 + 4 * 2) * 2 + 5 * 2, "{out}");
-    let systems = ["direct", "nginx1", "nginx2", "iop-tunnel", "iop-normalized"];
+    // 7 scenarios x 7 systems x 2 rounds, less S7 on direct, S7 twice (1 and
+    // 2 workers), and S3 twice the rounds (2 more of 7 systems).
+    assert_eq!(runs.len(), (6 * 7 + 6 * 2) * 2 + 7 * 2, "{out}");
+    let systems = ["direct", "nginx1", "nginx2", "haproxy1", "haproxy2", "iop-tunnel", "iop-normalized"];
     let s1: Vec<(&str, &str)> = runs.iter().filter(|r| r[1] == "S1").map(|r| (r[3], r[4])).collect();
     let want: Vec<(&str, &str)> = ["1", "2"].iter().flat_map(|rnd| systems.iter().map(move |s| (*rnd, *s))).collect();
     assert_eq!(s1, want, "S1 is not A B C D E, A B C D E:\n{out}");
@@ -205,7 +205,7 @@ fn dry_run_of_the_dialects_is_s1_s2_s4_in_the_other_apis() {
     let mut seen = sids.clone();
     seen.dedup();
     assert_eq!(seen, ["M1", "M2", "M4", "R1", "R2", "R4"], "{out}");
-    assert_eq!(sids.len(), 6 * 5, "every dialect scenario on the five systems:\n{out}");
+    assert_eq!(sids.len(), 6 * 7, "every dialect scenario on the seven systems:\n{out}");
 }
 
 #[test]
@@ -240,7 +240,12 @@ fn quick_run_nginx_and_iop() {
     let (r, stdout, dir) = quick_run(
         "all",
         &bin_dir,
-        &["--systems", "direct,nginx1,nginx2,haproxy1,haproxy2,iop-tunnel,iop-normalized", "--scenarios", "S1,S2,S4,S5,S7"],
+        &[
+            "--systems",
+            "direct,nginx1,nginx2,haproxy1,haproxy2,iop-tunnel,iop-normalized",
+            "--scenarios",
+            "S1,S2,S4,S5,S7",
+        ],
     );
     // S7: 1 and 2 workers of every system but direct.
     assert_eq!(r["runs"].as_array().unwrap().len(), 4 * 7 + 6 * 2, "{stdout}");
@@ -260,6 +265,19 @@ fn quick_run_nginx_and_iop() {
     assert_eq!(r["runs"].as_array().unwrap().len(), 3 * 5, "{stdout}");
     check_runs(&r, &stdout);
     check_compare(&dir.join("results.json"), &["S2", "M2", "R4"], DIALECT_TARGETS);
+    std::fs::remove_dir_all(&dir).ok();
+    // The bursts, judged against two HAProxy in the same run.
+    let (r, stdout, dir) = quick_run(
+        "bursts",
+        &bin_dir,
+        &["--systems", "direct,nginx2,haproxy2,iop-tunnel,iop-normalized", "--scenarios", "S1,S2B16,S3B4,S1L"],
+    );
+    // S3B4 runs twice the rounds, like S3.
+    assert_eq!(r["runs"].as_array().unwrap().len(), 5 * 5, "{stdout}");
+    check_runs(&r, &stdout);
+    // S1: 2 per path against nginx2, 2 against haproxy2; S2B16: 1 per path;
+    // S3B4: 2; S1L: 2 (against S1 and haproxy2).
+    check_compare(&dir.join("results.json"), &["S1", "S2B16", "S3B4", "S1L"], 4 + 4 + 2 + 4 + 4);
     std::fs::remove_dir_all(&dir).ok();
 }
 

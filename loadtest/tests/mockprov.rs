@@ -281,6 +281,33 @@ fn error_status_flag_applies_to_chat() {
     assert_eq!(mock.request("GET", "/healthz", None).head.status, 200);
 }
 
+/// `burst`: a stream's tokens leave in groups, each group in one write after
+/// `burst` intervals, so a reader finds them together.
+#[test]
+fn burst_writes_several_tokens_at_once() {
+    let mock = MockProv::start(&[]);
+    let mut s = mock.connect();
+    let body = r#"{"messages":[{"content":"x"}],"stream":true,"mock":{"tokens":8,"token_interval_ms":40,"burst":4}}"#;
+    write!(s, "POST /v1/chat/completions HTTP/1.1\r\nhost: m\r\ncontent-length: {}\r\n\r\n{body}", body.len()).unwrap();
+    // When the reader had seen 1..=8 tokens.
+    let (mut seen, mut text, mut buf) = (Vec::new(), String::new(), [0u8; 65536]);
+    let started = Instant::now();
+    while seen.len() < 8 {
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the stream ended after {} tokens: {text}", seen.len());
+        text.push_str(&String::from_utf8_lossy(&buf[..n]));
+        let now = started.elapsed();
+        while seen.len() < text.matches("tok").count().min(8) {
+            seen.push(now);
+        }
+    }
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    // Each group of four together; the second 4 × 40 ms after the first.
+    assert!(ms(seen[3] - seen[0]) < 20.0, "the first burst was spread: {seen:?}");
+    assert!(ms(seen[7] - seen[4]) < 20.0, "the second burst was spread: {seen:?}");
+    assert!(ms(seen[4] - seen[3]) >= 120.0, "the bursts were not paced 4 × 40 ms apart: {seen:?}");
+}
+
 #[test]
 fn abort_after_closes_without_finish() {
     let mock = MockProv::start(&["--tokens", "10", "--abort-after", "3"]);

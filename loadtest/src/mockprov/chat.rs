@@ -131,6 +131,8 @@ pub struct Plan {
     pub stall_after: Option<u64>,
     /// Never end the stream's body.
     pub hold_open: bool,
+    /// Token steps per write (streams).
+    pub burst: u64,
     /// Answer with this error status instead.
     pub error_status: Option<u16>,
     /// Content tokens are padded to at least this many bytes.
@@ -256,6 +258,7 @@ pub fn plan(body: &[u8], config: &MockConfig, seq: u64, created: u64) -> Result<
         abort_after: k.abort_after,
         stall_after: k.stall_after,
         hold_open: k.hold_open,
+        burst: k.burst,
         error_status: k.error_status,
         token_bytes: k.token_bytes,
         hangup: k.hangup,
@@ -305,6 +308,7 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
                 abort_after: plan.abort_after,
                 stall_after: plan.stall_after,
                 hold_open: plan.hold_open,
+                burst: plan.burst,
             },
             script: Box::new(chat_stream::ChatScript::new(plan)),
         })

@@ -373,6 +373,7 @@ pub fn reply(body: &[u8], env: &Env<'_>) -> Reply {
                 abort_after: k.abort_after,
                 stall_after: k.stall_after,
                 hold_open: k.hold_open,
+                burst: k.burst,
             },
             script: Box::new(MessagesScript::new(plan)),
         })

@@ -82,7 +82,7 @@ GET /healthz, /stats, /last (the most recent model exchange), /log (the last 64)
 llama.cpp's \"Loading model\") until set back to ok.
 
 Per request, a \"mock\" object in the JSON body overrides the flags: tokens,
-token_interval_ms, ttft_ms, error_status, abort_after, stall_after (a stream
+token_interval_ms, ttft_ms, burst, error_status, abort_after, stall_after (a stream
 goes silent after that many content chunks, its connection open, until the
 client leaves), hold_open (a stream sends everything, its terminal event
 included, but never ends its body: the connection stays open until the
@@ -117,6 +117,11 @@ pub struct MockConfig {
     /// Delay before the first token, in milliseconds.
     #[arg(long, default_value_t = 0)]
     pub ttft_ms: u64,
+    /// Token steps of a stream written together: one write of this many
+    /// events after this many intervals (a fast engine's several tokens a
+    /// step, a congested link). 1: one write per token.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub burst: u64,
     /// Answer model requests with this HTTP status and an error in the
     /// endpoint's shape (OpenAI's, with `retry-after` on 429/503, or Ollama's).
     #[arg(long, value_parser = clap::value_parser!(u16).range(400..=599))]
@@ -198,6 +203,7 @@ impl MockConfig {
             tokens: 16,
             token_interval_ms: 0,
             ttft_ms: 0,
+            burst: 1,
             error_status: None,
             abort_after: None,
             reasoning: 0,

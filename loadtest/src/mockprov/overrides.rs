@@ -8,6 +8,9 @@ use serde::Deserialize;
 
 use super::MockConfig;
 
+/// Most token steps one write may carry (`burst`).
+pub const MAX_BURST: u64 = 4096;
+
 /// Most parallel tool calls or choices one answer may carry.
 pub const MAX_FANOUT: u64 = 128;
 
@@ -38,6 +41,9 @@ pub struct MockOverrides {
     pub token_bytes: Option<u64>,
     /// Read the request, then close the connection without answering.
     pub hangup: Option<bool>,
+    /// Token steps written together, in one write after this many
+    /// intervals (streams).
+    pub burst: Option<u64>,
     /// Answer with this many parallel tool calls instead of content (0: content).
     pub tool_calls: Option<u64>,
     /// Function name of the tool calls.
@@ -80,6 +86,8 @@ pub struct Knobs {
     pub stall_after: Option<u64>,
     /// Never end a stream's body (streams).
     pub hold_open: bool,
+    /// Token steps written together (streams; at least 1).
+    pub burst: u64,
     /// Answer with this error status.
     pub error_status: Option<u16>,
     /// Content tokens are padded to at least this many bytes.
@@ -127,6 +135,7 @@ impl Knobs {
             abort_after: o.abort_after.or(config.abort_after),
             stall_after: o.stall_after,
             hold_open: o.hold_open.unwrap_or(false),
+            burst: o.burst.unwrap_or(config.burst).clamp(1, MAX_BURST),
             error_status,
             token_bytes: usize::try_from(o.token_bytes.unwrap_or(config.token_bytes).min(64 << 20)).unwrap_or(0),
             hangup: o.hangup.unwrap_or(false),

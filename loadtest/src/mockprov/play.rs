@@ -184,8 +184,13 @@ impl Conn {
                     self.pause(STALL_PAUSE).await?;
                 }
             }
+            // A burst's steps go out together: paced at its first, written after its last.
+            let burst = s.timing.burst.max(1);
             if let Phase::Token { paced: true, .. } = phase {
-                self.pace(paced, s.timing.interval).await?;
+                if paced.is_multiple_of(burst) {
+                    let interval = s.timing.interval.saturating_mul(u32::try_from(burst).unwrap_or(u32::MAX));
+                    self.pace(paced / burst, interval).await?;
+                }
                 paced += 1;
             }
             frames.clear();
@@ -197,9 +202,11 @@ impl Conn {
             self.push_frames(&frames);
             match phase {
                 Phase::Lead => {}
-                Phase::Token { counted: c, .. } => {
+                Phase::Token { counted: c, paced: p } => {
                     counted += u64::from(c);
-                    self.flush().await.map_err(|_| Gone)?;
+                    if !p || paced.is_multiple_of(burst) {
+                        self.flush().await.map_err(|_| Gone)?;
+                    }
                 }
                 Phase::Tail => in_tail = true,
             }

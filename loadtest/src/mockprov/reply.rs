@@ -94,6 +94,10 @@ pub struct Timing {
     pub stall_after: Option<u64>,
     /// After the last frame, never end the body, until the client leaves.
     pub hold_open: bool,
+    /// Token steps written together (one write of this many events, after
+    /// `burst` × `interval`): a fast engine's several tokens per step, or a
+    /// congested link. 1: one write per token.
+    pub burst: u64,
 }
 
 /// A streamed answer.

@@ -374,6 +374,7 @@ pub fn reply(scripts: &Scripts, body: &[u8], env: &Env<'_>) -> Option<Reply> {
                 abort_after: None,
                 stall_after: None,
                 hold_open: false,
+                burst: 1,
             },
             script: Box::new(scripted.into_stream()),
         })
@@ -423,6 +424,7 @@ impl Scripted {
             abort_after: None,
             stall_after: None,
             hold_open: false,
+            burst: 1,
             error_status: None,
             token_bytes: 0,
             hangup: false,

@@ -73,6 +73,7 @@ pub fn reply(scripts: &Scripts, body: &[u8], env: &Env<'_>) -> Option<Reply> {
                 abort_after: None,
                 stall_after: None,
                 hold_open: false,
+                burst: 1,
             },
             script: Box::new(scripted.into_stream()),
         })
