@@ -1,6 +1,7 @@
-//! Shared limits (`[cluster]`): two edges, each with its own embedded
-//! node, enforce the API keys' limits together through a `redis-server`
-//! the test starts on a socket in its scratch directory. A key's N
+//! Shared limits (`[cluster]`): two edges in front of three nodes, each
+//! node linked to both (`edges = [..]`), enforce the API keys' limits
+//! together through a `redis-server` the test starts on a socket in its
+//! scratch directory. A key's N
 //! requests a minute through both edges admit exactly N; a limit changed
 //! through one edge's admin API holds on the other; with the engine gone
 //! each key's `on_engine_down` holds (closed: 503; open: each edge's share)
@@ -23,6 +24,21 @@ const CHANGED: &str = "sk-changed-a7c2";
 const OPEN: &str = "sk-open-90d3";
 /// `requests_per_minute` of the closed key.
 const N: usize = 5;
+/// The nodes, each linked to both edges.
+const NODES: [&str; 3] = ["n1", "n2", "n3"];
+
+/// Node `id`, linked to every edge of `edges`.
+fn start_node(id: &str, edges: &[&Edge]) -> Proc {
+    let path = scratch(&format!("{id}.toml"));
+    let list: Vec<String> = edges.iter().map(|e| format!("\"{}\"", e.nodes)).collect();
+    let text = format!(
+        "edges = [{}]\ntoken = \"{}\"\nworkers = 2\nstore = false\n[reconnect]\nmax_attempts = 0\ninterval_sec = 1\n",
+        list.join(", "),
+        node_token(id)
+    );
+    std::fs::write(&path, text).expect("write node config");
+    Proc::spawn("iop-node", &["--config", path.to_str().expect("utf8")], &[])
+}
 
 fn sha256_hex(key: &str) -> String {
     ring::digest::digest(&ring::digest::SHA256, key.as_bytes()).as_ref().iter().map(|b| format!("{b:02x}")).collect()
@@ -80,22 +96,11 @@ fn config(redis_url: &str) -> String {
 admin_token = "{ADMIN_TOKEN}"
 [http]
 listen = "127.0.0.1:0"
-[embedded_node]
-node = "local"
-[[nodes]]
-id = "local"
-token = "cluster-e2e-embedded"
-[[nodes.providers]]
-id = "mock"
-kind = "mock"
-capacity = 64
-[nodes.providers.mock]
-tokens = 2
-token_interval_ms = 1
-reasoning = false
+[node_listener]
+listen = "127.0.0.1:0"
+{nodes}
 [[models]]
 name = "m"
-node = "local"
 provider = "mock"
 [cluster]
 redis = "{redis_url}"
@@ -121,6 +126,14 @@ requests_per_minute = 4
 on_engine_down = "open"
 "#,
         pid = std::process::id(),
+        nodes = NODES
+            .iter()
+            .map(|id| format!(
+                "[[nodes]]\nid = \"{id}\"\ntoken = \"{}\"\n[[nodes.providers]]\nid = \"mock\"\nkind = \"mock\"\n\
+                 capacity = 64\n[nodes.providers.mock]\ntokens = 2\ntoken_interval_ms = 1\nreasoning = false\n",
+                node_token(id)
+            ))
+            .collect::<String>(),
         shared = sha256_hex(SHARED),
         changed = sha256_hex(CHANGED),
         open = sha256_hex(OPEN),
@@ -183,8 +196,9 @@ fn keys_limits_are_shared_across_edges_and_hold_their_fail_mode() {
     let url = redis.url();
     let a = Edge::start(&config(&url));
     let b = Edge::start(&config(&url));
-    a.wait_nodes_ready(1);
-    b.wait_nodes_ready(1);
+    let _nodes: Vec<Proc> = NODES.iter().map(|id| start_node(id, &[&a, &b])).collect();
+    a.wait_nodes_ready(3);
+    b.wait_nodes_ready(3);
     let mut events = a.events();
     eventually(Duration::from_secs(10), "both edges see the engine and each other", || {
         engine_up(&a, 2) && engine_up(&b, 2)
