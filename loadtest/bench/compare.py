@@ -178,20 +178,28 @@ def targets(agg, workers):
         r = ratio(agg.value(sid, system, w, name), agg.value(sid, other, w, name))
         out.append((sid, label, system, fmt(r) + "×" if r is not None else "n/a", verdict(None if r is None else r >= limit)))
 
+    def cpu_at_most(sid, system, other):
+        r = ratio(agg.value(sid, system, w, "cpu_us_req"), agg.value(sid, other, w, "cpu_us_req"))
+        out.append((sid, "CPU/request ≤ " + other, system, fmt(r) + "×" if r is not None else "n/a",
+                    verdict(None if r is None else r <= 1.0)))
+
+    def added_p99s(sid, other):
+        """The iop paths' added TTFT and gap p99 (over direct) ≤ `other`'s."""
+        for name, what in (("ttft_p99", "TTFT"), ("gap_p99", "gap")):
+            theirs, _ = agg.added(sid, other, w, name)
+            for s in IOP:
+                ours, _ = agg.added(sid, s, w, name)
+                ok = None if ours is None or theirs is None else ours <= theirs
+                out.append((sid, "added %s p99 ≤ %s's" % (what, other), s, "%s vs %s ms" % (fmt(ours), fmt(theirs)),
+                            verdict(ok)))
+
     for s in IOP:
         at_least("S1", "req_s", s, "nginx2", "req/s ≥ 1.0× nginx2")
-        r = ratio(agg.value("S1", s, w, "cpu_us_req"), agg.value("S1", "nginx2", w, "cpu_us_req"))
-        out.append(("S1", "CPU/request ≤ nginx2", s, fmt(r) + "×" if r is not None else "n/a",
-                    verdict(None if r is None else r <= 1.0)))
+        cpu_at_most("S1", s, "nginx2")
     for s in IOP:
         at_least("S2", "events_s", s, "nginx2", "events/s ≥ 1.0× nginx2")
     at_least("S2", "events_s", "iop-tunnel", "nginx1", "events/s ≥ 1.0× nginx1")
-    for name, label in (("ttft_p99", "added TTFT p99 ≤ nginx2's"), ("gap_p99", "added gap p99 ≤ nginx2's")):
-        theirs, _ = agg.added("S3", "nginx2", w, name)
-        for s in IOP:
-            ours, _ = agg.added("S3", s, w, name)
-            ok = None if ours is None or theirs is None else ours <= theirs
-            out.append(("S3", label, s, "%s vs %s ms" % (fmt(ours), fmt(theirs)), verdict(ok)))
+    added_p99s("S3", "nginx2")
     for s in IOP:
         per = {g: agg.value("S4", s, w, "rss_" + g) for g in ("edge", "node")}
         worst = max((v for v in per.values() if v is not None), default=None)
@@ -231,16 +239,9 @@ def targets(agg, workers):
     if any(agg.value(sid, "haproxy2", w, "completed") is not None for sid in ("S1", "S2", "S3")):
         for s in IOP:
             at_least("S1", "req_s", s, "haproxy2", "req/s ≥ 1.0× haproxy2")
-            r = ratio(agg.value("S1", s, w, "cpu_us_req"), agg.value("S1", "haproxy2", w, "cpu_us_req"))
-            out.append(("S1", "CPU/request ≤ haproxy2", s, fmt(r) + "×" if r is not None else "n/a",
-                        verdict(None if r is None else r <= 1.0)))
+            cpu_at_most("S1", s, "haproxy2")
             at_least("S2", "events_s", s, "haproxy2", "events/s ≥ 1.0× haproxy2")
-        for name, label in (("ttft_p99", "added TTFT p99 ≤ haproxy2's"), ("gap_p99", "added gap p99 ≤ haproxy2's")):
-            theirs, _ = agg.added("S3", "haproxy2", w, name)
-            for s in IOP:
-                ours, _ = agg.added("S3", s, w, name)
-                ok = None if ours is None or theirs is None else ours <= theirs
-                out.append(("S3", label, s, "%s vs %s ms" % (fmt(ours), fmt(theirs)), verdict(ok)))
+        added_p99s("S3", "haproxy2")
     # The bursts (issue 29): the same floor on the bursty S2 and S3, and
     # 16 KiB bodies at ≥ 0.7× of S1's throughput.
     for sid in BURSTS:
@@ -250,12 +251,7 @@ def targets(agg, workers):
             for s in IOP:
                 at_least(sid, "events_s", s, "haproxy2", "events/s ≥ 1.0× haproxy2")
         else:
-            for name, label in (("ttft_p99", "added TTFT p99 ≤ haproxy2's"), ("gap_p99", "added gap p99 ≤ haproxy2's")):
-                theirs, _ = agg.added(sid, "haproxy2", w, name)
-                for s in IOP:
-                    ours, _ = agg.added(sid, s, w, name)
-                    ok = None if ours is None or theirs is None else ours <= theirs
-                    out.append((sid, label, s, "%s vs %s ms" % (fmt(ours), fmt(theirs)), verdict(ok)))
+            added_p99s(sid, "haproxy2")
     for s in IOP:
         if agg.value("S1L", s, w, "req_s") is not None and agg.value("S1", s, w, "req_s") is not None:
             r = ratio(agg.value("S1L", s, w, "req_s"), agg.value("S1", s, w, "req_s"))

@@ -151,28 +151,15 @@ def start_nginx(run, ctx, group, upstream, workers):
     prefix = os.path.join(run.dir, group)
     os.makedirs(prefix, exist_ok=True)
     os.chmod(prefix, 0o755)  # nginx workers may run as another user
-    with open(os.path.join(HERE, "nginx.conf.in")) as f:
-        template = f.read()
-    last = None
-    for _ in range(3):
-        listen = "127.0.0.1:%d" % free_port()
-        conf = template.format(workers=workers, prefix=prefix, upstream=upstream, listen=listen,
-                               nofile=min(ctx.fd_limit, 65536))
-        path = os.path.join(prefix, "nginx.conf")
-        with open(path, "w") as f:
-            f.write(conf)
-        proc = Proc(group, [ctx.nginx, "-p", prefix, "-c", path, "-e", os.path.join(prefix, "error.log"), "-g",
-                            "daemon off;"], ctx.log_dir)
-        host, port = listen.rsplit(":", 1)
-        if wait_port(proc, host, int(port)):
-            run.add(proc)
-            run.configs[group + ".conf"] = conf
-            run.groups[group] = [proc.pid]
-            return listen
-        last = open(os.path.join(prefix, "error.log")).read()[-500:] if os.path.exists(
-            os.path.join(prefix, "error.log")) else ""
-        proc.stop()
-    raise RuntimeError("%s did not start: %s" % (group, last))
+
+    def conf(listen):
+        return fill("nginx.conf.in", workers=workers, prefix=prefix, upstream=upstream, listen=listen,
+                    nofile=min(ctx.fd_limit, 65536))
+
+    def command(path):
+        return [ctx.nginx, "-p", prefix, "-c", path, "-e", os.path.join(prefix, "error.log"), "-g", "daemon off;"]
+
+    return start_proxy(run, ctx, group, "nginx.conf", conf, command, os.path.join(prefix, "error.log"))
 
 
 def start_haproxy(run, ctx, group, upstream, workers):
@@ -180,27 +167,42 @@ def start_haproxy(run, ctx, group, upstream, workers):
     `upstream`; returns its listen address."""
     prefix = os.path.join(run.dir, group)
     os.makedirs(prefix, exist_ok=True)
-    with open(os.path.join(HERE, "haproxy.cfg.in")) as f:
-        template = f.read()
+    # Two descriptors a connection, within the limit it inherits.
+    maxconn = max(1024, (min(ctx.fd_limit, 65536) - 256) // 2)
+
+    def conf(listen):
+        return fill("haproxy.cfg.in", workers=workers, prefix=prefix, upstream=upstream, listen=listen, maxconn=maxconn)
+
+    # -db: in the foreground, its warnings on stderr (the log).
+    return start_proxy(run, ctx, group, "haproxy.cfg", conf, lambda path: [ctx.haproxy, "-f", path, "-db"], None)
+
+
+def fill(template, **fields):
+    with open(os.path.join(HERE, template)) as f:
+        return f.read().format(**fields)
+
+
+def start_proxy(run, ctx, group, name, conf, command, error_log):
+    """Starts a proxy of `group` on a free port (three tries: another
+    process may take the port first): `conf(listen)` is its config, written
+    as `name` in the group's directory, `command(path)` how to start it."""
+    prefix = os.path.join(run.dir, group)
     last = None
     for _ in range(3):
         listen = "127.0.0.1:%d" % free_port()
-        # Two descriptors a connection, within the limit it inherits.
-        maxconn = max(1024, (min(ctx.fd_limit, 65536) - 256) // 2)
-        conf = template.format(workers=workers, prefix=prefix, upstream=upstream, listen=listen, maxconn=maxconn)
-        path = os.path.join(prefix, "haproxy.cfg")
+        text = conf(listen)
+        path = os.path.join(prefix, name)
         with open(path, "w") as f:
-            f.write(conf)
-        # -db: in the foreground, its warnings on stderr (the log).
-        proc = Proc(group, [ctx.haproxy, "-f", path, "-db"], ctx.log_dir)
+            f.write(text)
+        proc = Proc(group, command(path), ctx.log_dir)
         host, port = listen.rsplit(":", 1)
         if wait_port(proc, host, int(port)):
             run.add(proc)
-            run.configs[group + ".cfg"] = conf
+            run.configs[group + os.path.splitext(name)[1]] = text
             run.groups[group] = [proc.pid]
             return listen
+        last = open(error_log).read()[-500:] if error_log and os.path.exists(error_log) else "see " + str(ctx.log_dir)
         proc.stop()
-        last = "see %s" % ctx.log_dir
     raise RuntimeError("%s did not start: %s" % (group, last))
 
 
