@@ -176,6 +176,87 @@ impl BodyDecoder {
         }
     }
 
+    /// Like [`Self::decode`], but a chunked body's data in `buf` comes out
+    /// as one piece however many chunks it spans: each chunk's data is moved
+    /// down over the framing before it, in place, and split off once. A
+    /// server that sends every event as a chunk of its own then costs one
+    /// piece per read, not one per event.
+    pub fn decode_joined(&mut self, buf: &mut BytesMut) -> Result<Option<Bytes>, HttpError> {
+        if !matches!(self.state, State::ChunkSize | State::ChunkData(_) | State::ChunkDataEnd) {
+            return self.decode(buf);
+        }
+        // buf[..w]: data so far; buf[w..r]: framing consumed; buf[r..]: not
+        // yet looked at.
+        let (mut w, mut r) = (0, 0);
+        loop {
+            match self.state {
+                State::ChunkSize => {
+                    let rest = &buf[r..];
+                    match httparse::parse_chunk_size(rest) {
+                        Ok(httparse::Status::Complete((consumed, size))) => {
+                            if !rest.first().is_some_and(u8::is_ascii_hexdigit) {
+                                return Err(HttpError::Malformed("invalid chunk size"));
+                            }
+                            if consumed > MAX_CHUNK_LINE {
+                                return Err(HttpError::Malformed("chunk size line too long"));
+                            }
+                            if !valid_chunk_line(&rest[..consumed - 2]) {
+                                return Err(HttpError::Malformed("invalid character in chunk size line"));
+                            }
+                            r += consumed;
+                            if size == 0 {
+                                self.state = State::Trailers(0);
+                                break;
+                            }
+                            self.check_limit(size.saturating_add(w as u64))?;
+                            self.state = State::ChunkData(size);
+                        }
+                        Ok(httparse::Status::Partial) => {
+                            if rest.len() > MAX_CHUNK_LINE {
+                                return Err(HttpError::Malformed("chunk size line too long"));
+                            }
+                            break;
+                        }
+                        Err(_) => return Err(HttpError::Malformed("invalid chunk size")),
+                    }
+                }
+                State::ChunkData(remaining) => {
+                    let take = clamp_len(remaining, buf.len() - r);
+                    if take == 0 {
+                        break;
+                    }
+                    if w != r {
+                        buf.copy_within(r..r + take, w);
+                    }
+                    (w, r) = (w + take, r + take);
+                    let left = remaining - take as u64;
+                    self.state = if left == 0 { State::ChunkDataEnd } else { State::ChunkData(left) };
+                }
+                State::ChunkDataEnd => match buf.get(r..r + 2) {
+                    Some(b"\r\n") => {
+                        r += 2;
+                        self.state = State::ChunkSize;
+                    }
+                    Some(_) => return Err(HttpError::Malformed("missing CRLF after chunk data")),
+                    None => {
+                        if buf.get(r).is_some_and(|&b| b != b'\r') {
+                            return Err(HttpError::Malformed("missing CRLF after chunk data"));
+                        }
+                        break;
+                    }
+                },
+                _ => break,
+            }
+        }
+        let data = (w > 0).then(|| self.take(buf, w));
+        buf.advance(r - w);
+        match data {
+            Some(data) => Ok(Some(data)),
+            // Only framing was there: the trailers (or nothing) come next.
+            None => self.decode(buf),
+        }
+    }
+
     /// The body is complete.
     pub fn is_done(&self) -> bool {
         self.state == State::Done
@@ -191,6 +272,16 @@ impl BodyDecoder {
                 Ok(())
             }
             _ => Err(HttpError::Malformed("connection closed before end of body")),
+        }
+    }
+
+    /// The bytes still to come of a `Content-Length` body (`None` for other
+    /// framings, whose end is not known ahead).
+    pub fn length_left(&self) -> Option<u64> {
+        match self.state {
+            State::Length(n) => Some(n),
+            State::Done => Some(0),
+            _ => None,
         }
     }
 
@@ -246,12 +337,23 @@ mod tests {
 
     /// Feeds `input` split at `splits` and collects body + leftover.
     fn decode_split(kind: BodyKind, max: usize, input: &[u8], split: usize) -> Result<(Vec<u8>, Vec<u8>), HttpError> {
+        decode_split_with(false, kind, max, input, split)
+    }
+
+    /// `decode_split` with [`BodyDecoder::decode_joined`] when `joined`.
+    fn decode_split_with(
+        joined: bool,
+        kind: BodyKind,
+        max: usize,
+        input: &[u8],
+        split: usize,
+    ) -> Result<(Vec<u8>, Vec<u8>), HttpError> {
         let mut dec = BodyDecoder::new(kind, max);
         let mut buf = BytesMut::new();
         let mut body = Vec::new();
         for part in [&input[..split], &input[split..]] {
             buf.extend_from_slice(part);
-            while let Some(data) = dec.decode(&mut buf)? {
+            while let Some(data) = if joined { dec.decode_joined(&mut buf)? } else { dec.decode(&mut buf)? } {
                 assert!(!data.is_empty());
                 body.extend_from_slice(&data);
             }
@@ -313,6 +415,42 @@ mod tests {
         assert_eq!(dec.decode(&mut buf).unwrap().unwrap(), &b"abcd"[..]);
         buf.extend_from_slice(b"e");
         assert_eq!(dec.decode(&mut buf), Err(HttpError::BodyTooLarge));
+    }
+
+    #[test]
+    fn joined_chunks_come_out_as_one_piece_from_the_read_buffer() {
+        let mut dec = BodyDecoder::new(BodyKind::Chunked, 1 << 20);
+        let mut buf = BytesMut::from(&b"5\r\nhello\r\n1\r\n \r\n5\r\nworld\r\n5\r\nabc"[..]);
+        let base = buf.as_ptr() as usize;
+        let data = dec.decode_joined(&mut buf).unwrap().unwrap();
+        assert_eq!(&data[..], b"hello worldabc");
+        assert_eq!(data.as_ptr() as usize, base, "moved in place, not copied out");
+        assert!(buf.is_empty());
+        assert_eq!(dec.decoded_bytes(), 14);
+        // The rest of the last chunk, the last chunk marker and what follows.
+        buf.extend_from_slice(b"de\r\n0\r\n\r\nHTTP/1.1");
+        assert_eq!(&dec.decode_joined(&mut buf).unwrap().unwrap()[..], b"de");
+        assert_eq!(dec.decode_joined(&mut buf).unwrap(), None);
+        assert!(dec.is_done());
+        assert_eq!(&buf[..], b"HTTP/1.1");
+        // The limit counts the chunks joined so far.
+        let mut dec = BodyDecoder::new(BodyKind::Chunked, 8);
+        let mut buf = BytesMut::from(&b"5\r\nhello\r\n5\r\nworld\r\n"[..]);
+        assert_eq!(dec.decode_joined(&mut buf), Err(HttpError::BodyTooLarge));
+    }
+
+    #[test]
+    fn a_length_body_tells_what_is_left_and_others_do_not() {
+        let mut dec = BodyDecoder::new(BodyKind::Length(10), 100);
+        assert_eq!(dec.length_left(), Some(10));
+        let mut buf = BytesMut::from(&b"abcd"[..]);
+        assert_eq!(dec.decode(&mut buf).unwrap().unwrap(), &b"abcd"[..]);
+        assert_eq!(dec.length_left(), Some(6));
+        buf.extend_from_slice(b"efghij");
+        dec.decode(&mut buf).unwrap();
+        assert_eq!(dec.length_left(), Some(0));
+        assert_eq!(BodyDecoder::new(BodyKind::Chunked, 100).length_left(), None);
+        assert_eq!(BodyDecoder::new(BodyKind::UntilClose, 100).length_left(), None);
     }
 
     #[test]
@@ -385,6 +523,38 @@ mod tests {
                     prop_assert!(body.len() <= max);
                 }
             }
+        }
+
+        #[test]
+        fn joined_decoding_reads_what_piecewise_decoding_reads(
+            input in proptest::collection::vec(any::<u8>(), 0..512), split in 0usize..512, max in 0usize..256,
+        ) {
+            let split = split.min(input.len());
+            for kind in [BodyKind::Chunked, BodyKind::Length(40), BodyKind::UntilClose] {
+                let piecewise = decode_split_with(false, kind, max, &input, split);
+                let joined = decode_split_with(true, kind, max, &input, split);
+                prop_assert_eq!(piecewise.is_ok(), joined.is_ok(), "{:?} against {:?}", piecewise, joined);
+                if let (Ok(a), Ok(b)) = (piecewise, joined) {
+                    prop_assert_eq!(a, b);
+                }
+            }
+        }
+
+        #[test]
+        fn joined_chunks_roundtrip(chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8),
+                                   split in 0usize..1024, tail in proptest::collection::vec(any::<u8>(), 0..16)) {
+            let mut wire = BytesMut::new();
+            let mut expected = Vec::new();
+            for c in &chunks {
+                crate::http::write_chunk(&mut wire, c);
+                expected.extend_from_slice(c);
+            }
+            crate::http::write_last_chunk(&mut wire);
+            wire.extend_from_slice(&tail);
+            let split = split.min(wire.len());
+            let (body, rest) = decode_split_with(true, BodyKind::Chunked, 1 << 20, &wire, split).unwrap();
+            prop_assert_eq!(body, expected);
+            prop_assert_eq!(rest, tail);
         }
 
         #[test]

@@ -90,6 +90,24 @@ impl OpenAiCompatAdapter {
                 Err(e) => return Err(broke(e)),
             }
         }
+        // A small body of known length that is not an event stream: the rest
+        // is awaited, so it too goes as one whole item (one frame, one client
+        // write) rather than a start, a piece per read and an end.
+        let small = |resp: &crate::upstream::Response, arrived: usize| {
+            resp.length_left().is_some_and(|left| left <= (MAX_WHOLE_BYTES - arrived.min(MAX_WHOLE_BYTES)) as u64)
+        };
+        if !watch.is_stream() && small(&resp, arrived) {
+            while out.len() < MAX_PARTS && !resp.is_done() {
+                match resp.chunk().await {
+                    Ok(Some(chunk)) => {
+                        arrived += chunk.len();
+                        watch.push(chunk, &mut out);
+                    }
+                    Ok(None) => break,
+                    Err(e) => return Err(broke(e)),
+                }
+            }
+        }
         if watch.ended() {
             end_after_terminal(&mut resp, &spec.id);
         }
@@ -97,6 +115,7 @@ impl OpenAiCompatAdapter {
         if (resp.is_done() || watch.ended()) && arrived <= MAX_WHOLE_BYTES {
             let usage = watch.finish(&mut out);
             out.retain(|p| !p.is_empty());
+            coalesce(&mut out);
             sink.send(TunnelItem::Whole(Box::new(Whole { status, headers, body: out, usage }))).await?;
             return Ok(());
         }
@@ -154,9 +173,18 @@ const MAX_PARTS_BYTES: usize = 256 * 1024;
 const MAX_WHOLE_BYTES: usize = 64 * 1024;
 const _: () = assert!(MAX_WHOLE_BYTES as u64 <= iop_core::flow::WINDOW_BYTES / 4);
 
+/// Pieces smaller than this on average are copied into one buffer rather
+/// than relayed each as a segment of its own: a read of a bursty stream
+/// holds dozens of small events (one HTTP chunk each), and every segment
+/// costs more down the line (its field in the frame, its decode and
+/// reference count at the edge, its chunk header and iovecs in the client
+/// write) than copying its bytes once here.
+const COPY_PIECES_BELOW: usize = 2 * 1024;
+
 /// Sends the pieces in `out` as one item (none when there are none).
 async fn send_parts<S: TunnelSink>(sink: &mut S, out: &mut Vec<Bytes>) -> Result<(), Halt> {
     out.retain(|p| !p.is_empty());
+    coalesce(out);
     let item = match out.len() {
         0 => return Ok(()),
         1 => TunnelItem::Body(out.pop().unwrap_or_default()),
@@ -164,6 +192,19 @@ async fn send_parts<S: TunnelSink>(sink: &mut S, out: &mut Vec<Bytes>) -> Result
     };
     sink.send(item).await?;
     Ok(())
+}
+
+/// Joins the pieces of `out` into one when they are small (see
+/// [`COPY_PIECES_BELOW`]).
+fn coalesce(out: &mut Vec<Bytes>) {
+    let total: usize = out.iter().map(Bytes::len).sum();
+    if out.len() < 2 || total >= out.len() * COPY_PIECES_BELOW {
+        return;
+    }
+    let mut one = bytes::BytesMut::with_capacity(total);
+    out.iter().for_each(|p| one.extend_from_slice(p));
+    out.clear();
+    out.push(one.freeze());
 }
 
 #[cfg(test)]
@@ -283,6 +324,85 @@ mod tests {
     }
 
     #[test]
+    fn a_small_body_of_known_length_that_comes_after_its_head_goes_as_one_whole_item() {
+        use std::io::{Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let server = std::thread::spawn(move || {
+            let (mut s, _) = listener.accept().unwrap();
+            let mut req = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") || !req.ends_with(b"{}") {
+                let n = s.read(&mut buf).unwrap();
+                assert!(n > 0, "request cut");
+                req.extend_from_slice(&buf[..n]);
+            }
+            let body =
+                format!(r#"{{"usage":{{"prompt_tokens":4,"completion_tokens":5}},"pad":"{}"}}"#, "x".repeat(20_000));
+            let head =
+                format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len());
+            // The head with a little of the body, the rest in pieces: reads
+            // of the node that each find only part of it.
+            s.write_all(format!("{head}{}", &body[..9]).as_bytes()).unwrap();
+            for piece in body.as_bytes()[9..].chunks(7_000) {
+                std::thread::sleep(Duration::from_millis(20));
+                s.write_all(piece).unwrap();
+            }
+            body
+        });
+        let url = UpstreamUrl { tls: false, host: "127.0.0.1".into(), port, path_prefix: String::new() };
+        let a = OpenAiCompatAdapter::new("up".into(), url, None, 1, Duration::from_secs(5), UpstreamClient::default());
+        let items = run(&a, spec(b"{}", false));
+        let body = server.join().unwrap();
+        let [TunnelItem::Whole(w)] = &items[..] else { panic!("{items:?}") };
+        assert_eq!(body_of(&items), body.as_bytes());
+        assert_eq!(w.usage, Some(Usage { input_tokens: 4, output_tokens: 5, ..Default::default() }));
+        assert!(w.headers.iter().any(|(n, v)| n == "content-length" && &v[..] == body.len().to_string().as_bytes()));
+    }
+
+    #[test]
+    fn small_pieces_are_joined_and_large_ones_kept_apart() {
+        let small: Vec<Bytes> = (0..40).map(|i| Bytes::from(format!("data: {i}\n\n"))).collect();
+        let mut out = small.clone();
+        coalesce(&mut out);
+        assert_eq!(out.len(), 1);
+        assert_eq!(out[0], small.concat());
+        let large = vec![Bytes::from(vec![b'a'; 8192]), Bytes::from(vec![b'b'; 8192])];
+        let mut out = large.clone();
+        coalesce(&mut out);
+        assert_eq!(out, large, "relayed from the read buffer, not copied");
+        let mut one = vec![Bytes::from_static(b"x")];
+        coalesce(&mut one);
+        assert_eq!(one, [Bytes::from_static(b"x")]);
+    }
+
+    #[test]
+    fn a_burst_of_events_goes_as_one_piece_per_read() {
+        let events: Vec<String> = (0..30)
+            .map(|i| format!(r#"{{"choices":[{{"delta":{{"content":"t{i}"}}}}]}}"#))
+            .chain(["[DONE]".into()])
+            .collect();
+        let events: Vec<&str> = events.iter().map(String::as_str).collect();
+        let server = TestServer::start(vec![Reply::keep(sse_chunked(&events))]);
+        let items = run(&adapter(&server, Duration::from_secs(5)), spec(b"{}", false));
+        // Each read's events (one HTTP chunk each) joined: no item of parts.
+        let pieces: usize = items
+            .iter()
+            .map(|i| match i {
+                TunnelItem::Body(_) => 1,
+                TunnelItem::Parts(p) => p.len(),
+                TunnelItem::Whole(w) => w.body.len(),
+                _ => 0,
+            })
+            .sum();
+        assert!(!items.iter().any(|i| matches!(i, TunnelItem::Parts(_))), "{items:?}");
+        assert!(pieces <= 4, "{pieces} pieces for 31 events: {items:?}");
+        let body = String::from_utf8(body_of(&items)).unwrap();
+        assert!(body.starts_with("data: {") && body.ends_with("data: [DONE]\n\n"), "{body}");
+        assert_eq!(body.matches("data: ").count(), 31);
+    }
+
+    #[test]
     fn a_body_that_comes_after_its_head_goes_as_start_body_end() {
         use std::io::{Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -297,11 +417,12 @@ mod tests {
                 assert!(n > 0, "request cut");
                 req.extend_from_slice(&buf[..n]);
             }
-            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 51\r\n\r\n{\"usage\":")
+            // Of unknown length (chunked): relayed as it comes.
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n9\r\n{\"usage\":\r\n")
                 .unwrap();
             // The rest only once the node relayed the status.
             started_rx.recv().unwrap();
-            s.write_all(br#"{"prompt_tokens":4,"completion_tokens":5}}"#).unwrap();
+            s.write_all(b"2a\r\n{\"prompt_tokens\":4,\"completion_tokens\":5}}\r\n0\r\n\r\n").unwrap();
         });
         let url = UpstreamUrl { tls: false, host: "127.0.0.1".into(), port, path_prefix: String::new() };
         let a = OpenAiCompatAdapter::new("up".into(), url, None, 1, Duration::from_secs(5), UpstreamClient::default());

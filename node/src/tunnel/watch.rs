@@ -36,6 +36,8 @@ pub struct BodyWatch {
     hide_usage_chunk: bool,
     /// Bytes of the current line so far, without its terminator.
     line_len: usize,
+    /// Lines of the current event so far.
+    lines: usize,
     /// The last byte seen was a CR: a LF next is the same line end.
     after_cr: bool,
     /// The start of the current event, from earlier chunks (SSE).
@@ -75,6 +77,7 @@ impl BodyWatch {
             mode,
             hide_usage_chunk: hide_usage_chunk && mode == Mode::Sse,
             line_len: 0,
+            lines: 0,
             after_cr: false,
             carry: BytesMut::new(),
             carry_overflow: false,
@@ -92,6 +95,11 @@ impl BodyWatch {
     /// after it belongs to the answer.
     pub fn ended(&self) -> bool {
         self.ended
+    }
+
+    /// The body is an event stream (relayed as it arrives).
+    pub fn is_stream(&self) -> bool {
+        self.mode == Mode::Sse
     }
 
     /// Takes one chunk of the body; appends to `out` what to relay now.
@@ -137,6 +145,11 @@ impl BodyWatch {
 
     fn push_sse(&mut self, chunk: Bytes, out: &mut Vec<Bytes>) {
         let ends = self.event_ends(&chunk);
+        // The chunk's complete events are searched once for usage keys, not
+        // event by event (a read of a fast stream holds dozens).
+        let complete = &chunk[..ends.last().map_or(0, |e| e.0)];
+        let usage_keys = usage_keys(complete);
+        let mut keys = usage_keys.iter().peekable();
         if !self.hide_usage_chunk {
             // Relayed at once; events are only looked at for usage.
             out.push(chunk.clone());
@@ -152,7 +165,7 @@ impl BodyWatch {
             }
         }
         let mut kept = true;
-        for end in ends {
+        for (end, one_line) in ends {
             if std::mem::take(&mut self.carry_overflow) {
                 // The end of an event too big to be the usage chunk: kept.
                 (start, kept) = (end, true);
@@ -170,7 +183,16 @@ impl BodyWatch {
                 (start, run_start) = (end, end);
                 continue;
             }
-            kept = self.inspect(&chunk[start..end]);
+            // Keys before this event belong to events looked at whole above.
+            while keys.next_if(|&&at| at < start).is_some() {}
+            let mentions = keys.next_if(|&&at| at < end).is_some();
+            while keys.next_if(|&&at| at < end).is_some() {}
+            let event = &chunk[start..end];
+            // An event of one line (most are) is judged by that line alone,
+            // without a search for its end.
+            let terminal =
+                if one_line { line_is_terminal(without_line_ends(event), &mut false) } else { is_terminal(event) };
+            kept = self.inspect_with(event, mentions, terminal);
             if self.hide_usage_chunk && !kept {
                 if run_start < start {
                     out.push(chunk.slice(run_start..start));
@@ -204,9 +226,10 @@ impl BodyWatch {
         }
     }
 
-    /// Offsets in `chunk` just past each event-ending blank line, carrying
-    /// the line state across chunks. Lines end with LF, CRLF or CR.
-    fn event_ends(&mut self, chunk: &[u8]) -> Vec<usize> {
+    /// Offsets in `chunk` just past each event-ending blank line, and
+    /// whether that event was one line, carrying the line state across
+    /// chunks. Lines end with LF, CRLF or CR.
+    fn event_ends(&mut self, chunk: &[u8]) -> Vec<(usize, bool)> {
         let mut ends = Vec::new();
         let mut i = 0;
         while i < chunk.len() {
@@ -224,7 +247,7 @@ impl BodyWatch {
             if chunk[at] == b'\n' && self.after_cr && off == 0 {
                 // The LF of a CRLF whose CR ended the line already.
                 self.after_cr = false;
-                if let Some(last) = ends.last_mut() {
+                if let Some((last, _)) = ends.last_mut() {
                     if *last == at {
                         *last = at + 1;
                     }
@@ -235,7 +258,10 @@ impl BodyWatch {
             self.line_len = 0;
             self.after_cr = chunk[at] == b'\r';
             if empty {
-                ends.push(at + 1);
+                ends.push((at + 1, self.lines == 1));
+                self.lines = 0;
+            } else {
+                self.lines += 1;
             }
         }
         ends
@@ -244,10 +270,16 @@ impl BodyWatch {
     /// Looks at one complete event; false when it is the usage-only event
     /// to leave out.
     fn inspect(&mut self, event: &[u8]) -> bool {
-        if is_terminal(event) {
+        self.inspect_with(event, mentions_usage(event), is_terminal(event))
+    }
+
+    /// [`Self::inspect`] told whether the event mentions usage (see
+    /// [`mentions_usage`]) and whether it is terminal.
+    fn inspect_with(&mut self, event: &[u8], mentions: bool, terminal: bool) -> bool {
+        if terminal {
             self.ended = true;
         }
-        if !mentions_usage(event) {
+        if !mentions {
             return true;
         }
         let data = event_data(event);
@@ -276,39 +308,58 @@ fn is_terminal(event: &[u8]) -> bool {
         let end = memchr::memchr2(b'\r', b'\n', rest).unwrap_or(rest.len());
         let line = &rest[..end];
         rest = rest.get(end + 1..).unwrap_or_default();
-        if let Some(name) = line.strip_prefix(b"event:") {
-            named = true;
-            let name = name.strip_prefix(b" ").unwrap_or(name);
-            if TERMINAL_EVENTS.contains(&name) {
-                return true;
-            }
-        } else if let Some(data) = line.strip_prefix(b"data:") {
-            let data = data.strip_prefix(b" ").unwrap_or(data);
-            if data == b"[DONE]" {
-                return true;
-            }
-            if !named {
-                if let Some(after) = data.trim_ascii_start().strip_prefix(br#"{"type":""#) {
-                    let name = after.split(|&b| b == b'"').next().unwrap_or_default();
-                    if after.len() > name.len() && TERMINAL_EVENTS.contains(&name) {
-                        return true;
-                    }
-                }
-            }
+        if line_is_terminal(line, &mut named) {
+            return true;
         }
     }
     false
+}
+
+/// `event` without the line ends at its end.
+fn without_line_ends(event: &[u8]) -> &[u8] {
+    let keep = event.iter().rposition(|&b| b != b'\r' && b != b'\n').map_or(0, |i| i + 1);
+    &event[..keep]
+}
+
+/// One line of an event (without its line end) for [`is_terminal`];
+/// `named`: an `event:` line came before (set by one).
+fn line_is_terminal(line: &[u8], named: &mut bool) -> bool {
+    if let Some(name) = line.strip_prefix(b"event:") {
+        *named = true;
+        let name = name.strip_prefix(b" ").unwrap_or(name);
+        return TERMINAL_EVENTS.contains(&name);
+    }
+    let Some(data) = line.strip_prefix(b"data:") else { return false };
+    let data = data.strip_prefix(b" ").unwrap_or(data);
+    if data == b"[DONE]" {
+        return true;
+    }
+    if *named {
+        return false;
+    }
+    let Some(after) = data.trim_ascii_start().strip_prefix(br#"{"type":""#) else { return false };
+    let name = after.split(|&b| b == b'"').next().unwrap_or_default();
+    after.len() > name.len() && TERMINAL_EVENTS.contains(&name)
 }
 
 /// Whether `event` may carry usage: it has a `"usage"` key whose value is
 /// not `null`. OpenAI-style streams put `"usage":null` in every chunk when
 /// usage was asked for; those need no parse.
 fn mentions_usage(event: &[u8]) -> bool {
+    usage_key_offsets(event).next().is_some()
+}
+
+/// Where in `events` a `"usage"` key whose value is not `null` starts.
+fn usage_keys(events: &[u8]) -> Vec<usize> {
+    usage_key_offsets(events).collect()
+}
+
+fn usage_key_offsets(bytes: &[u8]) -> impl Iterator<Item = usize> + '_ {
     // Built once: building a finder costs more than searching a chunk.
     static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
         std::sync::LazyLock::new(|| memchr::memmem::Finder::new(b"\"usage\""));
-    KEY.find_iter(event).any(|at| {
-        let rest = &event[at + 7..];
+    KEY.find_iter(bytes).filter(|&at| {
+        let rest = &bytes[at + 7..];
         let rest = rest.trim_ascii_start();
         let Some(rest) = rest.strip_prefix(b":") else { return true };
         !rest.trim_ascii_start().starts_with(b"null")
@@ -637,6 +688,40 @@ mod tests {
         );
         let (body, usage) = run("plain error", "text/plain", true, &[3]);
         assert_eq!((body, usage), (b"plain error".to_vec(), None));
+    }
+
+    #[test]
+    fn the_chunk_search_finds_every_usage_key_not_null() {
+        let events = b"data: {\"usage\":null}\n\ndata: {\"usage\": {\"x\":1}}\n\ndata: {\"usage\"}\n\n";
+        let keys = usage_keys(events);
+        assert_eq!(keys.len(), 2, "{keys:?}");
+        assert!(keys.iter().all(|&at| &events[at..at + 7] == b"\"usage\""));
+    }
+
+    #[test]
+    fn a_one_line_event_is_judged_as_a_whole_event_is() {
+        let lines: [&[u8]; 9] = [
+            b"data: [DONE]",
+            b"data:[DONE]",
+            b"data: [DONE] ",
+            b"event: message_stop",
+            b"event: response.completed",
+            br#"data: {"type":"response.failed","response":{}}"#,
+            br#"data: {"type":"message_delta"}"#,
+            br#"data: {"choices":[{"delta":{"content":"[DONE]"}}]}"#,
+            b": comment",
+        ];
+        for line in lines {
+            for end in [&b"\n\n"[..], b"\r\n\r\n", b"\r\r"] {
+                let event = [line, end].concat();
+                assert_eq!(
+                    line_is_terminal(without_line_ends(&event), &mut false),
+                    is_terminal(&event),
+                    "{}",
+                    String::from_utf8_lossy(&event)
+                );
+            }
+        }
     }
 
     #[test]

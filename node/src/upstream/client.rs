@@ -339,20 +339,28 @@ impl Response {
         self.reused
     }
 
+    /// The body bytes still to come when the head announced a length (what
+    /// is already read and not yet handed out counts as come).
+    pub fn length_left(&self) -> Option<u64> {
+        let left = self.decoder.length_left()?;
+        Some(left.saturating_sub(self.buf.len() as u64))
+    }
+
     /// The body was read to its end.
     pub fn is_done(&self) -> bool {
         self.done
     }
 
-    /// The next body chunk already read, without reading more: `Ok(None)`
-    /// when more must be read first (or the body ended: see `is_done`).
+    /// The body bytes already read, as one piece however many HTTP chunks
+    /// they span, without reading more: `Ok(None)` when more must be read
+    /// first (or the body ended: see `is_done`).
     pub fn chunk_ready(&mut self) -> Result<Option<Bytes>, UpstreamError> {
         loop {
             if self.done {
                 return Ok(None);
             }
             let before = self.buf.len();
-            let data = self.decoder.decode(&mut self.buf)?;
+            let data = self.decoder.decode_joined(&mut self.buf)?;
             if self.decoder.is_done() {
                 self.finish();
             }
@@ -390,12 +398,17 @@ impl Response {
                     None => Some(now),
                 }
             };
+            // A body of known length asks for what is left of it (bounded):
+            // one read instead of a doubling series from the smallest.
+            let want = self.length_left().map_or(self.read_size, |left| {
+                usize::try_from(left).unwrap_or(usize::MAX).clamp(self.read_size, MAX_BODY_READ)
+            });
             let Some(stream) = self.conn.as_mut() else {
                 return Err(UpstreamError::Closed("before the end of the body"));
             };
             let room = self.buf.capacity() - self.buf.len();
-            let ask = if room >= self.read_size { room } else { self.read_size };
-            let read = read_append(stream, &mut self.buf, self.read_size).await;
+            let ask = if room >= want { room } else { want };
+            let read = read_append(stream, &mut self.buf, want).await;
             if matches!(read, Ok(n) if n >= ask) {
                 // The read filled what it had: ask for more next time.
                 self.read_size = (self.read_size * 2).min(MAX_BODY_READ);
