@@ -235,6 +235,12 @@ impl FrameWriter {
         self.queue(|buf, max| wire::encode_tunnel_body(tunnel_id, seq, parts, buf, max))
     }
 
+    /// Queues the frame of a run request; its body is written from its own
+    /// memory.
+    pub fn send_run_request(&self, req: &mut wire::pb::RunRequest) -> Result<(), SendError> {
+        self.queue(|buf, max| wire::encode_run_request(req, buf, max))
+    }
+
     /// Queues the frame of a tunnel request; its body is written from its
     /// own memory.
     pub fn send_tunnel_request(&self, req: &wire::pb::ProviderTunnelRequest) -> Result<(), SendError> {

@@ -59,14 +59,11 @@ pub(super) async fn pump_commands(rx: mailbox::Receiver<SessionCmd>, p: Pumped) 
                     req.profile = LONG.into();
                 }
                 runs.borrow_mut().insert(req.run_id.clone(), events, Some(lease));
-                let env = envelope(0, Body::RunRequest(*req));
-                if writer.send(&env).is_err() {
+                if writer.send_run_request(&mut req).is_err() {
                     break;
                 }
                 // The target moves from the sent request to the entry (no copy).
-                if let Some(Body::RunRequest(r)) = env.body {
-                    runs.borrow_mut().set_target(&r.run_id, r.target);
-                }
+                runs.borrow_mut().set_target(&req.run_id, std::mem::take(&mut req.target));
             }
             SessionCmd::Tunnel { mut req, events, lease } => {
                 if let Some(l) = &leases {

@@ -94,6 +94,9 @@ struct Cursor<'a> {
     i: usize,
 }
 
+/// Bytes of a string looked at one by one before a search takes over.
+const SHORT_STRING: usize = 32;
+
 impl<'a> Cursor<'a> {
     fn ws(&mut self) {
         while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.b.get(self.i) {
@@ -149,8 +152,14 @@ impl<'a> Cursor<'a> {
     fn plain_str(&mut self) -> Option<&'a str> {
         self.eat(b'"')?;
         let start = self.i;
-        // Strings here are short: a plain loop beats a search's setup.
-        let len = self.b[start..].iter().position(|&b| b == b'"' || b == b'\\')?;
+        // Most strings here are short, where a plain loop beats a search's
+        // setup; a long one (a big token, a tool's arguments) is searched.
+        let rest = &self.b[start..];
+        let head = &rest[..rest.len().min(SHORT_STRING)];
+        let len = match head.iter().position(|&b| b == b'"' || b == b'\\') {
+            Some(len) => len,
+            None => head.len() + memchr::memchr2(b'"', b'\\', &rest[head.len()..])?,
+        };
         if self.b[start + len] != b'"' {
             return None;
         }

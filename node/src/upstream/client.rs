@@ -22,6 +22,8 @@ use super::{
 /// double, up to [`MAX_BODY_READ`], while reads fill them.
 const MIN_READ: usize = 1024;
 const MAX_BODY_READ: usize = 64 * 1024;
+/// Largest first body read (see `Inner::read_hint`).
+const MAX_READ_HINT: usize = 16 * 1024;
 
 /// One HTTP request to send.
 #[derive(Clone, Copy)]
@@ -68,6 +70,11 @@ struct Inner {
     pool: Pool,
     /// A sweep task is running (it ends once the pool is empty).
     sweeping: Cell<bool>,
+    /// Room the first body read of the next response asks for: where the
+    /// last response's reads ended, so a provider that sends its events in
+    /// bursts is not read again through a doubling series from the
+    /// smallest read, each response anew.
+    read_hint: Cell<usize>,
 }
 
 impl Inner {
@@ -139,7 +146,7 @@ impl UpstreamClient {
     /// A client with its own, empty pool.
     pub fn new(cfg: ClientConfig) -> Self {
         let pool = Pool::new(cfg.max_idle_per_host, cfg.idle_timeout);
-        Self { inner: Rc::new(Inner { cfg, pool, sweeping: Cell::new(false) }) }
+        Self { inner: Rc::new(Inner { cfg, pool, sweeping: Cell::new(false), read_hint: Cell::new(MIN_READ) }) }
     }
 
     /// The client's settings.
@@ -239,7 +246,7 @@ impl UpstreamClient {
             key,
             reused,
             done: false,
-            read_size: MIN_READ,
+            read_size: self.inner.read_hint.get(),
             pacer: Pacer::default(),
         };
         if resp.decoder.is_done() {
@@ -305,6 +312,7 @@ impl fmt::Debug for Response {
 
 impl Drop for Response {
     fn drop(&mut self) {
+        self.client.read_hint.set(self.read_size.min(MAX_READ_HINT));
         // Still held: the body did not end (a finished one is parked or closed).
         if let Some(stream) = &self.conn {
             stream.shutdown_now();
@@ -409,9 +417,13 @@ impl Response {
             let room = self.buf.capacity() - self.buf.len();
             let ask = if room >= want { room } else { want };
             let read = read_append(stream, &mut self.buf, want).await;
-            if matches!(read, Ok(n) if n >= ask) {
+            match read {
                 // The read filled what it had: ask for more next time.
-                self.read_size = (self.read_size * 2).min(MAX_BODY_READ);
+                Ok(n) if n >= ask => self.read_size = (self.read_size * 2).min(MAX_BODY_READ),
+                // Far less came than was asked for (a paced stream): a
+                // smaller room, which the read holds while it waits.
+                Ok(n) if n > 0 && n * 4 < self.read_size => self.read_size = (self.read_size / 2).max(MIN_READ),
+                _ => {}
             }
             if let Some(started) = started {
                 let n = *read.as_ref().unwrap_or(&0);
@@ -518,6 +530,29 @@ mod tests {
         assert!(head.to_ascii_lowercase().contains(&format!("\r\nhost: 127.0.0.1:{port}")), "{head}");
         assert!(body.is_empty());
         assert!(matches!(server.next_event(), Event::Request { conn: 0, .. }));
+    }
+
+    #[test]
+    fn the_next_response_starts_reading_where_the_last_one_ended() {
+        use crate::upstream::test_server::sse_chunked;
+        let events: Vec<String> = (0..400).map(|i| format!(r#"{{"n":{i},"pad":"{}"}}"#, "x".repeat(100))).collect();
+        let events: Vec<&str> = events.iter().map(String::as_str).collect();
+        let server = TestServer::start(vec![Reply::keep(sse_chunked(&events)), Reply::keep(sse_chunked(&events[..1]))]);
+        let port = server.addr.port();
+        let client = UpstreamClient::default();
+        let (first, second) = iop_core::rt::block_on_current(async {
+            // A big body sent at once: the reads grow as they fill.
+            let mut resp = client.send(&get(port)).await.unwrap();
+            assert_eq!(resp.read_size, MIN_READ);
+            while resp.chunk().await.unwrap().is_some() {}
+            let grown = resp.read_size;
+            drop(resp);
+            let resp = client.send(&get(port)).await.unwrap();
+            (grown, resp.read_size)
+        })
+        .unwrap();
+        assert!(first > MIN_READ, "{first}");
+        assert_eq!(second, first.min(MAX_READ_HINT));
     }
 
     #[test]
