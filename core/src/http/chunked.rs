@@ -91,39 +91,16 @@ impl BodyDecoder {
                     let take = buf.len();
                     return Ok(Some(self.take(buf, take)));
                 }
-                State::ChunkSize => match httparse::parse_chunk_size(buf) {
-                    Ok(httparse::Status::Complete((consumed, size))) => {
-                        // httparse accepts a line without digits as size 0.
-                        if !buf.first().is_some_and(u8::is_ascii_hexdigit) {
-                            return Err(HttpError::Malformed("invalid chunk size"));
-                        }
-                        if consumed > MAX_CHUNK_LINE {
-                            return Err(HttpError::Malformed("chunk size line too long"));
-                        }
-                        // httparse takes any octet inside an extension, a bare
-                        // LF included: a lenient proxy in front would split
-                        // the line there (a smuggling primitive). Only the
-                        // final CRLF may be a line break; no other control
-                        // character but HTAB is allowed.
-                        if !valid_chunk_line(&buf[..consumed - 2]) {
-                            return Err(HttpError::Malformed("invalid character in chunk size line"));
-                        }
-                        buf.advance(consumed);
-                        if size == 0 {
-                            self.state = State::Trailers(0);
-                        } else {
-                            self.check_limit(size)?;
-                            self.state = State::ChunkData(size);
-                        }
+                State::ChunkSize => {
+                    let Some((consumed, size)) = size_line(buf)? else { return Ok(None) };
+                    buf.advance(consumed);
+                    if size == 0 {
+                        self.state = State::Trailers(0);
+                    } else {
+                        self.check_limit(size)?;
+                        self.state = State::ChunkData(size);
                     }
-                    Ok(httparse::Status::Partial) => {
-                        if buf.len() > MAX_CHUNK_LINE {
-                            return Err(HttpError::Malformed("chunk size line too long"));
-                        }
-                        return Ok(None);
-                    }
-                    Err(_) => return Err(HttpError::Malformed("invalid chunk size")),
-                },
+                }
                 State::ChunkData(remaining) => {
                     if buf.is_empty() {
                         return Ok(None);
@@ -191,34 +168,14 @@ impl BodyDecoder {
         loop {
             match self.state {
                 State::ChunkSize => {
-                    let rest = &buf[r..];
-                    match httparse::parse_chunk_size(rest) {
-                        Ok(httparse::Status::Complete((consumed, size))) => {
-                            if !rest.first().is_some_and(u8::is_ascii_hexdigit) {
-                                return Err(HttpError::Malformed("invalid chunk size"));
-                            }
-                            if consumed > MAX_CHUNK_LINE {
-                                return Err(HttpError::Malformed("chunk size line too long"));
-                            }
-                            if !valid_chunk_line(&rest[..consumed - 2]) {
-                                return Err(HttpError::Malformed("invalid character in chunk size line"));
-                            }
-                            r += consumed;
-                            if size == 0 {
-                                self.state = State::Trailers(0);
-                                break;
-                            }
-                            self.check_limit(size.saturating_add(w as u64))?;
-                            self.state = State::ChunkData(size);
-                        }
-                        Ok(httparse::Status::Partial) => {
-                            if rest.len() > MAX_CHUNK_LINE {
-                                return Err(HttpError::Malformed("chunk size line too long"));
-                            }
-                            break;
-                        }
-                        Err(_) => return Err(HttpError::Malformed("invalid chunk size")),
+                    let Some((consumed, size)) = size_line(&buf[r..])? else { break };
+                    r += consumed;
+                    if size == 0 {
+                        self.state = State::Trailers(0);
+                        break;
                     }
+                    self.check_limit(size.saturating_add(w as u64))?;
+                    self.state = State::ChunkData(size);
                 }
                 State::ChunkData(remaining) => {
                     let take = clamp_len(remaining, buf.len() - r);
@@ -301,6 +258,35 @@ impl BodyDecoder {
     fn take(&mut self, buf: &mut BytesMut, n: usize) -> Bytes {
         self.decoded += n as u64;
         buf.split_to(n).freeze()
+    }
+}
+
+/// The chunk-size line at the start of `buf`: its length with the CRLF
+/// and the size it gives; `None` until it is complete.
+fn size_line(buf: &[u8]) -> Result<Option<(usize, u64)>, HttpError> {
+    match httparse::parse_chunk_size(buf) {
+        Ok(httparse::Status::Complete((consumed, size))) => {
+            // httparse accepts a line without digits as size 0.
+            if !buf.first().is_some_and(u8::is_ascii_hexdigit) {
+                return Err(HttpError::Malformed("invalid chunk size"));
+            }
+            if consumed > MAX_CHUNK_LINE {
+                return Err(HttpError::Malformed("chunk size line too long"));
+            }
+            // httparse takes any octet inside an extension, a bare LF
+            // included: a lenient proxy in front would split the line there
+            // (a smuggling primitive). Only the final CRLF may be a line
+            // break; no other control character but HTAB is allowed.
+            if !valid_chunk_line(&buf[..consumed - 2]) {
+                return Err(HttpError::Malformed("invalid character in chunk size line"));
+            }
+            Ok(Some((consumed, size)))
+        }
+        Ok(httparse::Status::Partial) if buf.len() > MAX_CHUNK_LINE => {
+            Err(HttpError::Malformed("chunk size line too long"))
+        }
+        Ok(httparse::Status::Partial) => Ok(None),
+        Err(_) => Err(HttpError::Malformed("invalid chunk size")),
     }
 }
 

@@ -323,20 +323,27 @@ mod tests {
         }
     }
 
+    /// Accepts one connection and reads the request spec(b"{}") sends.
+    fn accept_request(listener: &std::net::TcpListener) -> std::net::TcpStream {
+        use std::io::Read;
+        let (mut s, _) = listener.accept().unwrap();
+        let mut req = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !req.windows(4).any(|w| w == b"\r\n\r\n") || !req.ends_with(b"{}") {
+            let n = s.read(&mut buf).unwrap();
+            assert!(n > 0, "request cut");
+            req.extend_from_slice(&buf[..n]);
+        }
+        s
+    }
+
     #[test]
     fn a_small_body_of_known_length_that_comes_after_its_head_goes_as_one_whole_item() {
-        use std::io::{Read, Write};
+        use std::io::Write;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let server = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            let mut req = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !req.windows(4).any(|w| w == b"\r\n\r\n") || !req.ends_with(b"{}") {
-                let n = s.read(&mut buf).unwrap();
-                assert!(n > 0, "request cut");
-                req.extend_from_slice(&buf[..n]);
-            }
+            let mut s = accept_request(&listener);
             let body =
                 format!(r#"{{"usage":{{"prompt_tokens":4,"completion_tokens":5}},"pad":"{}"}}"#, "x".repeat(20_000));
             let head =
@@ -404,19 +411,12 @@ mod tests {
 
     #[test]
     fn a_body_that_comes_after_its_head_goes_as_start_body_end() {
-        use std::io::{Read, Write};
+        use std::io::Write;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let (started_tx, started_rx) = std::sync::mpsc::channel();
         let server = std::thread::spawn(move || {
-            let (mut s, _) = listener.accept().unwrap();
-            let mut req = Vec::new();
-            let mut buf = [0u8; 4096];
-            while !req.windows(4).any(|w| w == b"\r\n\r\n") || !req.ends_with(b"{}") {
-                let n = s.read(&mut buf).unwrap();
-                assert!(n > 0, "request cut");
-                req.extend_from_slice(&buf[..n]);
-            }
+            let mut s = accept_request(&listener);
             // Of unknown length (chunked): relayed as it comes.
             s.write_all(b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n9\r\n{\"usage\":\r\n")
                 .unwrap();
