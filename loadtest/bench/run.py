@@ -48,10 +48,10 @@ def parse_args(argv):
     r.add_argument("--warmup", type=int, help="seconds of unmeasured load before S1, S2, S3, S6, S7 (default 2; --quick 1)")
     r.add_argument("--systems", default=",".join(systems.DEFAULT_SYSTEMS),
                    help="comma-separated, from %s, or 'all' (default: the first five)" % ",".join(systems.SYSTEMS))
-    r.add_argument("--scenarios", default=",".join(scenarios.ALL), help="comma-separated subset of S1..S7 and the dialects' M1, M2, M4 (Messages), R1, R2, R4 (Responses); "
+    r.add_argument("--scenarios", default=",".join(scenarios.DEFAULT), help="comma-separated subset of S1..S7 and the dialects' M1, M2, M4 (Messages), R1, R2, R4 (Responses); "
                         "`dialects` is all six; A1 (cache affinity) runs on iop-affinity,iop-affinity-off only; "
                         "S2B4, S2B16, S2B64, S3B4, S3B16 (the mock writes that many events per write) and S1L "
-                        "(16 KiB prompts and answers): `bursts` is all six")
+                        "(16 KiB prompts and answers): `bursts` is all six (default: S1..S7, S2B16, S3B16, S1L)")
     r.add_argument("--workers", type=int, help="workers per process outside S7 (default: cores)")
     r.add_argument("--bin-dir", help="where the four binaries are (default: $CARGO_TARGET_DIR/release or target/release)")
     r.add_argument("--build", action="store_true", help="run `%s` first" % " ".join(BUILD))

@@ -39,14 +39,16 @@ AFFINITY_IDS = ["A1"]
 TITLES["A1"] = "cache affinity: sessions over 3 targets that reward a repeated prefix"
 # Bursts (issue 29): S2 and S3 whose mock writes several events per write,
 # so a read holds many (a fast engine's several tokens a scheduler step, a
-# congested link), and S1 with 16 KiB prompts and answers. Not in the
-# default run: `--scenarios bursts`.
+# congested link), and S1 with 16 KiB prompts and answers. The default run
+# has S2B16, S3B16 and S1L; `--scenarios bursts` is all six.
 BURSTS = {"S2B4": 4, "S2B16": 16, "S2B64": 64, "S3B4": 4, "S3B16": 16}
 for _sid, _n in BURSTS.items():
     TITLES[_sid] = "%s, %d events per write" % (TITLES[_sid[:2]], _n)
 TITLES["S1L"] = "S1 with 16 KiB prompts and 16 KiB answers"
 BURST_IDS = list(BURSTS) + ["S1L"]
 KNOWN = ALL + DIALECT_IDS + AFFINITY_IDS + BURST_IDS
+# What `run` runs without --scenarios.
+DEFAULT = ALL + ["S2B16", "S3B16", "S1L"]
 
 
 def base(sid):

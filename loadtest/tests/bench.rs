@@ -183,8 +183,12 @@ fn dry_run_interleaves_rounds() {
     let runs: Vec<Vec<&str>> =
         out.lines().filter(|l| l.contains(" round ")).map(|l| l.split_whitespace().collect()).collect();
     // 7 scenarios x 7 systems x 2 rounds, less S7 on direct, S7 twice (1 and
-    // 2 workers), and S3 twice the rounds (2 more of 7 systems).
-    assert_eq!(runs.len(), (6 * 7 + 6 * 2) * 2 + 7 * 2, "{out}");
+    // 2 workers), and S3 twice the rounds (2 more of 7 systems); then the
+    // bursts S2B16, S3B16 (twice the rounds, as S3) and S1L.
+    assert_eq!(runs.len(), (6 * 7 + 6 * 2) * 2 + 7 * 2 + (7 * 2 + 7 * 4 + 7 * 2), "{out}");
+    let bursts: Vec<&str> =
+        runs.iter().filter(|r| r[4] == "direct").map(|r| r[1]).filter(|s| s.contains(['B', 'L'])).collect();
+    assert_eq!(bursts, ["S2B16", "S2B16", "S3B16", "S3B16", "S3B16", "S3B16", "S1L", "S1L"], "{out}");
     let systems = ["direct", "nginx1", "nginx2", "haproxy1", "haproxy2", "iop-tunnel", "iop-normalized"];
     let s1: Vec<(&str, &str)> = runs.iter().filter(|r| r[1] == "S1").map(|r| (r[3], r[4])).collect();
     let want: Vec<(&str, &str)> = ["1", "2"].iter().flat_map(|rnd| systems.iter().map(move |s| (*rnd, *s))).collect();
