@@ -47,10 +47,7 @@ pub enum WireError {
 pub fn encode(msg: &Envelope, out: &mut BytesMut, max_frame_bytes: usize) -> Result<(), WireError> {
     let len = msg.encoded_len();
     // The prefix is a u32: a larger max must not let a length wrap around.
-    let prefix = match u32::try_from(len) {
-        Ok(prefix) if len <= max_frame_bytes => prefix,
-        _ => return Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
-    };
+    let prefix = frame_prefix(len, max_frame_bytes)?;
     out.reserve(PREFIX_LEN + len);
     out.put_u32(prefix);
     msg.encode(out)?;
@@ -75,10 +72,7 @@ pub fn encode_run_event(
     debug_assert!(ev.run_id.is_empty(), "the id is written from `run_id`");
     let inner = opt_field_len(RUN_ID, run_id.len()) + ev.encoded_len();
     let len = field_len(RUN_EVENT, inner);
-    let prefix = match u32::try_from(len) {
-        Ok(prefix) if len <= max_frame_bytes => prefix,
-        _ => return Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
-    };
+    let prefix = frame_prefix(len, max_frame_bytes)?;
     out.reserve(PREFIX_LEN + len);
     out.put_u32(prefix);
     encode_key(RUN_EVENT, WireType::LengthDelimited, out);
@@ -155,6 +149,15 @@ impl TunnelHead<'_> {
     }
 }
 
+/// The length prefix of a frame of `len` bytes, refused over the maximum
+/// (the prefix is a u32: a larger maximum must not let a length wrap).
+fn frame_prefix(len: usize, max_frame_bytes: usize) -> Result<u32, WireError> {
+    match u32::try_from(len) {
+        Ok(prefix) if len <= max_frame_bytes => Ok(prefix),
+        _ => Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
+    }
+}
+
 /// Bytes of a length-delimited field of `len` bytes.
 fn field_len(tag: u32, len: usize) -> usize {
     use prost::encoding::{encoded_len_varint, key_len};
@@ -179,10 +182,7 @@ fn put_tunnel_frame_start(
     let seq_len = if seq == 0 { 0 } else { key_len(TUNNEL_SEQ) + encoded_len_varint(seq) };
     let inner = id_len + seq_len + field_len(kind_tag, kind_len) + after;
     let len = field_len(TUNNEL_FRAME, inner);
-    let prefix = match u32::try_from(len) {
-        Ok(prefix) if len <= max_frame_bytes => prefix,
-        _ => return Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
-    };
+    let prefix = frame_prefix(len, max_frame_bytes)?;
     out.put_with(|b| {
         b.put_u32(prefix);
         encode_key(TUNNEL_FRAME, WireType::LengthDelimited, b);
@@ -295,11 +295,11 @@ pub fn encode_run_request(
     let body = std::mem::take(&mut req.body);
     let inner = req.encoded_len() + opt_field_len(RUN_BODY, body.len());
     let len = field_len(RUN_REQUEST, inner);
-    let prefix = match u32::try_from(len) {
-        Ok(prefix) if len <= max_frame_bytes => prefix,
-        _ => {
+    let prefix = match frame_prefix(len, max_frame_bytes) {
+        Ok(prefix) => prefix,
+        Err(e) => {
             req.body = body;
-            return Err(WireError::FrameTooLarge { len, max: max_frame_bytes });
+            return Err(e);
         }
     };
     out.put_with(|b| {
@@ -346,10 +346,7 @@ pub fn encode_tunnel_request(
         + strings_len(&tail_strings);
     let inner = strings_len(&head_strings) + headers_len + opt_field_len(7, req.body.len()) + after_body;
     let len = field_len(TUNNEL_REQUEST, inner);
-    let prefix = match u32::try_from(len) {
-        Ok(prefix) if len <= max_frame_bytes => prefix,
-        _ => return Err(WireError::FrameTooLarge { len, max: max_frame_bytes }),
-    };
+    let prefix = frame_prefix(len, max_frame_bytes)?;
     let put_strings = |b: &mut BytesMut, s: &[(u32, &String)]| {
         for (tag, v) in s {
             put_bytes_field(b, *tag, v.as_bytes());

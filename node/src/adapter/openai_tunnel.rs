@@ -93,10 +93,8 @@ impl OpenAiCompatAdapter {
         // A small body of known length that is not an event stream: the rest
         // is awaited, so it too goes as one whole item (one frame, one client
         // write) rather than a start, a piece per read and an end.
-        let small = |resp: &crate::upstream::Response, arrived: usize| {
-            resp.length_left().is_some_and(|left| left <= (MAX_WHOLE_BYTES - arrived.min(MAX_WHOLE_BYTES)) as u64)
-        };
-        if !watch.is_stream() && small(&resp, arrived) {
+        let fits = |left: u64| left.saturating_add(arrived as u64) <= MAX_WHOLE_BYTES as u64;
+        if !watch.is_stream() && resp.length_left().is_some_and(fits) {
             while out.len() < MAX_PARTS && !resp.is_done() {
                 match resp.chunk().await {
                     Ok(Some(chunk)) => {

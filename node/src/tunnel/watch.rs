@@ -148,8 +148,7 @@ impl BodyWatch {
         // The chunk's complete events are searched once for usage keys, not
         // event by event (a read of a fast stream holds dozens).
         let complete = &chunk[..ends.last().map_or(0, |e| e.0)];
-        let usage_keys = usage_keys(complete);
-        let mut keys = usage_keys.iter().peekable();
+        let mut keys = usage_key_offsets(complete).peekable();
         if !self.hide_usage_chunk {
             // Relayed at once; events are only looked at for usage.
             out.push(chunk.clone());
@@ -184,9 +183,11 @@ impl BodyWatch {
                 continue;
             }
             // Keys before this event belong to events looked at whole above.
-            while keys.next_if(|&&at| at < start).is_some() {}
-            let mentions = keys.next_if(|&&at| at < end).is_some();
-            while keys.next_if(|&&at| at < end).is_some() {}
+            while keys.next_if(|&at| at < start).is_some() {}
+            let mut mentions = false;
+            while keys.next_if(|&at| at < end).is_some() {
+                mentions = true;
+            }
             let event = &chunk[start..end];
             // An event of one line (most are) is judged by that line alone,
             // without a search for its end.
@@ -349,11 +350,7 @@ fn mentions_usage(event: &[u8]) -> bool {
     usage_key_offsets(event).next().is_some()
 }
 
-/// Where in `events` a `"usage"` key whose value is not `null` starts.
-fn usage_keys(events: &[u8]) -> Vec<usize> {
-    usage_key_offsets(events).collect()
-}
-
+/// Where in `bytes` a `"usage"` key whose value is not `null` starts.
 fn usage_key_offsets(bytes: &[u8]) -> impl Iterator<Item = usize> + '_ {
     // Built once: building a finder costs more than searching a chunk.
     static KEY: std::sync::LazyLock<memchr::memmem::Finder<'static>> =
@@ -693,7 +690,7 @@ mod tests {
     #[test]
     fn the_chunk_search_finds_every_usage_key_not_null() {
         let events = b"data: {\"usage\":null}\n\ndata: {\"usage\": {\"x\":1}}\n\ndata: {\"usage\"}\n\n";
-        let keys = usage_keys(events);
+        let keys: Vec<usize> = usage_key_offsets(events).collect();
         assert_eq!(keys.len(), 2, "{keys:?}");
         assert!(keys.iter().all(|&at| &events[at..at + 7] == b"\"usage\""));
     }
