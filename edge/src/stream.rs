@@ -10,6 +10,8 @@
 //! stream with at least [`COMPACT_AFTER`] queued whose client took nothing
 //! for [`STALL`] gets its new items copied out ("compacted"), so a stalled
 //! client cannot keep read buffers alive beyond what arrived in [`STALL`].
+//! The clock is read only for an item that shares a buffer, sent to a deep
+//! queue: a busy stream of owned items (most run events) never reads it.
 
 use std::{
     sync::{
@@ -87,14 +89,24 @@ fn now_nanos() -> u64 {
     u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
+/// [`Shared::still_since`]: the client took an item since the sender last
+/// looked.
+const MOVED: u64 = u64::MAX;
+
 /// What both sides of a stream channel see.
-#[derive(Default)]
 struct Shared {
     /// Cost of what is queued.
     queued: AtomicUsize,
-    /// Since when the queue has been at least [`COMPACT_AFTER`] without
-    /// the client taking anything (nanoseconds, [`now_nanos`]).
-    deep_since: AtomicU64,
+    /// Since when the client has taken nothing, as first seen by a send to
+    /// a deep queue (nanoseconds, [`now_nanos`]), or [`MOVED`]. The client
+    /// only marks that it moved, so taking an item reads no clock.
+    still_since: AtomicU64,
+}
+
+impl Default for Shared {
+    fn default() -> Self {
+        Self { queued: AtomicUsize::new(0), still_since: AtomicU64::new(MOVED) }
+    }
 }
 
 /// An item that travels in a stream channel.
@@ -103,6 +115,9 @@ pub trait Queued {
     fn payload_bytes(&self) -> usize;
     /// Whether it ends the stream.
     fn is_terminal(&self) -> bool;
+    /// Whether it shares bytes with a larger buffer (what [`Self::compact`]
+    /// would copy out).
+    fn shares(&self) -> bool;
     /// Copies the bytes it shares with a larger buffer into its own.
     fn compact(&mut self);
 }
@@ -128,6 +143,10 @@ impl Queued for ExecEvent {
         ExecEvent::is_terminal(self)
     }
 
+    fn shares(&self) -> bool {
+        matches!(self, ExecEvent::Delta(Delta { logprobs: Some(lp), .. }) if !lp.is_empty())
+    }
+
     fn compact(&mut self) {
         // Everything else a run event holds was decoded into owned values.
         if let ExecEvent::Delta(Delta { logprobs: Some(lp), .. }) = self {
@@ -143,6 +162,10 @@ impl Queued for TunnelItem {
 
     fn is_terminal(&self) -> bool {
         TunnelItem::is_terminal(self)
+    }
+
+    fn shares(&self) -> bool {
+        !matches!(self, TunnelItem::End { .. } | TunnelItem::Error(_))
     }
 
     fn compact(&mut self) {
@@ -198,19 +221,20 @@ impl<T: Queued> StreamTx<T> {
         self.send_at(item, reserve, now_nanos)
     }
 
-    /// [`Self::try_send`] on the clock `now` (read only for deep queues).
+    /// [`Self::try_send`] on the clock `now` (read only for an item that
+    /// shares a buffer, sent to a deep queue).
     fn send_at(&self, mut item: T, reserve: usize, now: impl Fn() -> u64) -> Result<(), Undelivered> {
         let size = cost_of(&item);
         let shared = &*self.shared;
         let queued = shared.queued.load(Ordering::Acquire);
-        if queued >= COMPACT_AFTER {
-            let since = shared.deep_since.load(Ordering::Acquire);
-            if now().saturating_sub(since) > STALL.as_nanos() as u64 {
-                item.compact();
+        if queued >= COMPACT_AFTER && item.shares() {
+            let now = now();
+            // The first look since the client moved starts the stall clock.
+            if let Err(since) = shared.still_since.compare_exchange(MOVED, now, Ordering::AcqRel, Ordering::Acquire) {
+                if now.saturating_sub(since) > STALL.as_nanos() as u64 {
+                    item.compact();
+                }
             }
-        } else if queued + size >= COMPACT_AFTER {
-            // This item makes the queue deep: the stall clock starts.
-            shared.deep_since.store(now(), Ordering::Release);
         }
         let over_window = queued >= flow::WINDOW_BYTES as usize;
         if reserve > 0 && (over_window || self.tx.len() + reserve >= RUN_EVENT_CAPACITY) {
@@ -247,23 +271,21 @@ impl<T: Queued> StreamRx<T> {
     /// Next item without waiting.
     pub fn try_recv(&self) -> Option<T> {
         let item = self.rx.try_recv()?;
-        self.took(&item, now_nanos);
+        self.took(&item);
         Some(item)
     }
 
     /// Next item; `None` once the sender is gone and the queue is empty.
     pub async fn recv(&self) -> Option<T> {
         let item = self.rx.recv().await?;
-        self.took(&item, now_nanos);
+        self.took(&item);
         Some(item)
     }
 
-    fn took(&self, item: &T, now: impl Fn() -> u64) {
-        let left = self.shared.queued.fetch_sub(cost_of(item), Ordering::AcqRel) - cost_of(item);
-        if left >= COMPACT_AFTER {
-            // Still deep, but the client is moving: restart the stall clock.
-            self.shared.deep_since.store(now(), Ordering::Release);
-        }
+    fn took(&self, item: &T) {
+        self.shared.queued.fetch_sub(cost_of(item), Ordering::AcqRel);
+        // The client is moving: the stall clock restarts at the next look.
+        self.shared.still_since.store(MOVED, Ordering::Release);
     }
 
     /// Cost of what is queued now.
@@ -295,23 +317,24 @@ mod tests {
         for i in 0..40 {
             tx.send_at(piece(i), 1, || 1_000 + i as u64).unwrap();
         }
-        // The client takes one item: progress, the clock restarts.
-        let first = rx.rx.try_recv().unwrap();
-        rx.took(&first, || 2_000);
+        // The client takes one item: progress, the clock restarts at the
+        // next send (however late it comes).
+        let first = rx.try_recv().unwrap();
         assert!(inside(body(&first)));
+        tx.send_at(piece(40), 1, || 1_000_000 + stall).unwrap();
         // Within STALL of that: still shared; past it: copied.
-        tx.send_at(piece(40), 1, || 2_000 + stall).unwrap();
-        tx.send_at(piece(41), 1, || 2_001 + stall).unwrap();
+        tx.send_at(piece(41), 1, || 1_000_000 + 2 * stall).unwrap();
+        tx.send_at(piece(42), 1, || 1_000_001 + 2 * stall).unwrap();
         let mut got = Vec::new();
         while let Some(item) = rx.try_recv() {
             got.push(item);
         }
-        assert_eq!(got.len(), 41);
-        assert!(got[..40].iter().all(|i| inside(body(i))), "burst and in-time items share the buffer");
-        assert!(!inside(body(&got[40])), "an item sent to a stalled client is compacted");
-        assert_eq!(&body(&got[40])[..], &read_buffer[41_000..42_000]);
+        assert_eq!(got.len(), 42);
+        assert!(got[..41].iter().all(|i| inside(body(i))), "burst and in-time items share the buffer");
+        assert!(!inside(body(&got[41])), "an item sent to a stalled client is compacted");
+        assert_eq!(&body(&got[41])[..], &read_buffer[42_000..43_000]);
         // Drained: shallow again, shared whatever the clock says.
-        tx.send_at(piece(42), 1, || u64::MAX).unwrap();
+        tx.send_at(piece(43), 1, || u64::MAX).unwrap();
         assert!(inside(body(&rx.try_recv().unwrap())));
     }
 }

@@ -195,6 +195,7 @@ async fn serve<R: monoio::io::CancelableAsyncReadRent>(
     set_long_capacities(link, &payload);
     let manager = RunManager::new(adapters, link.gates.clone(), writer.clone());
     manager.set_edge(link.edge_index, link.shares.clone());
+    manager.set_batches(resp.run_event_batches);
     if let Some(store) = &link.store {
         manager.set_store(store.clone());
     }

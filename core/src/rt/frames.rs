@@ -228,6 +228,12 @@ impl FrameWriter {
         self.queue(|buf, max| buf.put_with(|b| wire::encode_run_event(run_id, ev, b, max)))
     }
 
+    /// Queues one frame of consecutive run events (their `run_id` and `seq`
+    /// left empty) of run `run_id`, the first numbered `seq`.
+    pub fn send_run_events(&self, run_id: &str, seq: u64, events: &[wire::pb::RunEvent]) -> Result<(), SendError> {
+        self.queue(|buf, max| buf.put_with(|b| wire::encode_run_events(run_id, seq, events, b, max)))
+    }
+
     /// Queues the frame of tunnel body `parts` (one or several, in order),
     /// number `seq` of `tunnel_id`; the parts are written from their own
     /// memory.
@@ -323,6 +329,11 @@ impl FrameWriter {
     /// Bytes queued and not yet written.
     pub fn queued_bytes(&self) -> usize {
         self.inner.buf.borrow().len()
+    }
+
+    /// A copy of the bytes queued and not yet written (for tests).
+    pub fn queued_copy(&self) -> Vec<u8> {
+        self.inner.buf.borrow().to_vec()
     }
 
     /// Whether the writer was closed.

@@ -83,6 +83,47 @@ pub fn encode_run_event(
     Ok(())
 }
 
+// Field numbers of runtime.proto: Envelope.run_events = 24; RunEvents.run_id
+// = 1, .seq = 2, .events = 3.
+const RUN_EVENTS: u32 = 24;
+const EVENTS_SEQ: u32 = 2;
+const EVENTS_EVENT: u32 = 3;
+
+/// Appends the frame of `events`, consecutive events of run `run_id` from
+/// number `seq` on (correlation id 0): the same bytes as [`encode`] of the
+/// `RunEvents` envelope, the id written from the caller's `&str`. Each
+/// event's `run_id` and `seq` must be empty.
+pub fn encode_run_events(
+    run_id: &str,
+    seq: u64,
+    events: &[super::pb::RunEvent],
+    out: &mut BytesMut,
+    max_frame_bytes: usize,
+) -> Result<(), WireError> {
+    use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
+    debug_assert!(events.iter().all(|e| e.run_id.is_empty() && e.seq == 0), "id and number come from the batch");
+    let seq_len = if seq == 0 { 0 } else { key_len(EVENTS_SEQ) + encoded_len_varint(seq) };
+    let events_len: usize = events.iter().map(|e| field_len(EVENTS_EVENT, e.encoded_len())).sum();
+    let inner = opt_field_len(RUN_ID, run_id.len()) + seq_len + events_len;
+    let len = field_len(RUN_EVENTS, inner);
+    let prefix = frame_prefix(len, max_frame_bytes)?;
+    out.reserve(PREFIX_LEN + len);
+    out.put_u32(prefix);
+    encode_key(RUN_EVENTS, WireType::LengthDelimited, out);
+    encode_varint(inner as u64, out);
+    put_bytes_field(out, RUN_ID, run_id.as_bytes());
+    if seq != 0 {
+        encode_key(EVENTS_SEQ, WireType::Varint, out);
+        encode_varint(seq, out);
+    }
+    for e in events {
+        encode_key(EVENTS_EVENT, WireType::LengthDelimited, out);
+        encode_varint(e.encoded_len() as u64, out);
+        e.encode_raw(out);
+    }
+    Ok(())
+}
+
 // Field numbers of runtime.proto: Envelope.provider_tunnel_frame = 41;
 // ProviderTunnelFrame.tunnel_id = 1, .seq = 2, .body = 11, .parts = 14,
 // .whole = 15, .usage = 20; BodyParts.parts = 1; TunnelWhole.body = 3 (after
@@ -617,6 +658,18 @@ mod tests {
             run_event(Rk::Complete(pb::RunComplete { finish_reason: "stop".into() })),
             run_event(Rk::Error(run_error())),
             run_event(Rk::Cancelled(pb::RunCancelled { reason: "client".into() })),
+            Body::RunEvents(pb::RunEvents {
+                run_id: "run-1".into(),
+                seq: 4,
+                events: vec![
+                    pb::RunEvent { kind: Some(Rk::Delta(pb::TextDelta { text: "a".into() })), ..Default::default() },
+                    pb::RunEvent {
+                        kind: Some(Rk::Complete(pb::RunComplete { finish_reason: "stop".into() })),
+                        usage: Some(usage()),
+                        ..Default::default()
+                    },
+                ],
+            }),
             Body::CancelRequest(pb::CancelRequest {
                 kind: pb::CancelKind::CancelRun as i32,
                 run_id: "run-1".into(),
@@ -800,6 +853,34 @@ mod tests {
         let mut out = BytesMut::new();
         let ev = pb::RunEvent { kind: Some(text(100)), ..Default::default() };
         let err = encode_run_event("r", &ev, &mut out, 64).unwrap_err();
+        assert!(matches!(err, WireError::FrameTooLarge { max: 64, .. }), "{err:?}");
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn run_event_batches_with_a_borrowed_id_are_the_prost_encoding() {
+        let mut events: Vec<pb::RunEvent> = all_variants()
+            .into_iter()
+            .filter_map(|e| match e.body {
+                Some(Body::RunEvent(ev)) => Some(pb::RunEvent { run_id: Bytes::new(), seq: 0, ..ev }),
+                _ => None,
+            })
+            .collect();
+        assert!(events.len() > 2);
+        let text = |len| pb::run_event::Kind::Delta(pb::TextDelta { text: "é".repeat(len) });
+        events.push(pb::RunEvent { kind: Some(text(40_000)), ..Default::default() });
+        events.push(pb::RunEvent::default());
+        for (id_len, seq, count) in [(0, 0, 0), (1, 1, 1), (127, 300, 2), (128, u64::MAX, events.len())] {
+            let id = "r".repeat(id_len);
+            let batch = pb::RunEvents { run_id: Bytes::from(id.clone()), seq, events: events[..count].to_vec() };
+            let mut expected = BytesMut::new();
+            encode(&env(0, Body::RunEvents(batch)), &mut expected, MAX).unwrap();
+            let mut got = BytesMut::new();
+            encode_run_events(&id, seq, &events[..count], &mut got, MAX).unwrap();
+            assert_eq!(got, expected, "id of {id_len} bytes, seq {seq}, {count} events");
+        }
+        let mut out = BytesMut::new();
+        let err = encode_run_events("r", 1, &events, &mut out, 64).unwrap_err();
         assert!(matches!(err, WireError::FrameTooLarge { max: 64, .. }), "{err:?}");
         assert!(out.is_empty());
     }

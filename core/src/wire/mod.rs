@@ -4,7 +4,7 @@ mod codec;
 mod workspace;
 
 pub use codec::{
-    decode, encode, encode_run_event, encode_run_request, encode_tunnel_body, encode_tunnel_request,
+    decode, encode, encode_run_event, encode_run_events, encode_run_request, encode_tunnel_body, encode_tunnel_request,
     encode_tunnel_start, encode_tunnel_whole, TunnelHead, WireError, DEFAULT_MAX_FRAME_BYTES,
 };
 pub use workspace::{WorkspaceAnswer, WorkspaceCall};

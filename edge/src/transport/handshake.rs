@@ -274,6 +274,7 @@ pub(super) fn register(
                     config: Some(node_payload(entry, worker.revision.get(), leases)),
                     lease_verify_key: leases.map(|l| l.verify_key().into()).unwrap_or_default(),
                     generation,
+                    run_event_batches: true,
                 };
                 (resp, Some((node_id, generation)))
             }

@@ -109,15 +109,25 @@ impl RunTable {
 
     /// Delivers one event of run `run_id` with sequence `seq`.
     pub fn route(&mut self, run_id: &str, seq: u64, ev: ExecEvent) -> Routed {
-        self.route_item(run_id, seq, ev, |s| match s {
-            Sink::Run(tx) => Some(tx),
-            Sink::Tunnel(_) => None,
-        })
+        self.route_items(run_id, seq, std::iter::once(Ok(ev)), run_tx)
+    }
+
+    /// Delivers consecutive events of run `run_id` from sequence `seq` on,
+    /// in order (one frame of them, found once); the first that ends the
+    /// run on this side ends the frame. An event without a kind fails the
+    /// run.
+    pub fn route_batch(&mut self, run_id: &str, seq: u64, events: Vec<pb::RunEvent>) -> Routed {
+        let events = events.into_iter().map(|ev| {
+            ExecEvent::from_wire(ev).ok_or_else(|| {
+                RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, "node sent a run event without a kind")
+            })
+        });
+        self.route_items(run_id, seq, events, run_tx)
     }
 
     /// Delivers one item of tunnel `tunnel_id` with sequence `seq`.
     pub fn route_tunnel(&mut self, tunnel_id: &str, seq: u64, item: TunnelItem) -> Routed {
-        self.route_item(tunnel_id, seq, item, |s| match s {
+        self.route_items(tunnel_id, seq, std::iter::once(Ok(item)), |s| match s {
             Sink::Tunnel(tx) => Some(tx),
             Sink::Run(_) => None,
         })
@@ -144,71 +154,40 @@ impl RunTable {
         (raw_id, routed)
     }
 
-    /// Keeps per-stream order and exactly one terminal; a client too far
-    /// behind (in items or bytes) fails the stream rather than blocking the
-    /// connection. An item of the wrong kind for its id is a protocol
-    /// violation that ends the stream.
-    fn route_item<T: Failing>(
+    /// Delivers consecutive items of stream `id` from sequence `seq` on; an
+    /// `Err` is an item the node could not have meant (a protocol
+    /// violation that fails the stream). The stream is looked up once.
+    fn route_items<T: Failing>(
         &mut self,
         id: &str,
         seq: u64,
-        item: T,
+        items: impl Iterator<Item = Result<T, RunFailure>>,
         tx_of: impl Fn(&Sink) -> Option<&StreamTx<T>>,
     ) -> Routed {
-        let Some(entry) = self.runs.get_mut(id) else {
+        let Self { runs, reception, ignored_events } = self;
+        let Some(entry) = runs.get_mut(id) else {
             // Expected after a cancel or a slow-consumer failure races the node's items.
-            self.ignored_events += 1;
-            tracing::debug!(run = %id, seq, ignored = self.ignored_events, "item for a stream no longer tracked dropped");
+            *ignored_events += items.count() as u64;
+            tracing::debug!(run = %id, seq, ignored = *ignored_events, "items for a stream no longer tracked dropped");
             return Routed::Done;
         };
-        let Some(tx) = tx_of(&entry.sink) else {
-            let f = RunFailure::new(
-                codes::INTERNAL,
-                502,
-                FailureSource::Node,
-                "node answered with the wrong kind of frame",
-            );
-            fail(&entry.sink, f);
-            self.runs.remove(id);
-            return Routed::CancelOnNode("protocol_violation");
-        };
-        if seq != entry.next_seq {
-            let f = RunFailure::new(
-                codes::INTERNAL,
-                502,
-                FailureSource::Node,
-                format!("node sent item {seq} of a stream out of order (expected {})", entry.next_seq),
-            );
-            tx.send_terminal(T::failed(f));
-            self.runs.remove(id);
-            return Routed::CancelOnNode("protocol_violation");
-        }
-        entry.next_seq += 1;
-        if item.is_terminal() {
-            if let Some(e) = item.failure().and_then(|f| f.stall.as_deref()) {
-                handoff(self.reception.as_ref(), entry.lease.as_ref(), &mut entry.target, e);
-            }
-            // Its slot is always free (see below); a gone client just misses it.
-            tx.send_terminal(item);
-            // The lease goes with the entry: released exactly once.
-            self.runs.remove(id);
-            return Routed::Done;
-        }
-        // Keep one slot free so a slow consumer can still be told why it failed.
-        match tx.try_send(item, 1) {
-            Ok(()) => Routed::Done,
-            Err(Undelivered::Full) => {
-                let f =
-                    RunFailure::new(codes::SLOW_CONSUMER, 503, FailureSource::Client, "client is reading too slowly");
-                tx.send_terminal(T::failed(f));
-                self.runs.remove(id);
-                Routed::CancelOnNode("slow_consumer")
-            }
-            Err(Undelivered::Closed) => {
-                self.runs.remove(id);
-                Routed::CancelOnNode("client_gone")
+        // Counted by hand: a range from the node's `seq` would overflow at u64::MAX.
+        for (i, item) in (0u64..).zip(items) {
+            let seq = seq.saturating_add(i);
+            let step = match item {
+                Ok(item) => deliver(entry, reception.as_ref(), seq, item, &tx_of),
+                Err(f) => {
+                    fail(&entry.sink, f);
+                    Some(Routed::CancelOnNode("protocol_violation"))
+                }
+            };
+            if let Some(routed) = step {
+                // The lease goes with the entry: released exactly once.
+                runs.remove(id);
+                return routed;
             }
         }
+        Routed::Done
     }
 
     /// Ends every stream with `failure`. `fenced`: the connection was just
@@ -255,6 +234,63 @@ fn handoff(
     });
 }
 
+/// A run's events channel.
+fn run_tx(s: &Sink) -> Option<&RunEvents> {
+    match s {
+        Sink::Run(tx) => Some(tx),
+        Sink::Tunnel(_) => None,
+    }
+}
+
+/// Delivers one item of `entry` with sequence `seq`, keeping per-stream
+/// order and exactly one terminal; a client too far behind (in items or
+/// bytes) fails the stream rather than blocking the connection. An item of
+/// the wrong kind for its stream is a protocol violation that ends it.
+/// `Some`: the stream ended here (the caller drops its entry).
+fn deliver<T: Failing>(
+    entry: &mut Entry,
+    reception: Option<&Reception>,
+    seq: u64,
+    item: T,
+    tx_of: &impl Fn(&Sink) -> Option<&StreamTx<T>>,
+) -> Option<Routed> {
+    let Some(tx) = tx_of(&entry.sink) else {
+        let f =
+            RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, "node answered with the wrong kind of frame");
+        fail(&entry.sink, f);
+        return Some(Routed::CancelOnNode("protocol_violation"));
+    };
+    if seq != entry.next_seq {
+        let f = RunFailure::new(
+            codes::INTERNAL,
+            502,
+            FailureSource::Node,
+            format!("node sent item {seq} of a stream out of order (expected {})", entry.next_seq),
+        );
+        tx.send_terminal(T::failed(f));
+        return Some(Routed::CancelOnNode("protocol_violation"));
+    }
+    entry.next_seq += 1;
+    if item.is_terminal() {
+        if let Some(e) = item.failure().and_then(|f| f.stall.as_deref()) {
+            handoff(reception, entry.lease.as_ref(), &mut entry.target, e);
+        }
+        // Its slot is always free (see below); a gone client just misses it.
+        tx.send_terminal(item);
+        return Some(Routed::Done);
+    }
+    // Keep one slot free so a slow consumer can still be told why it failed.
+    match tx.try_send(item, 1) {
+        Ok(()) => None,
+        Err(Undelivered::Full) => {
+            let f = RunFailure::new(codes::SLOW_CONSUMER, 503, FailureSource::Client, "client is reading too slowly");
+            tx.send_terminal(T::failed(f));
+            Some(Routed::CancelOnNode("slow_consumer"))
+        }
+        Err(Undelivered::Closed) => Some(Routed::CancelOnNode("client_gone")),
+    }
+}
+
 fn fail(sink: &Sink, f: RunFailure) {
     match sink {
         Sink::Run(tx) => tx.send_terminal(ExecEvent::Error(f)),
@@ -283,6 +319,52 @@ mod tests {
         assert_eq!(rx.try_recv(), Some(ExecEvent::content("a")));
         assert_eq!(rx.try_recv(), Some(done));
         assert_eq!(rx.try_recv(), None, "nothing after the terminal");
+    }
+
+    #[test]
+    fn a_batch_continues_the_numbering_and_a_gap_or_a_kindless_event_fails_the_run() {
+        use pb::run_event::Kind;
+        let wire = |text: &str| pb::RunEvent {
+            kind: Some(Kind::Delta(pb::TextDelta { text: text.into() })),
+            ..Default::default()
+        };
+        let done = pb::RunEvent {
+            kind: Some(Kind::Complete(pb::RunComplete { finish_reason: "stop".into() })),
+            ..Default::default()
+        };
+        let mut t = RunTable::default();
+        let (tx, rx) = channel();
+        t.insert("r".into(), tx, None);
+        assert_eq!(t.route("r", 0, ExecEvent::content("a")), Routed::Done);
+        assert_eq!(t.route_batch("r", 1, vec![wire("b"), wire("c")]), Routed::Done);
+        assert_eq!(t.route_batch("r", 3, vec![wire("d"), done]), Routed::Done);
+        assert_eq!(t.len(), 0, "the terminal ended the run");
+        let got: Vec<_> = std::iter::from_fn(|| rx.try_recv()).collect();
+        assert_eq!(got.len(), 5);
+        assert_eq!(got[..4], ["a", "b", "c", "d"].map(ExecEvent::content));
+        // A batch that does not follow on fails the run.
+        let (tx, rx) = channel();
+        t.insert("g".into(), tx, None);
+        assert_eq!(t.route_batch("g", 1, vec![wire("x")]), Routed::CancelOnNode("protocol_violation"));
+        assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(_))));
+        // So does an event without a kind, and what follows it is not delivered.
+        let (tx, rx) = channel();
+        t.insert("k".into(), tx, None);
+        let events = vec![wire("x"), pb::RunEvent::default(), wire("y")];
+        assert_eq!(t.route_batch("k", 0, events), Routed::CancelOnNode("protocol_violation"));
+        assert_eq!(rx.try_recv(), Some(ExecEvent::content("x")));
+        assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(f)) if f.message.contains("without a kind")));
+        assert_eq!(rx.try_recv(), None);
+        assert_eq!(t.len(), 0);
+        // The last sequence number a node can send fails the run, no panic.
+        let (tx, rx) = channel();
+        t.insert("m".into(), tx, None);
+        assert_eq!(
+            t.route_batch("m", u64::MAX, vec![wire("x"), wire("y")]),
+            Routed::CancelOnNode("protocol_violation")
+        );
+        assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(_))));
+        assert_eq!(t.route("m", u64::MAX, ExecEvent::content("z")), Routed::Done, "unknown now: ignored");
     }
 
     #[test]

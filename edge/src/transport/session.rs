@@ -255,6 +255,7 @@ impl Session {
                     }
                 }
                 Some(Body::RunEvent(ev)) if ready => self.on_run_event(ev),
+                Some(Body::RunEvents(batch)) if ready => self.on_run_events(batch),
                 Some(Body::ProviderTunnelFrame(frame)) if ready => self.on_tunnel_frame(frame),
                 Some(Body::NodeDraining(d)) if ready => {
                     // Fence new work now; runs in flight finish on their links.
@@ -410,6 +411,17 @@ impl Session {
         }
     }
 
+    fn on_run_events(&self, batch: pb::RunEvents) {
+        let Ok(run_id) = std::str::from_utf8(&batch.run_id) else {
+            tracing::warn!(node = %self.node_id, "run events with a malformed run id ignored");
+            return;
+        };
+        let routed = self.runs.borrow_mut().route_batch(run_id, batch.seq, batch.events);
+        if let Routed::CancelOnNode(reason) = routed {
+            send_cancel(&self.writer, run_id.to_owned(), reason);
+        }
+    }
+
     fn on_tunnel_frame(&self, frame: pb::ProviderTunnelFrame) {
         let (id, routed) = self.runs.borrow_mut().route_tunnel_frame(frame);
         if let Routed::CancelOnNode(reason) = routed {
@@ -519,6 +531,7 @@ fn body_name(b: &Body) -> &'static str {
         Body::NodeDraining(_) => "NodeDraining before ready",
         Body::RunRequest(_) => "RunRequest",
         Body::RunEvent(_) => "RunEvent before ready",
+        Body::RunEvents(_) => "RunEvents before ready",
         Body::CancelRequest(_) => "CancelRequest",
         Body::NodeCommandRequest(_) => "NodeCommandRequest",
         Body::NodeCommandResponse(_) => "NodeCommandResponse",

@@ -166,19 +166,23 @@ impl OllamaAdapter {
                 Ok(None) => true,
                 Err(e) => return Err(Halt::Fail(protocol(format!("upstream stream broke: {e}")))),
             };
-            loop {
+            // What one read held goes together (one frame to the edge).
+            let mut flow = Flow::Continue;
+            while flow == Flow::Continue {
                 let line = if eof { lines.finish() } else { lines.next_line() };
-                let line = match line {
-                    Ok(Some(line)) => line,
+                match line {
+                    Ok(Some(line)) => flow = state.on_line(&line, &mut out),
                     Ok(None) => break,
-                    Err(e) => return Err(Halt::Fail(protocol(e.to_string()))),
-                };
-                let flow = state.on_line(&line, &mut out);
-                emit_all(sink, &mut out).await?;
-                if flow == Flow::Done {
-                    drain(&mut resp).await;
-                    return Ok(());
+                    Err(e) => {
+                        emit_all(sink, &mut out).await?;
+                        return Err(Halt::Fail(protocol(e.to_string())));
+                    }
                 }
+            }
+            emit_all(sink, &mut out).await?;
+            if flow == Flow::Done {
+                drain(&mut resp).await;
+                return Ok(());
             }
             if eof {
                 state.on_eof(&mut out);

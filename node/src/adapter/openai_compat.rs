@@ -202,18 +202,22 @@ impl OpenAiCompatAdapter {
                 }
                 Err(e) => return Err(Halt::Fail(protocol(format!("upstream stream broke: {e}")))),
             }
-            loop {
-                let ev = match parser.next_event() {
-                    Ok(Some(ev)) => ev,
+            // What one read held goes together (one frame to the edge).
+            let mut flow = Flow::Continue;
+            while flow == Flow::Continue {
+                match parser.next_event() {
+                    Ok(Some(ev)) => flow = state.on_data(&ev.data, &mut out),
                     Ok(None) => break,
-                    Err(e) => return Err(Halt::Fail(protocol(e.to_string()))),
-                };
-                let flow = state.on_data(&ev.data, &mut out);
-                emit_all(sink, &mut out).await?;
-                if flow == Flow::Done {
-                    drain(&mut resp).await;
-                    return Ok(());
+                    Err(e) => {
+                        emit_all(sink, &mut out).await?;
+                        return Err(Halt::Fail(protocol(e.to_string())));
+                    }
                 }
+            }
+            emit_all(sink, &mut out).await?;
+            if flow == Flow::Done {
+                drain(&mut resp).await;
+                return Ok(());
             }
         }
     }
@@ -221,10 +225,10 @@ impl OpenAiCompatAdapter {
 
 /// Sends and clears `out`.
 pub(super) async fn emit_all<S: EventSink>(sink: &mut S, out: &mut Vec<ExecEvent>) -> Result<(), Halt> {
-    for ev in out.drain(..) {
-        sink.emit(ev).await?;
+    if out.is_empty() {
+        return Ok(());
     }
-    Ok(())
+    Ok(sink.emit_many(out).await?)
 }
 
 /// Reads what is left of the body (normally just the last chunk marker) so

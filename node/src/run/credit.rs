@@ -75,6 +75,16 @@ impl Credit {
         true
     }
 
+    /// Takes `cost` only if the credit left covers it: several items sent
+    /// as one never go beyond the window, as one larger item alone may.
+    pub fn try_take_covered(&self, cost: u64) -> bool {
+        if self.available.get() < i64::try_from(cost).unwrap_or(i64::MAX) {
+            return false;
+        }
+        self.debit(cost);
+        true
+    }
+
     fn debit(&self, cost: u64) {
         let cost = i64::try_from(cost).unwrap_or(i64::MAX);
         self.available.set(self.available.get().saturating_sub(cost));

@@ -99,11 +99,17 @@ pub struct Emitter<T = ExecEvent> {
     /// The stream's run store row (none: the store is off); boxed, so a
     /// stream's task is one pointer larger.
     record: Option<Box<Record>>,
+    /// The edge takes several run events in one frame.
+    batches: bool,
     _items: PhantomData<T>,
 }
 
 /// Merged text is sent once it reaches this size.
 const MAX_MERGED: usize = 16 * 1024;
+
+/// Run events sent together go in frames of at most this many payload
+/// bytes (a larger event goes alone).
+const MAX_BATCH: usize = 16 * 1024;
 
 /// A body item that does not fit the credit left goes in pieces that do,
 /// none smaller than this (but the last): the edge then holds at most the
@@ -124,6 +130,7 @@ impl<T: Outgoing> Emitter<T> {
             pending: None,
             activity: None,
             record: None,
+            batches: false,
             _items: PhantomData,
         }
     }
@@ -148,6 +155,13 @@ impl<T: Outgoing> Emitter<T> {
         self
     }
 
+    /// Sends events given together in one frame when `on` (the edge said it
+    /// takes them).
+    pub(crate) fn with_batches(mut self, on: bool) -> Self {
+        self.batches = on;
+        self
+    }
+
     fn progress(&self, terminal: bool) {
         if let (Some(a), false) = (&self.activity, terminal) {
             a.progress();
@@ -165,12 +179,14 @@ impl<T: Outgoing> Emitter<T> {
         self.terminal
     }
 
-    /// Sends one item, waiting while the connection's buffer is full.
-    /// Queued at once when it can be (the usual case), with no await: the
-    /// waiting path is boxed, so a stream's task does not hold its state
-    /// (nor a copy of the item) while it waits for its provider.
-    pub async fn send(&mut self, item: T) -> Result<(), SinkClosed> {
+    /// Reports `item` as progress and to the stream's row.
+    fn observe(&mut self, item: &T) {
         self.progress(item.is_terminal());
+        self.note(item);
+    }
+
+    /// Reports `item` to the stream's row.
+    fn note(&mut self, item: &T) {
         if let Some(r) = self.record.as_deref_mut() {
             item.note(r);
             if item.is_terminal() {
@@ -178,6 +194,14 @@ impl<T: Outgoing> Emitter<T> {
                 self.record = None;
             }
         }
+    }
+
+    /// Sends one item, waiting while the connection's buffer is full.
+    /// Queued at once when it can be (the usual case), with no await: the
+    /// waiting path is boxed, so a stream's task does not hold its state
+    /// (nor a copy of the item) while it waits for its provider.
+    pub async fn send(&mut self, item: T) -> Result<(), SinkClosed> {
+        self.observe(&item);
         if self.beyond_credit(&item) {
             return Box::pin(self.send_in_pieces(item)).await;
         }
@@ -279,6 +303,56 @@ impl Emitter<ExecEvent> {
             None => Ok(()),
         }
     }
+
+    /// Queues the first `n` of `evs` (a terminal only last) as one frame
+    /// if neither the credit window nor the connection's buffer makes them
+    /// wait; false (and `evs` untouched) when one would.
+    fn try_send_batch(&mut self, evs: &mut Vec<ExecEvent>, n: usize) -> Result<bool, SinkClosed> {
+        if self.terminal {
+            return Err(SinkClosed);
+        }
+        if !self.writer.writable().map_err(|_| SinkClosed)? {
+            return Ok(false);
+        }
+        let batch = &evs[..n];
+        if let Some(credit) = &self.credit {
+            let cost = batch.iter().filter(|e| !e.is_terminal()).map(|e| iop_core::flow::cost(e.payload_bytes())).sum();
+            if !credit.try_take_covered(cost) {
+                return Ok(false);
+            }
+        }
+        let terminal = batch.last().is_some_and(ExecEvent::is_terminal);
+        // One read's events: one progress report (a clock read) for all.
+        self.progress(false);
+        for ev in batch {
+            self.note(ev);
+        }
+        let wire: Vec<_> = evs.drain(..n).map(|e| e.into_wire_unnamed(0)).collect();
+        self.writer.send_run_events(&self.id, self.seq, &wire).map_err(|_| SinkClosed)?;
+        self.seq += n as u64;
+        if terminal {
+            self.terminal = true;
+            // As in `queue`: the edge frees its lease on the terminal.
+            self.slot = None;
+        }
+        Ok(true)
+    }
+}
+
+/// How many of `evs`' first events go in one frame: up to the first
+/// terminal, within [`MAX_BATCH`] payload bytes, at least one.
+fn batch_len(evs: &[ExecEvent]) -> usize {
+    let mut bytes = 0;
+    for (i, ev) in evs.iter().enumerate() {
+        bytes += ev.payload_bytes();
+        if i > 0 && bytes > MAX_BATCH {
+            return i;
+        }
+        if ev.is_terminal() {
+            return i + 1;
+        }
+    }
+    evs.len()
 }
 
 /// The text of a delta that can be merged with its neighbours.
@@ -293,6 +367,22 @@ fn text_mut(d: &mut Delta) -> Option<&mut String> {
 }
 
 impl EventSink for Emitter<ExecEvent> {
+    /// Events given together go in one frame (decoded and routed once at
+    /// the edge) when the edge takes that and they need not wait; one by
+    /// one otherwise.
+    async fn emit_many(&mut self, evs: &mut Vec<ExecEvent>) -> Result<(), SinkClosed> {
+        while !evs.is_empty() {
+            let n = if self.batches && !self.merge { batch_len(evs) } else { 1 };
+            if n > 1 && self.try_send_batch(evs, n)? {
+                continue;
+            }
+            for ev in evs.drain(..n) {
+                self.emit(ev).await?;
+            }
+        }
+        Ok(())
+    }
+
     async fn emit(&mut self, ev: ExecEvent) -> Result<(), SinkClosed> {
         // `send` reports the progress (a clock read: once per event).
         if !self.merge {
@@ -341,6 +431,100 @@ mod tests {
         for _ in 0..16 {
             iop_core::rt::yield_now().await;
         }
+    }
+
+    /// The frames `writer` holds, decoded.
+    fn frames_of(writer: &FrameWriter) -> Vec<Body> {
+        let mut buf = bytes::BytesMut::from(&writer.queued_copy()[..]);
+        let mut out = Vec::new();
+        while let Some(env) = iop_core::wire::decode(&mut buf, 1 << 30).unwrap() {
+            out.push(env.body.unwrap());
+        }
+        assert!(buf.is_empty());
+        out
+    }
+
+    fn tokens(n: usize) -> Vec<ExecEvent> {
+        (0..n).map(|i| ExecEvent::content(format!("tok{i} "))).collect()
+    }
+
+    fn complete() -> ExecEvent {
+        ExecEvent::Complete { finish_reason: "stop".into(), usage: None }
+    }
+
+    /// What one read held goes in one frame when the edge takes batches,
+    /// numbered on from the events before it; one frame each otherwise.
+    #[test]
+    fn events_given_together_go_in_one_frame() {
+        iop_core::rt::block_on_current(async {
+            let writer = FrameWriter::new(64 << 20, 64 << 20, 256 << 20);
+            let mut e = Emitter::<ExecEvent>::new(writer.clone(), "r".into()).with_batches(true);
+            e.emit(ExecEvent::Start { model: "m".into() }).await.unwrap();
+            let mut evs = tokens(3);
+            evs.push(complete());
+            e.emit_many(&mut evs).await.unwrap();
+            assert!(evs.is_empty());
+            assert!(e.terminal_sent());
+            let frames = frames_of(&writer);
+            assert_eq!(frames.len(), 2, "{frames:?}");
+            let Body::RunEvents(batch) = &frames[1] else { panic!("{:?}", frames[1]) };
+            assert_eq!((&batch.run_id[..], batch.seq, batch.events.len()), (&b"r"[..], 1, 4));
+            let got: Vec<ExecEvent> = batch.events.iter().cloned().filter_map(ExecEvent::from_wire).collect();
+            let mut want = tokens(3);
+            want.push(complete());
+            assert_eq!(got, want);
+            // Nothing after the terminal.
+            assert!(e.emit_many(&mut tokens(2)).await.is_err());
+
+            let writer = FrameWriter::new(64 << 20, 64 << 20, 256 << 20);
+            let mut e = Emitter::<ExecEvent>::new(writer.clone(), "r".into());
+            e.emit_many(&mut tokens(3)).await.unwrap();
+            let frames = frames_of(&writer);
+            assert_eq!(frames.len(), 3);
+            assert!(frames.iter().all(|f| matches!(f, Body::RunEvent(_))));
+        })
+        .unwrap();
+    }
+
+    /// A batch beyond the credit left goes one event at a time, each when
+    /// its credit comes; a large read goes in several frames.
+    #[test]
+    fn a_batch_waits_for_credit_event_by_event_and_large_reads_split() {
+        iop_core::rt::block_on_current(async {
+            let writer = FrameWriter::new(64 << 20, 64 << 20, 256 << 20);
+            let two = 2 * iop_core::flow::cost(5);
+            let credit = Rc::new(Credit::new(WINDOW_BYTES));
+            // All but two events' worth is unacknowledged.
+            assert!(credit.try_take(WINDOW_BYTES - two));
+            let mut e = Emitter::<ExecEvent>::new(writer.clone(), "r".into())
+                .with_batches(true)
+                .with_credit(Some(credit.clone()));
+            let task = monoio::spawn(async move {
+                e.emit_many(&mut tokens(4)).await.unwrap();
+                e
+            });
+            settle().await;
+            let frames_now = frames_of(&writer);
+            assert_eq!(frames_now.len(), 2, "as many as the credit allows: {frames_now:?}");
+            assert!(frames_now.iter().all(|f| matches!(f, Body::RunEvent(_))));
+            credit.grant(two);
+            let _e = task.await;
+            assert_eq!(frames_of(&writer).len(), 4);
+
+            let writer = FrameWriter::new(64 << 20, 64 << 20, 256 << 20);
+            let mut e = Emitter::<ExecEvent>::new(writer.clone(), "r".into()).with_batches(true);
+            let big = || ExecEvent::content("x".repeat(MAX_BATCH / 2 + 1));
+            e.emit_many(&mut vec![big(), big(), big(), complete()]).await.unwrap();
+            let counts: Vec<usize> = frames_of(&writer)
+                .iter()
+                .map(|f| match f {
+                    Body::RunEvents(b) => b.events.len(),
+                    _ => 1,
+                })
+                .collect();
+            assert_eq!(counts, [1, 1, 2], "each frame within {MAX_BATCH} payload bytes");
+        })
+        .unwrap();
     }
 
     /// A provider chunk larger than the credit left goes in pieces that

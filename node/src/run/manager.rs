@@ -56,6 +56,8 @@ pub struct RunManager {
     /// The session ended: a stream that ends now shrinks a gone edge's
     /// commitment (see [`crate::share`]).
     detached: Cell<bool>,
+    /// The edge takes `RunEvents` frames.
+    batches: Cell<bool>,
 }
 
 /// A link's health observation sequence, shared by its stall terminals and
@@ -132,7 +134,14 @@ impl RunManager {
             edge: Cell::new(0),
             shares: std::cell::OnceCell::new(),
             detached: Cell::new(false),
+            batches: Cell::new(false),
         })
+    }
+
+    /// The edge takes several run events in one frame (its registration
+    /// answer said so).
+    pub fn set_batches(&self, on: bool) {
+        self.batches.set(on);
     }
 
     /// This link goes to edge `edge` of the node's `edges`; `shares`: the
@@ -335,6 +344,7 @@ impl RunManager {
             .with_credit(credit)
             .with_activity(stall.activity.clone())
             .with_record(record)
+            .with_batches(self.batches.get())
             .merging(req.whole);
         monoio::spawn(execute(adapter, spec, emitter, cancel, deadline, stall));
     }

@@ -55,4 +55,15 @@ pub struct SinkClosed;
 pub trait EventSink {
     /// Sends one event.
     fn emit(&mut self, ev: ExecEvent) -> impl Future<Output = Result<(), SinkClosed>>;
+
+    /// Sends `evs` in order (what one read of the provider held) and
+    /// leaves it empty; a sink may send them together.
+    fn emit_many(&mut self, evs: &mut Vec<ExecEvent>) -> impl Future<Output = Result<(), SinkClosed>> {
+        async move {
+            for ev in evs.drain(..) {
+                self.emit(ev).await?;
+            }
+            Ok(())
+        }
+    }
 }
