@@ -68,16 +68,9 @@ pub fn encode_run_event(
     out: &mut BytesMut,
     max_frame_bytes: usize,
 ) -> Result<(), WireError> {
-    use prost::encoding::{encode_key, encode_varint, WireType};
     debug_assert!(ev.run_id.is_empty(), "the id is written from `run_id`");
     let inner = opt_field_len(RUN_ID, run_id.len()) + ev.encoded_len();
-    let len = field_len(RUN_EVENT, inner);
-    let prefix = frame_prefix(len, max_frame_bytes)?;
-    out.reserve(PREFIX_LEN + len);
-    out.put_u32(prefix);
-    encode_key(RUN_EVENT, WireType::LengthDelimited, out);
-    encode_varint(inner as u64, out);
-    put_bytes_field(out, RUN_ID, run_id.as_bytes());
+    put_run_head(out, RUN_EVENT, inner, run_id, max_frame_bytes)?;
     // Proto3 leaves the empty id out, so the rest follows as prost writes it.
     ev.encode_raw(out);
     Ok(())
@@ -105,13 +98,7 @@ pub fn encode_run_events(
     let seq_len = if seq == 0 { 0 } else { key_len(EVENTS_SEQ) + encoded_len_varint(seq) };
     let events_len: usize = events.iter().map(|e| field_len(EVENTS_EVENT, e.encoded_len())).sum();
     let inner = opt_field_len(RUN_ID, run_id.len()) + seq_len + events_len;
-    let len = field_len(RUN_EVENTS, inner);
-    let prefix = frame_prefix(len, max_frame_bytes)?;
-    out.reserve(PREFIX_LEN + len);
-    out.put_u32(prefix);
-    encode_key(RUN_EVENTS, WireType::LengthDelimited, out);
-    encode_varint(inner as u64, out);
-    put_bytes_field(out, RUN_ID, run_id.as_bytes());
+    put_run_head(out, RUN_EVENTS, inner, run_id, max_frame_bytes)?;
     if seq != 0 {
         encode_key(EVENTS_SEQ, WireType::Varint, out);
         encode_varint(seq, out);
@@ -188,6 +175,27 @@ impl TunnelHead<'_> {
         }
         put_header_pairs(b, HEAD_HEADERS, self.headers.iter().map(|(n, v)| (n.as_bytes(), &v[..])));
     }
+}
+
+/// Reserves a frame whose envelope holds body `field` of `inner` bytes
+/// and writes its prefix, the body's key and length, and the run id (its
+/// field 1, left out when empty as proto3 does).
+fn put_run_head(
+    out: &mut BytesMut,
+    field: u32,
+    inner: usize,
+    run_id: &str,
+    max_frame_bytes: usize,
+) -> Result<(), WireError> {
+    use prost::encoding::{encode_key, encode_varint, WireType};
+    let len = field_len(field, inner);
+    let prefix = frame_prefix(len, max_frame_bytes)?;
+    out.reserve(PREFIX_LEN + len);
+    out.put_u32(prefix);
+    encode_key(field, WireType::LengthDelimited, out);
+    encode_varint(inner as u64, out);
+    put_bytes_field(out, RUN_ID, run_id.as_bytes());
+    Ok(())
 }
 
 /// The length prefix of a frame of `len` bytes, refused over the maximum

@@ -19,7 +19,7 @@ use iop_core::{
 use super::{
     ollama_request::{chat_body, embed_body, ChatBody},
     ollama_stream::{embed_events, ChatStream, LineSplitter, MAX_LINE_BYTES},
-    openai_compat::{drain, emit_all, is_json, Halt},
+    openai_compat::{drain, emit_all, emit_read, is_json, Halt},
     openai_stream::{protocol, retry_after_ms, status_failure, Flow},
 };
 use crate::{
@@ -166,20 +166,11 @@ impl OllamaAdapter {
                 Ok(None) => true,
                 Err(e) => return Err(Halt::Fail(protocol(format!("upstream stream broke: {e}")))),
             };
-            // What one read held goes together (one frame to the edge).
-            let mut flow = Flow::Continue;
-            while flow == Flow::Continue {
+            let flow = emit_read(sink, &mut out, |out| {
                 let line = if eof { lines.finish() } else { lines.next_line() };
-                match line {
-                    Ok(Some(line)) => flow = state.on_line(&line, &mut out),
-                    Ok(None) => break,
-                    Err(e) => {
-                        emit_all(sink, &mut out).await?;
-                        return Err(Halt::Fail(protocol(e.to_string())));
-                    }
-                }
-            }
-            emit_all(sink, &mut out).await?;
+                line.map(|line| line.map(|line| state.on_line(&line, out)))
+            })
+            .await?;
             if flow == Flow::Done {
                 drain(&mut resp).await;
                 return Ok(());

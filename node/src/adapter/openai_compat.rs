@@ -202,25 +202,40 @@ impl OpenAiCompatAdapter {
                 }
                 Err(e) => return Err(Halt::Fail(protocol(format!("upstream stream broke: {e}")))),
             }
-            // What one read held goes together (one frame to the edge).
-            let mut flow = Flow::Continue;
-            while flow == Flow::Continue {
-                match parser.next_event() {
-                    Ok(Some(ev)) => flow = state.on_data(&ev.data, &mut out),
-                    Ok(None) => break,
-                    Err(e) => {
-                        emit_all(sink, &mut out).await?;
-                        return Err(Halt::Fail(protocol(e.to_string())));
-                    }
-                }
-            }
-            emit_all(sink, &mut out).await?;
+            let flow = emit_read(sink, &mut out, |out| {
+                parser.next_event().map(|ev| ev.map(|ev| state.on_data(&ev.data, out)))
+            })
+            .await?;
             if flow == Flow::Done {
                 drain(&mut resp).await;
                 return Ok(());
             }
         }
     }
+}
+
+/// Parses what one read held, one item at a time with `step` (`None`:
+/// nothing left), until the stream is done, and sends it together (one
+/// frame to the edge). On a parse error what was parsed before it goes
+/// first.
+pub(super) async fn emit_read<S: EventSink, E: std::fmt::Display>(
+    sink: &mut S,
+    out: &mut Vec<ExecEvent>,
+    mut step: impl FnMut(&mut Vec<ExecEvent>) -> Result<Option<Flow>, E>,
+) -> Result<Flow, Halt> {
+    let mut flow = Flow::Continue;
+    while flow == Flow::Continue {
+        match step(out) {
+            Ok(Some(f)) => flow = f,
+            Ok(None) => break,
+            Err(e) => {
+                emit_all(sink, out).await?;
+                return Err(Halt::Fail(protocol(e.to_string())));
+            }
+        }
+    }
+    emit_all(sink, out).await?;
+    Ok(flow)
 }
 
 /// Sends and clears `out`.
