@@ -223,7 +223,9 @@ impl Shares {
                 // Shrink first (at once, it drains), then grow into what is free.
                 for grow in [false, true] {
                     for i in 0..n {
-                        if (target[i] > old[i]) != grow {
+                        // An edge not linked holds no share: it joins fresh,
+                        // and its first share gets an epoch of its own.
+                        if !connected[i] || (target[i] > old[i]) != grow {
                             continue;
                         }
                         let new = if grow {

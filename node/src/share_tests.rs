@@ -68,6 +68,29 @@ fn a_second_edge_grows_only_into_what_the_first_gave_up() {
     assert_eq!(a_share + b_now, 8);
 }
 
+/// Every first share has an epoch of its own, even one of nothing: an edge
+/// that joins while another holds the whole capacity must be able to
+/// acknowledge it and report its demand (an edge reports demand only once
+/// it has applied an announcement). Before, edges not yet linked were
+/// given a share of 0 by every rebalance, so their first share on joining
+/// was "unchanged" and went out with epoch 0.
+#[test]
+fn a_first_share_has_an_epoch_even_when_it_is_nothing() {
+    let (t, _) = table(3, 4, 0);
+    let (_a, a_ready, a_rx) = join(&t, 0);
+    assert_eq!(normal(&a_ready), 4);
+    // A is busy: everything it has is in use and more waits.
+    t.report(0, &demand(a_ready.epoch, 4, 9));
+    let (b, b_ready, _b_rx) = join(&t, 1);
+    assert_eq!(normal(&b_ready), 0, "A still uses all of it");
+    assert!(b_ready.epoch > a_ready.epoch, "B's first share has no epoch of its own: {b_ready:?}");
+    // B leaves and comes back: again a first share, again its own epoch.
+    drop(b);
+    let (_b2, b_again, _) = join(&t, 1);
+    assert!(b_again.epoch > b_ready.epoch, "{b_again:?}");
+    let _ = last(&a_rx);
+}
+
 #[test]
 fn a_shrinking_share_drains_and_slots_in_use_are_never_handed_out() {
     let (t, _) = table(2, 8, 0);

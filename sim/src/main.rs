@@ -39,7 +39,7 @@ fn main() -> anyhow::Result<()> {
     p.churn &= !a.no_churn;
     for (name, params) in [("shares", p.clone()), ("one_edge", baseline(&p))] {
         let started = Instant::now();
-        let r = Sim::new(params).run();
+        let r = Sim::new(params)?.run();
         let wall = started.elapsed().as_secs_f64();
         let mut line = r.to_json();
         line["run"] = name.into();

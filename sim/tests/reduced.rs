@@ -5,11 +5,13 @@
 
 use iop_sim::{baseline, Params, Sim};
 
+type Result = std::result::Result<(), iop_core::config::ConfigError>;
+
 #[test]
-fn shares_hold_their_invariants_and_keep_the_capacity_busy() {
+fn shares_hold_their_invariants_and_keep_the_capacity_busy() -> Result {
     let p = Params::reduced();
-    let shares = Sim::new(p.clone()).run();
-    let one = Sim::new(baseline(&p)).run();
+    let shares = Sim::new(p.clone())?.run();
+    let one = Sim::new(baseline(&p))?.run();
     let (s, o) = (shares.to_json(), one.to_json());
     assert!(shares.requests > 10_000 && shares.served > 5_000, "{s}");
     assert_eq!(shares.starved, 0, "a waiter timed out while its group had unclaimed capacity: {s}");
@@ -26,13 +28,16 @@ fn shares_hold_their_invariants_and_keep_the_capacity_busy() {
     // saturation that takes a few runs' lengths.
     assert!(shares.rebalance_after_leave_ms < 1000.0, "{s}");
     assert!(shares.rebalance_after_join_ms < 5.0 * p.mean_run_s * 1000.0, "{s}");
+    assert_eq!(shares.rebalances_unfinished, 0, "{s}");
     assert_eq!(shares.gate_refusals, 0, "{s}");
+    Ok(())
 }
 
 #[test]
-fn same_seed_same_run() {
+fn same_seed_same_run() -> Result {
     let p = Params { seconds: 10.0, warmup_s: 2.0, ..Params::reduced() };
-    let a = Sim::new(p.clone()).run().to_json();
-    let b = Sim::new(p).run().to_json();
+    let a = Sim::new(p.clone())?.run().to_json();
+    let b = Sim::new(p)?.run().to_json();
     assert_eq!(a, b);
+    Ok(())
 }

@@ -16,7 +16,7 @@ use iop_core::{config::ModelGroup, config::ModelTarget, rt::oneshot::oneshot};
 
 use super::{
     affinity::{self, AffinityKey, Choice},
-    Candidate, Lease, LeaseClass, LeastLoaded, ResourceKey, SelectionPolicy, Waiter, WaiterState,
+    Candidate, Lease, LeaseClass, LeastLoaded, PoolView, ResourceKey, SelectionPolicy, Waiter, WaiterState,
 };
 use crate::{
     ctx::Ctx,
@@ -49,15 +49,37 @@ pub enum AdmitError {
     Timeout(String),
 }
 
-/// Admits a request of `class` to `group`; with `key`, its rendezvous
-/// target is preferred while within `[affinity] max_imbalance`.
-pub async fn admit(
-    worker: &Rc<Ctx>,
+/// The candidates of one request, best first, and how its affinity key
+/// (if any) ordered them.
+#[derive(Debug)]
+pub struct Plan {
+    /// Every target that could ever serve the class, best first.
+    pub cands: Vec<Candidate>,
+    /// With an affinity key: its preferred target's index, if any.
+    preferred: Option<Option<usize>>,
+}
+
+impl Plan {
+    /// How the affinity key chose target `index`.
+    pub fn choice(&self, index: usize) -> Choice {
+        match self.preferred {
+            None => Choice::None,
+            Some(p) if p == Some(index) => Choice::Preferred,
+            Some(_) => Choice::Fallback,
+        }
+    }
+}
+
+/// Orders `group`'s targets for a request of `class` on `view`'s loads;
+/// with `key`, its rendezvous target first while within `max_imbalance`.
+/// Fails when no target can serve the request now.
+pub fn plan(
+    view: &PoolView,
     group: &ModelGroup,
     class: LeaseClass,
     key: Option<AffinityKey>,
-) -> Result<Admitted, AdmitError> {
-    let view = worker.pool.borrow().clone();
+    max_imbalance: f64,
+) -> Result<Plan, AdmitError> {
     let mut cands: Vec<Candidate> = group
         .targets
         .iter()
@@ -88,27 +110,33 @@ pub async fn admit(
     }
     // With one candidate there is nothing to choose (and nothing to hash).
     let preferred = match key {
-        Some(k) if cands.len() > 1 => {
-            let max_imbalance = worker.config.borrow().affinity.max_imbalance;
-            Some(affinity::order(k.hash, class, &mut cands, max_imbalance))
-        }
+        Some(k) if cands.len() > 1 => Some(affinity::order(k.hash, class, &mut cands, max_imbalance)),
         _ => {
             LeastLoaded.order(class, &mut cands);
             None
         }
     };
-    let choice = |index: usize| match preferred {
-        None => Choice::None,
-        Some(p) if p == Some(index) => Choice::Preferred,
-        Some(_) => Choice::Fallback,
-    };
+    Ok(Plan { cands, preferred })
+}
+
+/// Admits a request of `class` to `group`; with `key`, its rendezvous
+/// target is preferred while within `[affinity] max_imbalance`.
+pub async fn admit(
+    worker: &Rc<Ctx>,
+    group: &ModelGroup,
+    class: LeaseClass,
+    key: Option<AffinityKey>,
+) -> Result<Admitted, AdmitError> {
+    let view = worker.pool.borrow().clone();
+    let max_imbalance = worker.config.borrow().affinity.max_imbalance;
+    let plan = plan(&view, group, class, key, max_imbalance)?;
+    let cands = &plan.cands;
 
     // Free capacity first, unless someone already queues there (FIFO fairness).
-    for c in &cands {
-        let l = &c.load;
-        if l.in_use(class) < l.capacity(class) && l.waiters.load(Ordering::Relaxed) == 0 {
+    for c in cands {
+        if c.has_room(class) {
             if let Some(lease) = try_acquire(worker, c, class).await {
-                return Ok(Admitted { target: target(group, c.index), lease, affinity: choice(c.index) });
+                return Ok(Admitted { target: target(group, c.index), lease, affinity: plan.choice(c.index) });
             }
         }
     }
@@ -121,7 +149,7 @@ pub async fn admit(
     let waiter = Arc::new(Waiter::new(class, worker.next_waiter_seq(), cands.len()));
     let guard =
         WaitGuard { worker, waiter: waiter.clone(), keys: cands.iter().map(|c| c.key.clone()).collect(), counter };
-    for c in &cands {
+    for c in cands {
         let owner = owner_of(&c.key, worker.shared.workers);
         if owner == worker.index {
             worker.shard.borrow_mut().wait(&c.key, waiter.clone());
@@ -135,7 +163,7 @@ pub async fn admit(
     match outcome {
         Ok(Ok(lease)) => {
             let index = cands.iter().find(|c| &c.key == lease.key()).map(|c| c.index).unwrap_or(0);
-            Ok(Admitted { target: target(group, index), lease, affinity: choice(index) })
+            Ok(Admitted { target: target(group, index), lease, affinity: plan.choice(index) })
         }
         Ok(Err(WaiterState::Unavailable)) | Ok(Err(_)) => {
             Err(AdmitError::Unavailable(format!("every node serving model `{}` went away", group.name)))

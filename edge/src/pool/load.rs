@@ -150,7 +150,13 @@ impl ResourceLoad {
 
     /// `configured` within the node's share of `class`, when one is in force.
     pub fn shared(&self, class: LeaseClass, configured: u32) -> u32 {
-        match self.share.of(class, self.generation.load(Ordering::Acquire)) {
+        self.shared_in(class, configured, self.generation.load(Ordering::Acquire))
+    }
+
+    /// `configured` within the share of `class` in force for connection
+    /// `generation` (the owner core knows it before it publishes it).
+    pub fn shared_in(&self, class: LeaseClass, configured: u32, generation: u64) -> u32 {
+        match self.share.of(class, generation) {
             Some(share) => configured.min(share),
             None => configured,
         }
@@ -234,6 +240,9 @@ impl ModelUsage {
 pub struct PoolView {
     /// Loads by resource.
     pub resources: HashMap<ResourceKey, Arc<ResourceLoad>>,
+    /// Each node's resources (a link's demand report reads its node's
+    /// alone, not every resource of the fleet).
+    by_node: HashMap<Arc<str>, Vec<(ResourceKey, Arc<ResourceLoad>)>>,
     /// Waiters per public model name (bounded by `max_waiters`).
     pub waiters: HashMap<String, Arc<AtomicU32>>,
     /// Usage per public model name.
@@ -247,7 +256,9 @@ impl PoolView {
     /// and models that still exist (so in-flight leases stay counted).
     pub fn build(config: &EdgeConfig, prev: Option<&PoolView>) -> Self {
         let mut resources = HashMap::new();
+        let mut by_node: HashMap<Arc<str>, Vec<_>> = HashMap::new();
         for node in &config.nodes {
+            let of_node = by_node.entry(node.id.as_str().into()).or_default();
             for p in &node.providers {
                 let key = ResourceKey::new(&node.id, &p.id);
                 // Kept counters get their new capacity from the owner core at commit.
@@ -255,6 +266,7 @@ impl PoolView {
                     Some(l) => l.clone(),
                     None => Arc::new(ResourceLoad::new(p.capacity.get(), p.long_capacity)),
                 };
+                of_node.push((key.clone(), load.clone()));
                 resources.insert(key, load);
             }
         }
@@ -272,6 +284,11 @@ impl PoolView {
             .map(|m| (m.name.clone(), prev.and_then(|v| v.usage.get(&m.name)).cloned().unwrap_or_default()))
             .collect();
         let keys = super::keys::build(&config.api_keys, prev.map_or(&[][..], |v| &v.keys[..]));
-        Self { resources, waiters, usage, keys }
+        Self { resources, by_node, waiters, usage, keys }
+    }
+
+    /// The resources of `node`.
+    pub fn of_node(&self, node: &str) -> impl Iterator<Item = (&ResourceKey, &Arc<ResourceLoad>)> {
+        self.by_node.get(node).into_iter().flatten().map(|(k, l)| (k, l))
     }
 }

@@ -15,13 +15,14 @@ mod load;
 mod overlay;
 mod select;
 mod shard;
+pub mod shares;
 #[cfg(test)]
 mod tests;
 mod waiter;
 
 use std::{hash::Hash, sync::Arc};
 
-pub use admit::{admit, AdmitError, Admitted};
+pub use admit::{admit, plan, AdmitError, Admitted, Plan};
 pub use affinity::{AffinityKey, Choice};
 pub use lease::Lease;
 pub use load::{ModelUsage, PoolView, ResourceLoad};

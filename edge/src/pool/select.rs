@@ -17,6 +17,15 @@ pub struct Candidate {
     pub rank: u64,
 }
 
+impl Candidate {
+    /// Has free capacity of `class` and nobody queued (FIFO fairness: a
+    /// request never overtakes a waiter).
+    pub fn has_room(&self, class: LeaseClass) -> bool {
+        let l = &self.load;
+        l.in_use(class) < l.capacity(class) && l.waiters.load(std::sync::atomic::Ordering::Relaxed) == 0
+    }
+}
+
 /// Orders candidates for one request.
 pub trait SelectionPolicy {
     /// Sorts `candidates` best first for a request of `class`.

@@ -67,7 +67,9 @@ impl Resource {
             LeaseClass::Normal => self.normal,
             LeaseClass::Long => self.long,
         };
-        self.load.shared(class, configured)
+        // The shard's own generation: a node just back has its share (in
+        // force for the new generation) before `publish` stores it.
+        self.load.shared_in(class, configured, self.generation)
     }
 
     /// Takes one lease of `class` from the shared count if there is room.

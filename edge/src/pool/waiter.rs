@@ -5,7 +5,7 @@
 use std::{
     future::poll_fn,
     sync::atomic::{AtomicIsize, AtomicU8, Ordering},
-    task::Poll,
+    task::{Context, Poll},
 };
 
 use atomic_waker::AtomicWaker;
@@ -117,19 +117,22 @@ impl Waiter {
     /// Client side: waits for the outcome. `Ok(lease)` when granted,
     /// `Err(state)` when it ended otherwise.
     pub async fn outcome(&self) -> Result<Lease, WaiterState> {
-        poll_fn(|cx| {
-            self.waker.register(cx.waker());
-            match self.state() {
-                WaiterState::Waiting => Poll::Pending,
-                WaiterState::Granted => match self.slot.lock().lease.take() {
-                    Some(l) => Poll::Ready(Ok(l)),
-                    // Claimed; the owner deposits right after and wakes us.
-                    None => Poll::Pending,
-                },
-                other => Poll::Ready(Err(other)),
-            }
-        })
-        .await
+        poll_fn(|cx| self.poll_outcome(cx)).await
+    }
+
+    /// Client side: the outcome if there is one, else `cx` is woken when
+    /// there is (what [`Self::outcome`] awaits; the simulation polls it).
+    pub fn poll_outcome(&self, cx: &mut Context<'_>) -> Poll<Result<Lease, WaiterState>> {
+        self.waker.register(cx.waker());
+        match self.state() {
+            WaiterState::Waiting => Poll::Pending,
+            WaiterState::Granted => match self.slot.lock().lease.take() {
+                Some(l) => Poll::Ready(Ok(l)),
+                // Claimed; the owner deposits right after and wakes us.
+                None => Poll::Pending,
+            },
+            other => Poll::Ready(Err(other)),
+        }
     }
 
     /// Client side: gives up (timeout, client gone). A lease granted in the

@@ -5,11 +5,7 @@
 //! back: at once when it applied an announcement (acknowledging it), and
 //! a few times a second while the demand changes.
 
-use std::{
-    rc::Rc,
-    sync::atomic::Ordering,
-    time::{Duration, Instant},
-};
+use std::{rc::Rc, time::Instant};
 
 use iop_core::{
     rt::{frames::FrameWriter, signal::LocalCancel},
@@ -20,51 +16,27 @@ use super::envelope;
 use crate::{
     ctx::Ctx,
     mesh::{owner_of, post, CoreMsg},
-    pool::{LeaseClass, ResourceKey},
+    pool::shares::{self as pool_shares, REPORT_ANYWAY, REPORT_EVERY},
 };
-
-/// How often a changed demand is reported.
-const REPORT_EVERY: Duration = Duration::from_millis(200);
-/// A demand that does not change is still reported this often.
-const REPORT_ANYWAY: Duration = Duration::from_secs(5);
 
 /// Applies announcement `s` of `node`'s connection `generation`; a share
 /// that may have grown has its queue served by the resource's owner.
 /// True when any share was applied.
 pub(super) fn apply(worker: &Rc<Ctx>, node: &str, generation: u64, s: &pb::CapacityShares) -> bool {
     let view = worker.pool.borrow().clone();
-    let mut applied = false;
-    for p in &s.shares {
-        let key = ResourceKey::new(node, &p.provider);
-        let Some(load) = view.resources.get(&key) else { continue };
-        if load.share.apply(generation, s.epoch, p.normal, p.long) {
-            applied = true;
-            let owner = owner_of(&key, worker.shared.workers);
-            if owner == worker.index {
-                worker.shard.borrow_mut().pump(&key);
-            } else {
-                post(&worker.shared.inboxes[owner], CoreMsg::Pump { key });
-            }
+    pool_shares::apply(&view, node, generation, s, |key| {
+        let owner = owner_of(&key, worker.shared.workers);
+        if owner == worker.index {
+            worker.shard.borrow_mut().pump(&key);
+        } else {
+            post(&worker.shared.inboxes[owner], CoreMsg::Pump { key });
         }
-    }
-    applied
+    })
 }
 
 /// This edge's demand on `node`'s providers now.
 fn demand(worker: &Rc<Ctx>, node: &str, generation: u64) -> pb::ShareDemand {
-    let view = worker.pool.borrow().clone();
-    let mut d = pb::ShareDemand::default();
-    for (key, load) in view.resources.iter().filter(|(k, _)| &*k.node == node) {
-        d.applied_epoch = d.applied_epoch.max(load.share.epoch(generation));
-        d.providers.push(pb::ProviderDemand {
-            provider: key.provider.to_string(),
-            in_use_normal: load.in_use(LeaseClass::Normal),
-            in_use_long: load.in_use(LeaseClass::Long),
-            waiting: load.waiters.load(Ordering::Relaxed),
-        });
-    }
-    d.providers.sort_by(|a, b| a.provider.cmp(&b.provider));
-    d
+    pool_shares::demand(&worker.pool.borrow(), node, generation)
 }
 
 /// Sends this edge's demand on `node` (the acknowledgement of what it applied).

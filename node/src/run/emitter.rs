@@ -276,14 +276,19 @@ impl<T: Outgoing> Emitter<T> {
 
     fn queue(&mut self, item: T, terminal: bool) -> Result<(), SinkClosed> {
         item.queue(&self.writer, &self.id, self.seq).map_err(|_| SinkClosed)?;
-        self.seq += 1;
+        self.sent(1, terminal);
+        Ok(())
+    }
+
+    /// `n` items were queued, the last of them `terminal`.
+    fn sent(&mut self, n: u64, terminal: bool) {
+        self.seq += n;
         if terminal {
             self.terminal = true;
             // The edge frees its lease on this item: free ours before it can
             // send the next one (an adapter may still be draining its socket).
             self.slot = None;
         }
-        Ok(())
     }
 }
 
@@ -329,12 +334,7 @@ impl Emitter<ExecEvent> {
         }
         let wire: Vec<_> = evs.drain(..n).map(|e| e.into_wire_unnamed(0)).collect();
         self.writer.send_run_events(&self.id, self.seq, &wire).map_err(|_| SinkClosed)?;
-        self.seq += n as u64;
-        if terminal {
-            self.terminal = true;
-            // As in `queue`: the edge frees its lease on the terminal.
-            self.slot = None;
-        }
+        self.sent(n as u64, terminal);
         Ok(true)
     }
 }
