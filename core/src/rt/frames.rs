@@ -228,9 +228,9 @@ impl FrameWriter {
         self.queue(|buf, max| buf.put_with(|b| wire::encode_run_event(run_id, ev, b, max)))
     }
 
-    /// Queues one frame of consecutive run events (their `run_id` and `seq`
-    /// left empty) of run `run_id`, the first numbered `seq`.
-    pub fn send_run_events(&self, run_id: &str, seq: u64, events: &[wire::pb::RunEvent]) -> Result<(), SendError> {
+    /// Queues one frame of consecutive run events of run `run_id`, the
+    /// first numbered `seq`.
+    pub fn send_run_events(&self, run_id: &str, seq: u64, events: &[crate::exec::ExecEvent]) -> Result<(), SendError> {
         self.queue(|buf, max| buf.put_with(|b| wire::encode_run_events(run_id, seq, events, b, max)))
     }
 

@@ -84,19 +84,19 @@ const EVENTS_EVENT: u32 = 3;
 
 /// Appends the frame of `events`, consecutive events of run `run_id` from
 /// number `seq` on (correlation id 0): the same bytes as [`encode`] of the
-/// `RunEvents` envelope, the id written from the caller's `&str`. Each
-/// event's `run_id` and `seq` must be empty.
+/// `RunEvents` envelope whose events are each `into_wire_unnamed(0)`'s
+/// encoding, the id written from the caller's `&str`, the events straight
+/// from the caller's (see `event.rs`).
 pub fn encode_run_events(
     run_id: &str,
     seq: u64,
-    events: &[super::pb::RunEvent],
+    events: &[crate::exec::ExecEvent],
     out: &mut BytesMut,
     max_frame_bytes: usize,
 ) -> Result<(), WireError> {
     use prost::encoding::{encode_key, encode_varint, encoded_len_varint, key_len, WireType};
-    debug_assert!(events.iter().all(|e| e.run_id.is_empty() && e.seq == 0), "id and number come from the batch");
     let seq_len = if seq == 0 { 0 } else { key_len(EVENTS_SEQ) + encoded_len_varint(seq) };
-    let events_len: usize = events.iter().map(|e| field_len(EVENTS_EVENT, e.encoded_len())).sum();
+    let events_len: usize = events.iter().map(|e| field_len(EVENTS_EVENT, super::event::encoded_len(e))).sum();
     let inner = opt_field_len(RUN_ID, run_id.len()) + seq_len + events_len;
     put_run_head(out, RUN_EVENTS, inner, run_id, max_frame_bytes)?;
     if seq != 0 {
@@ -105,8 +105,8 @@ pub fn encode_run_events(
     }
     for e in events {
         encode_key(EVENTS_EVENT, WireType::LengthDelimited, out);
-        encode_varint(e.encoded_len() as u64, out);
-        e.encode_raw(out);
+        encode_varint(super::event::encoded_len(e) as u64, out);
+        super::event::encode(e, out);
     }
     Ok(())
 }
@@ -670,12 +670,16 @@ mod tests {
                 run_id: "run-1".into(),
                 seq: 4,
                 events: vec![
-                    pb::RunEvent { kind: Some(Rk::Delta(pb::TextDelta { text: "a".into() })), ..Default::default() },
+                    pb::RunEvent { kind: Some(Rk::Delta(pb::TextDelta { text: "a".into() })), ..Default::default() }
+                        .encode_to_vec()
+                        .into(),
                     pb::RunEvent {
                         kind: Some(Rk::Complete(pb::RunComplete { finish_reason: "stop".into() })),
                         usage: Some(usage()),
                         ..Default::default()
-                    },
+                    }
+                    .encode_to_vec()
+                    .into(),
                 ],
             }),
             Body::CancelRequest(pb::CancelRequest {
@@ -865,32 +869,106 @@ mod tests {
         assert!(out.is_empty());
     }
 
-    #[test]
-    fn run_event_batches_with_a_borrowed_id_are_the_prost_encoding() {
-        let mut events: Vec<pb::RunEvent> = all_variants()
+    /// Every kind of run event, and deltas in each of their shapes.
+    fn exec_events() -> Vec<crate::exec::ExecEvent> {
+        use crate::exec::{Delta, ExecEvent, Part, ToolCallDelta};
+        let mut events: Vec<ExecEvent> = all_variants()
             .into_iter()
             .filter_map(|e| match e.body {
-                Some(Body::RunEvent(ev)) => Some(pb::RunEvent { run_id: Bytes::new(), seq: 0, ..ev }),
+                Some(Body::RunEvent(ev)) => ExecEvent::from_wire(ev),
                 _ => None,
             })
             .collect();
-        assert!(events.len() > 2);
-        let text = |len| pb::run_event::Kind::Delta(pb::TextDelta { text: "é".repeat(len) });
-        events.push(pb::RunEvent { kind: Some(text(40_000)), ..Default::default() });
-        events.push(pb::RunEvent::default());
+        let delta = |choice, part, logprobs: Option<&str>| {
+            ExecEvent::Delta(Delta { choice, part, logprobs: logprobs.map(|l| Bytes::from(l.to_owned())) })
+        };
+        let call = |index, id: &str, args: &str| {
+            Part::ToolCall(Box::new(ToolCallDelta {
+                index,
+                id: id.into(),
+                kind: if id.is_empty() { String::new() } else { "function".into() },
+                name: if id.is_empty() { String::new() } else { "get_weather".into() },
+                arguments: args.into(),
+            }))
+        };
+        events.extend([
+            delta(0, Part::Content(String::new()), None),
+            delta(0, Part::Content("é".repeat(40_000)), None),
+            delta(3, Part::Reasoning("think".into()), None),
+            delta(u32::MAX, Part::Refusal("no".into()), Some(r#"{"content":[]}"#)),
+            delta(0, call(0, "call_1", ""), None),
+            delta(1, call(2, "", r#"{"city":"#), None),
+            delta(0, call(0, "", ""), None),
+        ]);
+        events
+    }
+
+    /// What prost writes for `events` as one batch.
+    fn prost_batch(id: &str, seq: u64, events: &[crate::exec::ExecEvent]) -> BytesMut {
+        let events = events.iter().map(|e| Bytes::from(e.clone().into_wire_unnamed(0).encode_to_vec())).collect();
+        let batch = pb::RunEvents { run_id: Bytes::from(id.to_owned()), seq, events };
+        let mut expected = BytesMut::new();
+        encode(&env(0, Body::RunEvents(batch)), &mut expected, MAX).unwrap();
+        expected
+    }
+
+    #[test]
+    fn run_event_batches_with_a_borrowed_id_are_the_prost_encoding() {
+        let events = exec_events();
+        assert!(events.len() > 10);
         for (id_len, seq, count) in [(0, 0, 0), (1, 1, 1), (127, 300, 2), (128, u64::MAX, events.len())] {
             let id = "r".repeat(id_len);
-            let batch = pb::RunEvents { run_id: Bytes::from(id.clone()), seq, events: events[..count].to_vec() };
-            let mut expected = BytesMut::new();
-            encode(&env(0, Body::RunEvents(batch)), &mut expected, MAX).unwrap();
             let mut got = BytesMut::new();
             encode_run_events(&id, seq, &events[..count], &mut got, MAX).unwrap();
-            assert_eq!(got, expected, "id of {id_len} bytes, seq {seq}, {count} events");
+            assert_eq!(got, prost_batch(&id, seq, &events[..count]), "id of {id_len} bytes, seq {seq}, {count} events");
         }
+        // Each event decodes back to itself.
+        let mut got = BytesMut::new();
+        encode_run_events("r", 0, &events, &mut got, MAX).unwrap();
+        let Some(Body::RunEvents(batch)) = decode(&mut got, MAX).unwrap().unwrap().body else { panic!("not a batch") };
+        let back: Vec<_> = batch
+            .events
+            .into_iter()
+            .map(|b| crate::exec::ExecEvent::from_wire(pb::RunEvent::decode(b).unwrap()))
+            .collect();
+        assert_eq!(back, events.iter().cloned().map(Some).collect::<Vec<_>>());
         let mut out = BytesMut::new();
         let err = encode_run_events("r", 1, &events, &mut out, 64).unwrap_err();
         assert!(matches!(err, WireError::FrameTooLarge { max: 64, .. }), "{err:?}");
         assert!(out.is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn any_delta_batch_is_the_prost_encoding(
+            deltas in proptest::collection::vec(
+                (any::<u32>(), 0u8..4, ".{0,40}", any::<u32>(), proptest::option::of(".{0,20}")),
+                0..6,
+            ),
+        ) {
+            use crate::exec::{Delta, ExecEvent, Part, ToolCallDelta};
+            let events: Vec<ExecEvent> = deltas
+                .into_iter()
+                .map(|(choice, kind, text, index, logprobs)| {
+                    let part = match kind {
+                        0 => Part::Content(text),
+                        1 => Part::Reasoning(text),
+                        2 => Part::Refusal(text),
+                        _ => Part::ToolCall(Box::new(ToolCallDelta {
+                            index,
+                            id: text.clone(),
+                            kind: String::new(),
+                            name: text.chars().rev().collect(),
+                            arguments: text,
+                        })),
+                    };
+                    ExecEvent::Delta(Delta { choice, part, logprobs: logprobs.map(Bytes::from) })
+                })
+                .collect();
+            let mut got = BytesMut::new();
+            encode_run_events("run-1", 7, &events, &mut got, MAX).unwrap();
+            prop_assert_eq!(got, prost_batch("run-1", 7, &events));
+        }
     }
 
     #[test]

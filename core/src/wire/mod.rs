@@ -1,12 +1,14 @@
 //! The edge↔node wire: generated prost types and the sans-IO frame codec.
 
 mod codec;
+mod event;
 mod workspace;
 
 pub use codec::{
     decode, encode, encode_run_event, encode_run_events, encode_run_request, encode_tunnel_body, encode_tunnel_request,
     encode_tunnel_start, encode_tunnel_whole, TunnelHead, WireError, DEFAULT_MAX_FRAME_BYTES,
 };
+pub use event::decode_event;
 pub use workspace::{WorkspaceAnswer, WorkspaceCall};
 
 /// Generated from `proto/iop/runtime.proto`.

@@ -116,12 +116,13 @@ impl RunTable {
     /// in order (one frame of them, found once); the first that ends the
     /// run on this side ends the frame. An event without a kind fails the
     /// run.
-    pub fn route_batch(&mut self, run_id: &str, seq: u64, events: Vec<pb::RunEvent>) -> Routed {
-        let events = events.into_iter().map(|ev| {
-            ExecEvent::from_wire(ev).ok_or_else(|| {
-                RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, "node sent a run event without a kind")
-            })
+    pub fn route_batch(&mut self, run_id: &str, seq: u64, events: Vec<bytes::Bytes>) -> Routed {
+        // Each event decoded as it is routed (a slice of the frame).
+        let events = events.into_iter().map(|raw| {
+            let ev = iop_core::wire::decode_event(raw).map_err(|_| "node sent a malformed run event")?;
+            ev.ok_or("node sent a run event without a kind")
         });
+        let events = events.map(|ev| ev.map_err(|why| RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, why)));
         self.route_items(run_id, seq, events, run_tx)
     }
 
@@ -324,14 +325,15 @@ mod tests {
     #[test]
     fn a_batch_continues_the_numbering_and_a_gap_or_a_kindless_event_fails_the_run() {
         use pb::run_event::Kind;
-        let wire = |text: &str| pb::RunEvent {
-            kind: Some(Kind::Delta(pb::TextDelta { text: text.into() })),
-            ..Default::default()
+        use prost::Message;
+        let encoded = |ev: pb::RunEvent| bytes::Bytes::from(ev.encode_to_vec());
+        let wire = |text: &str| {
+            encoded(pb::RunEvent { kind: Some(Kind::Delta(pb::TextDelta { text: text.into() })), ..Default::default() })
         };
-        let done = pb::RunEvent {
+        let done = encoded(pb::RunEvent {
             kind: Some(Kind::Complete(pb::RunComplete { finish_reason: "stop".into() })),
             ..Default::default()
-        };
+        });
         let mut t = RunTable::default();
         let (tx, rx) = channel();
         t.insert("r".into(), tx, None);
@@ -350,12 +352,20 @@ mod tests {
         // So does an event without a kind, and what follows it is not delivered.
         let (tx, rx) = channel();
         t.insert("k".into(), tx, None);
-        let events = vec![wire("x"), pb::RunEvent::default(), wire("y")];
+        let events = vec![wire("x"), encoded(pb::RunEvent::default()), wire("y")];
         assert_eq!(t.route_batch("k", 0, events), Routed::CancelOnNode("protocol_violation"));
         assert_eq!(rx.try_recv(), Some(ExecEvent::content("x")));
         assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(f)) if f.message.contains("without a kind")));
         assert_eq!(rx.try_recv(), None);
         assert_eq!(t.len(), 0);
+        // And one that is not a RunEvent at all (a truncated field).
+        let (tx, rx) = channel();
+        t.insert("t".into(), tx, None);
+        let events = vec![wire("x"), bytes::Bytes::from_static(&[0x5a, 0x05, b'a']), wire("y")];
+        assert_eq!(t.route_batch("t", 0, events), Routed::CancelOnNode("protocol_violation"));
+        assert_eq!(rx.try_recv(), Some(ExecEvent::content("x")));
+        assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(f)) if f.message.contains("malformed")));
+        assert_eq!(rx.try_recv(), None);
         // The last sequence number a node can send fails the run, no panic.
         let (tx, rx) = channel();
         t.insert("m".into(), tx, None);

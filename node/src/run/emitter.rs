@@ -332,8 +332,9 @@ impl Emitter<ExecEvent> {
         for ev in batch {
             self.note(ev);
         }
-        let wire: Vec<_> = evs.drain(..n).map(|e| e.into_wire_unnamed(0)).collect();
-        self.writer.send_run_events(&self.id, self.seq, &wire).map_err(|_| SinkClosed)?;
+        // Encoded straight from the events (no wire message built first).
+        self.writer.send_run_events(&self.id, self.seq, &evs[..n]).map_err(|_| SinkClosed)?;
+        evs.drain(..n);
         self.sent(n as u64, terminal);
         Ok(true)
     }
@@ -469,7 +470,11 @@ mod tests {
             assert_eq!(frames.len(), 2, "{frames:?}");
             let Body::RunEvents(batch) = &frames[1] else { panic!("{:?}", frames[1]) };
             assert_eq!((&batch.run_id[..], batch.seq, batch.events.len()), (&b"r"[..], 1, 4));
-            let got: Vec<ExecEvent> = batch.events.iter().cloned().filter_map(ExecEvent::from_wire).collect();
+            let got: Vec<ExecEvent> = batch
+                .events
+                .iter()
+                .filter_map(|b| ExecEvent::from_wire(prost::Message::decode(b.clone()).unwrap()))
+                .collect();
             let mut want = tokens(3);
             want.push(complete());
             assert_eq!(got, want);
