@@ -104,9 +104,7 @@ pub fn encode_run_events(
         encode_varint(seq, out);
     }
     for e in events {
-        encode_key(EVENTS_EVENT, WireType::LengthDelimited, out);
-        encode_varint(super::event::encoded_len(e) as u64, out);
-        super::event::encode(e, out);
+        super::event::encode_field(EVENTS_EVENT, e, out);
     }
     Ok(())
 }

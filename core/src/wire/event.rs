@@ -110,11 +110,20 @@ pub(super) fn encoded_len(ev: &ExecEvent) -> usize {
     }
 }
 
-/// Writes `ev` as a batch's event (without its own key and length).
-pub(super) fn encode(ev: &ExecEvent, out: &mut impl BufMut) {
+/// Writes `ev` as field `tag` of the batch: key, length, event.
+pub(super) fn encode_field(tag: u32, ev: &ExecEvent, out: &mut impl BufMut) {
+    encode_key(tag, WireType::LengthDelimited, out);
     match ev {
-        ExecEvent::Delta(d) => put_delta(d, out),
-        other => other.clone().into_wire_unnamed(0).encode_raw(out),
+        ExecEvent::Delta(d) => {
+            encode_varint(delta_len(d) as u64, out);
+            put_delta(d, out);
+        }
+        // Converted once for its length and body together.
+        other => {
+            let wire = other.clone().into_wire_unnamed(0);
+            encode_varint(wire.encoded_len() as u64, out);
+            wire.encode_raw(out);
+        }
     }
 }
 

@@ -119,10 +119,13 @@ impl RunTable {
     pub fn route_batch(&mut self, run_id: &str, seq: u64, events: Vec<bytes::Bytes>) -> Routed {
         // Each event decoded as it is routed (a slice of the frame).
         let events = events.into_iter().map(|raw| {
-            let ev = iop_core::wire::decode_event(raw).map_err(|_| "node sent a malformed run event")?;
-            ev.ok_or("node sent a run event without a kind")
+            let why = match iop_core::wire::decode_event(raw) {
+                Ok(Some(ev)) => return Ok(ev),
+                Ok(None) => "node sent a run event without a kind",
+                Err(_) => "node sent a malformed run event",
+            };
+            Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, why))
         });
-        let events = events.map(|ev| ev.map_err(|why| RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, why)));
         self.route_items(run_id, seq, events, run_tx)
     }
 
