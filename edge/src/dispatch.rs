@@ -127,8 +127,17 @@ impl<T: Outcome> Stream<T> {
     }
 
     /// Gives back the memory of the stream's empty queue, before a long wait.
-    pub fn shrink(&self) {
+    pub fn shrink(&mut self) {
         self.rx.shrink();
+    }
+
+    /// Items queued and not yet taken (a hint: the node may add more).
+    pub fn pending(&self) -> usize {
+        if self.done {
+            0
+        } else {
+            self.rx.pending()
+        }
     }
 
     /// The next item already queued, without waiting.

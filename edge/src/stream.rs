@@ -14,6 +14,7 @@
 //! queue: a busy stream of owned items (most run events) never reads it.
 
 use std::{
+    collections::VecDeque,
     sync::{
         atomic::{AtomicU64, AtomicUsize, Ordering},
         Arc, OnceLock,
@@ -194,13 +195,17 @@ pub struct StreamTx<T> {
 pub struct StreamRx<T> {
     rx: mailbox::Receiver<T>,
     shared: Arc<Shared>,
+    /// Items taken from the channel at once, not yet handed out.
+    taken: VecDeque<T>,
+    /// The cost of the items taken with them, still counted as queued.
+    taken_cost: usize,
 }
 
 /// A stream's channel.
 pub fn channel<T>() -> (StreamTx<T>, StreamRx<T>) {
     let (tx, rx) = mailbox::stream_mailbox(RUN_EVENT_CAPACITY);
     let shared = Arc::new(Shared::default());
-    (StreamTx { tx, shared: shared.clone() }, StreamRx { rx, shared })
+    (StreamTx { tx, shared: shared.clone() }, StreamRx { rx, shared, taken: VecDeque::new(), taken_cost: 0 })
 }
 
 /// Why an item was not queued.
@@ -224,25 +229,11 @@ impl<T: Queued> StreamTx<T> {
     /// [`Self::try_send`] on the clock `now` (read only for an item that
     /// shares a buffer, sent to a deep queue).
     fn send_at(&self, mut item: T, reserve: usize, now: impl Fn() -> u64) -> Result<(), Undelivered> {
-        let size = cost_of(&item);
-        let shared = &*self.shared;
-        let queued = shared.queued.load(Ordering::Acquire);
-        if queued >= COMPACT_AFTER && item.shares() {
-            let now = now();
-            // The first look since the client moved starts the stall clock.
-            if let Err(since) = shared.still_since.compare_exchange(MOVED, now, Ordering::AcqRel, Ordering::Acquire) {
-                if now.saturating_sub(since) > STALL.as_nanos() as u64 {
-                    item.compact();
-                }
-            }
-        }
-        let over_window = queued >= flow::WINDOW_BYTES as usize;
-        if reserve > 0 && (over_window || self.tx.len() + reserve >= RUN_EVENT_CAPACITY) {
-            return Err(Undelivered::Full);
-        }
-        shared.queued.fetch_add(size, Ordering::AcqRel);
+        let queued = self.shared.queued.load(Ordering::Acquire);
+        let size = self.admit(&mut item, reserve, queued, self.tx.len(), now)?;
+        self.shared.queued.fetch_add(size, Ordering::AcqRel);
         self.tx.try_send(item).map_err(|e| {
-            shared.queued.fetch_sub(size, Ordering::AcqRel);
+            self.shared.queued.fetch_sub(size, Ordering::AcqRel);
             match e {
                 mailbox::SendError::Full(_) => Undelivered::Full,
                 mailbox::SendError::Closed(_) => Undelivered::Closed,
@@ -250,9 +241,92 @@ impl<T: Queued> StreamTx<T> {
         })
     }
 
+    /// Whether `item` may follow `queued` cost in `len` items (see
+    /// [`Self::try_send`]), compacting it for a stalled client; its cost.
+    fn admit(
+        &self,
+        item: &mut T,
+        reserve: usize,
+        queued: usize,
+        len: usize,
+        now: impl Fn() -> u64,
+    ) -> Result<usize, Undelivered> {
+        if queued >= COMPACT_AFTER && item.shares() {
+            let now = now();
+            // The first look since the client moved starts the stall clock.
+            let shared = &*self.shared;
+            if let Err(since) = shared.still_since.compare_exchange(MOVED, now, Ordering::AcqRel, Ordering::Acquire) {
+                if now.saturating_sub(since) > STALL.as_nanos() as u64 {
+                    item.compact();
+                }
+            }
+        }
+        let over_window = queued >= flow::WINDOW_BYTES as usize;
+        if reserve > 0 && (over_window || len + reserve >= RUN_EVENT_CAPACITY) {
+            return Err(Undelivered::Full);
+        }
+        Ok(cost_of(item))
+    }
+
     /// Queues a terminal item past the bounds (its reserved slot).
     pub fn send_terminal(&self, item: T) {
         let _ = self.try_send(item, 0);
+    }
+
+    /// A batch of items for this stream, staged in `staged` (empty) and
+    /// queued together when the batch is dropped: one lock, one wake and
+    /// one update of the queued cost for all of them. Each item is judged
+    /// as [`Self::try_send`] would judge it after the ones before it.
+    pub fn batch<'a>(&'a self, staged: &'a mut Vec<T>) -> Batch<'a, T> {
+        staged.clear();
+        let queued = self.shared.queued.load(Ordering::Acquire);
+        Batch { len: self.tx.len(), tx: self, staged, queued }
+    }
+}
+
+/// Items staged for one stream (see [`StreamTx::batch`]); queued when
+/// dropped. The stream has one sender, so nothing is queued meanwhile.
+pub struct Batch<'a, T: Queued> {
+    tx: &'a StreamTx<T>,
+    staged: &'a mut Vec<T>,
+    /// Cost queued when the batch began, plus the staged items'.
+    queued: usize,
+    /// Items queued when the batch began.
+    len: usize,
+}
+
+impl<T: Queued> Batch<'_, T> {
+    /// Stages `item` (see [`StreamTx::try_send`]).
+    pub fn try_send(&mut self, mut item: T, reserve: usize) -> Result<(), Undelivered> {
+        if self.tx.tx.is_closed() {
+            return Err(Undelivered::Closed);
+        }
+        let size = self.tx.admit(&mut item, reserve, self.queued, self.len + self.staged.len(), now_nanos)?;
+        self.queued += size;
+        self.staged.push(item);
+        Ok(())
+    }
+
+    /// Stages a terminal item past the bounds (its reserved slot).
+    pub fn send_terminal(&mut self, item: T) {
+        let _ = self.try_send(item, 0);
+    }
+}
+
+impl<T: Queued> Drop for Batch<'_, T> {
+    fn drop(&mut self) {
+        if self.staged.is_empty() {
+            return;
+        }
+        let shared = &*self.tx.shared;
+        let size = self.staged.iter().map(cost_of).sum::<usize>();
+        shared.queued.fetch_add(size, Ordering::AcqRel);
+        // Staged within the bounds, by the only sender: it fits, unless
+        // the client went meanwhile (then nothing is owed to it).
+        if self.tx.tx.try_send_all(self.staged).is_err() {
+            shared.queued.fetch_sub(size, Ordering::AcqRel);
+            self.staged.clear();
+        }
     }
 }
 
@@ -264,31 +338,56 @@ pub fn cost_of<T: Queued>(item: &T) -> usize {
 impl<T: Queued> StreamRx<T> {
     /// Gives back the queue's memory while it is empty (see
     /// [`mailbox::Receiver::shrink`]).
-    pub fn shrink(&self) {
+    pub fn shrink(&mut self) {
         self.rx.shrink();
+        if self.taken.is_empty() {
+            self.taken = VecDeque::new();
+        }
+    }
+
+    /// Items queued and not yet handed out.
+    pub fn pending(&self) -> usize {
+        self.taken.len() + self.rx.len()
     }
 
     /// Next item without waiting.
-    pub fn try_recv(&self) -> Option<T> {
-        let item = self.rx.try_recv()?;
-        self.took(&item);
+    pub fn try_recv(&mut self) -> Option<T> {
+        if self.taken.is_empty() && self.rx.take_all(&mut self.taken) > 0 {
+            // Counted as queued until the last is handed out (so the
+            // sender's window check sees them), then all at once.
+            self.taken_cost = self.taken.iter().map(cost_of).sum();
+            self.moved();
+        }
+        let item = self.taken.pop_front()?;
+        if self.taken.is_empty() {
+            let cost = std::mem::take(&mut self.taken_cost);
+            self.took(cost);
+        }
         Some(item)
     }
 
     /// Next item; `None` once the sender is gone and the queue is empty.
-    pub async fn recv(&self) -> Option<T> {
+    pub async fn recv(&mut self) -> Option<T> {
+        if let Some(item) = self.try_recv() {
+            return Some(item);
+        }
         let item = self.rx.recv().await?;
-        self.took(&item);
+        self.took(cost_of(&item));
+        self.moved();
         Some(item)
     }
 
-    fn took(&self, item: &T) {
-        self.shared.queued.fetch_sub(cost_of(item), Ordering::AcqRel);
-        // The client is moving: the stall clock restarts at the next look.
+    fn took(&self, cost: usize) {
+        self.shared.queued.fetch_sub(cost, Ordering::AcqRel);
+    }
+
+    /// The client is moving: the stall clock restarts at the next look.
+    fn moved(&self) {
         self.shared.still_since.store(MOVED, Ordering::Release);
     }
 
-    /// Cost of what is queued now.
+    /// Cost of what is queued now (including what was taken from the
+    /// channel at once and not yet handed out).
     pub fn queued_bytes(&self) -> usize {
         self.shared.queued.load(Ordering::Acquire)
     }
@@ -311,7 +410,7 @@ mod tests {
         let read_buffer = Bytes::from(vec![7u8; 64 * 1024]);
         let inside = |b: &Bytes| read_buffer.as_ptr_range().contains(&b.as_ptr());
         let piece = |i: usize| TunnelItem::Body(read_buffer.slice(i * 1000..(i + 1) * 1000));
-        let (tx, rx) = channel::<TunnelItem>();
+        let (tx, mut rx) = channel::<TunnelItem>();
         let stall = STALL.as_nanos() as u64;
         // A burst far past COMPACT_AFTER, all within STALL: shared.
         for i in 0..40 {

@@ -30,6 +30,11 @@ use parking_lot::Mutex;
 /// [`Receiver::shrink`] before it waits.
 const KEEP_SLOTS: usize = 16;
 
+/// Slots a receiver's emptied buffer may keep when [`Receiver::take_all`]
+/// swaps it in as the queue: a busy stream's bursts then reuse the same two
+/// buffers instead of growing one from nothing per burst.
+const KEEP_SWAPPED_SLOTS: usize = 128;
+
 enum Queue<T> {
     /// Boxed: its two cache-padded ends would make every stream's mailbox
     /// a quarter KiB larger.
@@ -53,6 +58,39 @@ impl<T> Queue<T> {
             Queue::Segments(q) => q.push(msg),
             Queue::Deque(q) => q.lock().push_back(msg),
         }
+    }
+
+    /// Moves every message of `msgs` to the back, in order.
+    fn push_all(&self, msgs: &mut Vec<T>) {
+        match self {
+            Queue::Segments(q) => msgs.drain(..).for_each(|m| q.push(m)),
+            Queue::Deque(q) => q.lock().extend(msgs.drain(..)),
+        }
+    }
+
+    /// Moves everything queued to the back of `into`; an empty `into` is
+    /// swapped in as the queue (no move per message). Returns how many.
+    fn take_all(&self, into: &mut VecDeque<T>) -> usize {
+        let before = into.len();
+        match self {
+            Queue::Segments(q) => {
+                while let Some(m) = q.pop() {
+                    into.push_back(m);
+                }
+            }
+            Queue::Deque(q) => {
+                let mut q = q.lock();
+                if into.is_empty() {
+                    std::mem::swap(&mut *q, into);
+                    if q.capacity() > KEEP_SWAPPED_SLOTS {
+                        *q = VecDeque::new();
+                    }
+                } else {
+                    into.extend(q.drain(..));
+                }
+            }
+        }
+        into.len() - before
     }
 
     fn pop(&self) -> Option<T> {
@@ -161,6 +199,26 @@ impl<T> Sender<T> {
         Ok(())
     }
 
+    /// Sends every message of `msgs` at once (one lock, one wake), leaving
+    /// it empty; all or none: if they do not all fit, none is sent and
+    /// `msgs` is left as it was.
+    pub fn try_send_all(&self, msgs: &mut Vec<T>) -> Result<(), SendError<()>> {
+        let n = msgs.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if !self.inner.receiver_alive.load(Ordering::Acquire) {
+            return Err(SendError::Closed(()));
+        }
+        if self.inner.len.fetch_add(n, Ordering::AcqRel) + n > self.inner.capacity {
+            self.inner.len.fetch_sub(n, Ordering::AcqRel);
+            return Err(SendError::Full(()));
+        }
+        self.inner.queue.push_all(msgs);
+        self.inner.recv_waker.wake();
+        Ok(())
+    }
+
     /// Sends, waiting for room while the queue is full.
     pub async fn send(&self, msg: T) -> Result<(), T> {
         let mut slot = Some(msg);
@@ -225,6 +283,16 @@ impl<T> Receiver<T> {
         self.inner.queue.shrink();
     }
 
+    /// Messages waiting (including sends in progress).
+    pub fn len(&self) -> usize {
+        self.inner.len.load(Ordering::Acquire)
+    }
+
+    /// No message waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
     /// Next message without waiting.
     pub fn try_recv(&self) -> Option<T> {
         let msg = self.inner.queue.pop();
@@ -233,6 +301,18 @@ impl<T> Receiver<T> {
             self.wake_space_waiters();
         }
         msg
+    }
+
+    /// Moves every queued message to the back of `into` at once (one lock;
+    /// for a stream queue, an empty `into` is swapped with the queue);
+    /// returns how many.
+    pub fn take_all(&self, into: &mut VecDeque<T>) -> usize {
+        let n = self.inner.queue.take_all(into);
+        if n > 0 {
+            self.inner.len.fetch_sub(n, Ordering::AcqRel);
+            self.wake_space_waiters();
+        }
+        n
     }
 
     /// Next message; `None` once every sender is gone and the queue is empty.
@@ -329,6 +409,50 @@ mod tests {
         tx.try_send(7).unwrap();
         assert_eq!(rx.try_recv(), Some(7));
         assert!(capacity(&rx) <= KEEP_SLOTS, "a trickle keeps a few slots");
+    }
+
+    #[test]
+    fn all_at_once_in_order_within_the_bound() {
+        for make in both() {
+            let (tx, rx) = make(4);
+            tx.try_send(0).unwrap();
+            let mut batch = vec![1, 2, 3, 4];
+            assert_eq!(tx.try_send_all(&mut batch), Err(SendError::Full(())), "five do not fit in four");
+            assert_eq!(batch, [1, 2, 3, 4], "none sent");
+            batch.pop();
+            tx.try_send_all(&mut batch).unwrap();
+            assert!(batch.is_empty());
+            assert_eq!(tx.len(), 4);
+            let mut got = VecDeque::from([9]);
+            assert_eq!(rx.take_all(&mut got), 4, "appended after what `into` held");
+            assert_eq!(got, [9, 0, 1, 2, 3]);
+            assert_eq!(tx.len(), 0);
+            let mut empty = VecDeque::new();
+            assert_eq!(rx.take_all(&mut empty), 0);
+            tx.try_send(5).unwrap();
+            assert_eq!(rx.take_all(&mut empty), 1);
+            assert_eq!(empty, [5]);
+            drop(rx);
+            assert_eq!(tx.try_send_all(&mut vec![6]), Err(SendError::Closed(())));
+        }
+    }
+
+    #[test]
+    fn a_swapped_buffer_is_reused_up_to_a_bound() {
+        let (tx, rx) = stream_mailbox::<u64>(1024);
+        let capacity = |rx: &Receiver<u64>| match &rx.inner.queue {
+            Queue::Deque(q) => q.lock().capacity(),
+            Queue::Segments(_) => unreachable!(),
+        };
+        let mut local = VecDeque::with_capacity(64);
+        tx.try_send_all(&mut (0..40).collect()).unwrap();
+        assert_eq!(rx.take_all(&mut local), 40);
+        assert!(capacity(&rx) >= 64, "the receiver's empty buffer became the queue");
+        local.clear();
+        let mut big = VecDeque::with_capacity(4 * KEEP_SWAPPED_SLOTS);
+        tx.try_send(1).unwrap();
+        assert_eq!(rx.take_all(&mut big), 1);
+        assert_eq!(capacity(&rx), 0, "a large one is not kept");
     }
 
     #[test]

@@ -91,7 +91,7 @@ pub trait Source {
     /// The next item already queued.
     fn try_next(&mut self) -> Option<TunnelItem>;
     /// Gives back the memory of an empty queue (before a long wait).
-    fn shrink(&self) {}
+    fn shrink(&mut self) {}
     /// The stream's id, for logs.
     fn id(&self) -> &str;
     /// What was taken so far was written to the client (credit goes back).
@@ -107,7 +107,7 @@ impl Source for TunnelStream {
         TunnelStream::try_next(self)
     }
 
-    fn shrink(&self) {
+    fn shrink(&mut self) {
         TunnelStream::shrink(self);
     }
 

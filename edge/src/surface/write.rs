@@ -26,6 +26,43 @@ const MAX_WRITE_BATCH: usize = 256 * 1024;
 /// reallocations for one chat chunk.
 const EVENT_ROOM: usize = 1024;
 
+/// Sizes the write buffer for the events about to be rendered into it: a
+/// burst (many events queued at once) would otherwise grow it by doubling,
+/// copying what was rendered at each step, and a buffer given back before
+/// a wait would do so again at the next burst.
+#[derive(Debug)]
+struct Room {
+    /// Bytes per event in the last batch rendered (its framing included).
+    per_event: usize,
+}
+
+impl Default for Room {
+    fn default() -> Self {
+        // A chat chunk of a short token, framed.
+        Self { per_event: 256 }
+    }
+}
+
+impl Room {
+    /// Makes room in `out` for `events` more events (a quarter more than
+    /// the last batch's size per event, for events that vary).
+    fn reserve(&self, out: &mut BytesMut, events: usize) {
+        if events == 0 && out.capacity() > 0 {
+            return;
+        }
+        let want = events.saturating_mul(self.per_event + self.per_event / 4);
+        out.reserve(want.clamp(EVENT_ROOM, MAX_WRITE_BATCH));
+    }
+
+    /// `events` took `bytes`.
+    fn rendered(&mut self, bytes: usize, events: usize) {
+        if events > 0 {
+            // Bounded: a huge event (a whole tool call) sizes no batch after it.
+            self.per_event = bytes.div_ceil(events).clamp(64, 16 * 1024);
+        }
+    }
+}
+
 /// Streams the run as server-sent events, each rendered by the encoder
 /// `make` builds from the model the provider's start reported (empty when
 /// it named none), its head carrying the `extra` headers. Errors before the first byte become a plain HTTP error
@@ -114,14 +151,20 @@ async fn stream_body<W: AsyncWriteRentExt, E: EventEncoder>(
     clock: &mut WriteClock<'_>,
 ) -> std::io::Result<()> {
     let mut pacing = super::relay::Pacing::default();
+    let mut room = Room::default();
     loop {
         // Batch what is already queued into one write (bounded, so one
-        // write never holds a whole backlog twice).
+        // write never holds a whole backlog twice), in a buffer made large
+        // enough for it at once.
+        room.reserve(out, run.pending());
+        let (start, mut events) = (out.len(), 0);
         while !terminal && out.len() - chunk < MAX_WRITE_BATCH {
             let Some(ev) = run.try_next() else { break };
             reserve_for(out, &ev);
             terminal = render.event(out, ev);
+            events += 1;
         }
+        room.rendered(out.len() - start, events);
         framing.end(out, chunk);
         if terminal {
             framing.write_last(out);
@@ -188,9 +231,7 @@ async fn stream_body<W: AsyncWriteRentExt, E: EventEncoder>(
             }
         };
         // Rendered straight into the chunk (no staging buffer).
-        if out.capacity() == 0 {
-            out.reserve(EVENT_ROOM);
-        }
+        room.reserve(out, 1 + run.pending());
         chunk = framing.begin(out);
         reserve_for(out, &ev);
         terminal = render.event(out, ev);

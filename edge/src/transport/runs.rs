@@ -9,7 +9,7 @@ use iop_core::{
     wire::pb,
 };
 
-use crate::stream::{Failing, RunEvents, StreamTx, TunnelEvents, Undelivered};
+use crate::stream::{Batch, Failing, RunEvents, StreamTx, TunnelEvents, Undelivered};
 use crate::{
     pool::{HealthReport, Lease, Source},
     registry::Generation,
@@ -32,6 +32,51 @@ struct Entry {
     target: String,
     // Dropped with the entry (see above).
     lease: Option<Lease>,
+}
+
+/// Staging buffers, one per kind of stream item, reused frame after frame.
+#[derive(Default)]
+struct Staged {
+    events: Vec<ExecEvent>,
+    tunnel: Vec<TunnelItem>,
+}
+
+/// A staging buffer that grew past this many items (a huge frame) is not
+/// kept.
+const MAX_KEPT_STAGED: usize = 256;
+
+/// What a stream of a session carries: run events or tunnel items.
+trait Kind: Failing + Sized {
+    /// The sink's channel, if it carries this kind.
+    fn tx(sink: &Sink) -> Option<&StreamTx<Self>>;
+    /// This kind's staging buffer.
+    fn staged(s: &mut Staged) -> &mut Vec<Self>;
+}
+
+impl Kind for ExecEvent {
+    fn tx(sink: &Sink) -> Option<&StreamTx<Self>> {
+        match sink {
+            Sink::Run(tx) => Some(tx),
+            Sink::Tunnel(_) => None,
+        }
+    }
+
+    fn staged(s: &mut Staged) -> &mut Vec<Self> {
+        &mut s.events
+    }
+}
+
+impl Kind for TunnelItem {
+    fn tx(sink: &Sink) -> Option<&StreamTx<Self>> {
+        match sink {
+            Sink::Tunnel(tx) => Some(tx),
+            Sink::Run(_) => None,
+        }
+    }
+
+    fn staged(s: &mut Staged) -> &mut Vec<Self> {
+        &mut s.tunnel
+    }
 }
 
 /// What the session must do after routing an item.
@@ -58,6 +103,8 @@ pub struct Reception {
 #[derive(Default)]
 pub struct RunTable {
     runs: HashMap<String, Entry>,
+    /// Where a frame's items are staged before they are queued together.
+    staged: Staged,
     /// Where the streams arrive (none in unit tests: no health handoff).
     reception: Option<Reception>,
     /// Items for streams this table does not know (finished or cancelled).
@@ -109,7 +156,7 @@ impl RunTable {
 
     /// Delivers one event of run `run_id` with sequence `seq`.
     pub fn route(&mut self, run_id: &str, seq: u64, ev: ExecEvent) -> Routed {
-        self.route_items(run_id, seq, std::iter::once(Ok(ev)), run_tx)
+        self.route_items(run_id, seq, std::iter::once(Ok(ev)))
     }
 
     /// Delivers consecutive events of run `run_id` from sequence `seq` on,
@@ -126,15 +173,12 @@ impl RunTable {
             };
             Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, why))
         });
-        self.route_items(run_id, seq, events, run_tx)
+        self.route_items(run_id, seq, events)
     }
 
     /// Delivers one item of tunnel `tunnel_id` with sequence `seq`.
     pub fn route_tunnel(&mut self, tunnel_id: &str, seq: u64, item: TunnelItem) -> Routed {
-        self.route_items(tunnel_id, seq, std::iter::once(Ok(item)), |s| match s {
-            Sink::Tunnel(tx) => Some(tx),
-            Sink::Run(_) => None,
-        })
+        self.route_items(tunnel_id, seq, std::iter::once(Ok(item)))
     }
 
     /// Delivers one tunnel frame as the session received it; returns the
@@ -160,36 +204,53 @@ impl RunTable {
 
     /// Delivers consecutive items of stream `id` from sequence `seq` on; an
     /// `Err` is an item the node could not have meant (a protocol
-    /// violation that fails the stream). The stream is looked up once.
-    fn route_items<T: Failing>(
+    /// violation that fails the stream). The stream is looked up once, and
+    /// its items are queued together (see [`StreamTx::batch`]).
+    fn route_items<T: Kind>(
         &mut self,
         id: &str,
         seq: u64,
         items: impl Iterator<Item = Result<T, RunFailure>>,
-        tx_of: impl Fn(&Sink) -> Option<&StreamTx<T>>,
     ) -> Routed {
-        let Self { runs, reception, ignored_events } = self;
+        let Self { runs, reception, ignored_events, staged } = self;
         let Some(entry) = runs.get_mut(id) else {
             // Expected after a cancel or a slow-consumer failure races the node's items.
             *ignored_events += items.count() as u64;
             tracing::debug!(run = %id, seq, ignored = *ignored_events, "items for a stream no longer tracked dropped");
             return Routed::Done;
         };
-        // Counted by hand: a range from the node's `seq` would overflow at u64::MAX.
-        for (i, item) in (0u64..).zip(items) {
-            let seq = seq.saturating_add(i);
-            let step = match item {
-                Ok(item) => deliver(entry, reception.as_ref(), seq, item, &tx_of),
-                Err(f) => {
-                    fail(&entry.sink, f);
-                    Some(Routed::CancelOnNode("protocol_violation"))
-                }
-            };
-            if let Some(routed) = step {
-                // The lease goes with the entry: released exactly once.
-                runs.remove(id);
-                return routed;
+        let mut items = items.peekable();
+        if items.peek().is_none() {
+            return Routed::Done;
+        }
+        let Entry { sink, next_seq, target, lease } = entry;
+        let ended = match T::tx(sink) {
+            None => {
+                let f = RunFailure::new(
+                    codes::INTERNAL,
+                    502,
+                    FailureSource::Node,
+                    "node answered with the wrong kind of frame",
+                );
+                fail(sink, f);
+                Some(Routed::CancelOnNode("protocol_violation"))
             }
+            Some(tx) => {
+                let staged = T::staged(staged);
+                let mut batch = tx.batch(staged);
+                let stream = Delivery { next_seq, reception: reception.as_ref(), lease: lease.as_ref(), target };
+                let ended = deliver_all(&mut batch, stream, seq, items);
+                drop(batch);
+                if staged.capacity() > MAX_KEPT_STAGED {
+                    *staged = Vec::new();
+                }
+                ended
+            }
+        };
+        if let Some(routed) = ended {
+            // The lease goes with the entry: released exactly once.
+            runs.remove(id);
+            return routed;
         }
         Routed::Done
     }
@@ -238,57 +299,68 @@ fn handoff(
     });
 }
 
-/// A run's events channel.
-fn run_tx(s: &Sink) -> Option<&RunEvents> {
-    match s {
-        Sink::Run(tx) => Some(tx),
-        Sink::Tunnel(_) => None,
-    }
+/// The parts of a stream's entry its delivery reads and advances.
+struct Delivery<'a> {
+    next_seq: &'a mut u64,
+    reception: Option<&'a Reception>,
+    lease: Option<&'a Lease>,
+    target: &'a mut String,
 }
 
-/// Delivers one item of `entry` with sequence `seq`, keeping per-stream
-/// order and exactly one terminal; a client too far behind (in items or
-/// bytes) fails the stream rather than blocking the connection. An item of
-/// the wrong kind for its stream is a protocol violation that ends it.
-/// `Some`: the stream ended here (the caller drops its entry).
-fn deliver<T: Failing>(
-    entry: &mut Entry,
-    reception: Option<&Reception>,
+/// Delivers `items` from sequence `seq` on into `batch`; `Some`: the
+/// stream ended at one of them (the caller drops its entry).
+fn deliver_all<T: Failing>(
+    batch: &mut Batch<'_, T>,
+    mut stream: Delivery<'_>,
     seq: u64,
-    item: T,
-    tx_of: &impl Fn(&Sink) -> Option<&StreamTx<T>>,
+    items: impl Iterator<Item = Result<T, RunFailure>>,
 ) -> Option<Routed> {
-    let Some(tx) = tx_of(&entry.sink) else {
-        let f =
-            RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, "node answered with the wrong kind of frame");
-        fail(&entry.sink, f);
-        return Some(Routed::CancelOnNode("protocol_violation"));
-    };
-    if seq != entry.next_seq {
+    // Counted by hand: a range from the node's `seq` would overflow at u64::MAX.
+    for (i, item) in (0u64..).zip(items) {
+        let step = match item {
+            Ok(item) => deliver(batch, &mut stream, seq.saturating_add(i), item),
+            Err(f) => {
+                batch.send_terminal(T::failed(f));
+                Some(Routed::CancelOnNode("protocol_violation"))
+            }
+        };
+        if step.is_some() {
+            return step;
+        }
+    }
+    None
+}
+
+/// Delivers one item with sequence `seq`, keeping per-stream order and
+/// exactly one terminal; a client too far behind (in items or bytes) fails
+/// the stream rather than blocking the connection. `Some`: the stream
+/// ended here.
+fn deliver<T: Failing>(batch: &mut Batch<'_, T>, stream: &mut Delivery<'_>, seq: u64, item: T) -> Option<Routed> {
+    if seq != *stream.next_seq {
         let f = RunFailure::new(
             codes::INTERNAL,
             502,
             FailureSource::Node,
-            format!("node sent item {seq} of a stream out of order (expected {})", entry.next_seq),
+            format!("node sent item {seq} of a stream out of order (expected {})", stream.next_seq),
         );
-        tx.send_terminal(T::failed(f));
+        batch.send_terminal(T::failed(f));
         return Some(Routed::CancelOnNode("protocol_violation"));
     }
-    entry.next_seq += 1;
+    *stream.next_seq += 1;
     if item.is_terminal() {
         if let Some(e) = item.failure().and_then(|f| f.stall.as_deref()) {
-            handoff(reception, entry.lease.as_ref(), &mut entry.target, e);
+            handoff(stream.reception, stream.lease, stream.target, e);
         }
         // Its slot is always free (see below); a gone client just misses it.
-        tx.send_terminal(item);
+        batch.send_terminal(item);
         return Some(Routed::Done);
     }
     // Keep one slot free so a slow consumer can still be told why it failed.
-    match tx.try_send(item, 1) {
+    match batch.try_send(item, 1) {
         Ok(()) => None,
         Err(Undelivered::Full) => {
             let f = RunFailure::new(codes::SLOW_CONSUMER, 503, FailureSource::Client, "client is reading too slowly");
-            tx.send_terminal(T::failed(f));
+            batch.send_terminal(T::failed(f));
             Some(Routed::CancelOnNode("slow_consumer"))
         }
         Err(Undelivered::Closed) => Some(Routed::CancelOnNode("client_gone")),
@@ -312,7 +384,7 @@ mod tests {
     #[test]
     fn delivers_in_order_and_forgets_after_terminal() {
         let mut t = RunTable::default();
-        let (tx, rx) = channel();
+        let (tx, mut rx) = channel();
         t.insert("r".into(), tx, None);
         assert_eq!(t.route("r", 0, ExecEvent::content("a")), Routed::Done);
         let done = ExecEvent::Complete { finish_reason: "stop".into(), usage: None };
@@ -338,7 +410,7 @@ mod tests {
             ..Default::default()
         });
         let mut t = RunTable::default();
-        let (tx, rx) = channel();
+        let (tx, mut rx) = channel();
         t.insert("r".into(), tx, None);
         assert_eq!(t.route("r", 0, ExecEvent::content("a")), Routed::Done);
         assert_eq!(t.route_batch("r", 1, vec![wire("b"), wire("c")]), Routed::Done);
@@ -348,12 +420,12 @@ mod tests {
         assert_eq!(got.len(), 5);
         assert_eq!(got[..4], ["a", "b", "c", "d"].map(ExecEvent::content));
         // A batch that does not follow on fails the run.
-        let (tx, rx) = channel();
+        let (tx, mut rx) = channel();
         t.insert("g".into(), tx, None);
         assert_eq!(t.route_batch("g", 1, vec![wire("x")]), Routed::CancelOnNode("protocol_violation"));
         assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(_))));
         // So does an event without a kind, and what follows it is not delivered.
-        let (tx, rx) = channel();
+        let (tx, mut rx) = channel();
         t.insert("k".into(), tx, None);
         let events = vec![wire("x"), encoded(pb::RunEvent::default()), wire("y")];
         assert_eq!(t.route_batch("k", 0, events), Routed::CancelOnNode("protocol_violation"));
@@ -362,7 +434,7 @@ mod tests {
         assert_eq!(rx.try_recv(), None);
         assert_eq!(t.len(), 0);
         // And one that is not a RunEvent at all (a truncated field).
-        let (tx, rx) = channel();
+        let (tx, mut rx) = channel();
         t.insert("t".into(), tx, None);
         let events = vec![wire("x"), bytes::Bytes::from_static(&[0x5a, 0x05, b'a']), wire("y")];
         assert_eq!(t.route_batch("t", 0, events), Routed::CancelOnNode("protocol_violation"));
@@ -370,7 +442,7 @@ mod tests {
         assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(f)) if f.message.contains("malformed")));
         assert_eq!(rx.try_recv(), None);
         // The last sequence number a node can send fails the run, no panic.
-        let (tx, rx) = channel();
+        let (tx, mut rx) = channel();
         t.insert("m".into(), tx, None);
         assert_eq!(
             t.route_batch("m", u64::MAX, vec![wire("x"), wire("y")]),
@@ -383,7 +455,7 @@ mod tests {
     #[test]
     fn out_of_order_fails_the_run() {
         let mut t = RunTable::default();
-        let (tx, rx) = channel();
+        let (tx, mut rx) = channel();
         t.insert("r".into(), tx, None);
         assert_eq!(t.route("r", 1, ExecEvent::content("x")), Routed::CancelOnNode("protocol_violation"));
         assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(_))));
@@ -392,7 +464,7 @@ mod tests {
     #[test]
     fn slow_consumer_fails_without_blocking() {
         let mut t = RunTable::default();
-        let (tx, rx) = channel();
+        let (tx, mut rx) = channel();
         t.insert("r".into(), tx, None);
         let mut seq = 0;
         let outcome = loop {
@@ -412,7 +484,7 @@ mod tests {
     #[test]
     fn a_node_beyond_its_window_fails_the_stream() {
         let mut t = RunTable::default();
-        let (tx, rx) = channel();
+        let (tx, mut rx) = channel();
         t.insert("r".into(), tx, None);
         let window = WINDOW_BYTES as usize;
         // Below the window the node may send an item of any size.
@@ -441,9 +513,48 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_is_judged_event_by_event_and_queued_at_once() {
+        use prost::Message;
+        let wire = |text: &str| bytes::Bytes::from(ExecEvent::content(text).into_wire_unnamed(0).encode_to_vec());
+        let mut t = RunTable::default();
+        let (tx, mut rx) = channel();
+        t.insert("r".into(), tx, None);
+        let window = WINDOW_BYTES as usize;
+        // Six quarters of the window in one frame: four fit (the fifth
+        // finds the window full), then the reason, nothing after it.
+        let quarter = "x".repeat(window / 4);
+        let frame = (0..6).map(|_| wire(&quarter)).collect();
+        assert_eq!(t.route_batch("r", 0, frame), Routed::CancelOnNode("slow_consumer"));
+        assert_eq!(t.len(), 0);
+        let got: Vec<_> = std::iter::from_fn(|| rx.try_recv()).collect();
+        assert_eq!(got.len(), 5);
+        assert!(got[..4].iter().all(|ev| *ev == ExecEvent::content(quarter.clone())));
+        assert!(matches!(&got[4], ExecEvent::Error(f) if f.code == codes::SLOW_CONSUMER));
+        assert_eq!(rx.queued_bytes(), 0, "every item's cost came back when it was taken");
+        // A frame that fits is taken in one go and handed out in order,
+        // its cost counted as queued until the last is handed out.
+        let (tx, mut rx) = channel();
+        t.insert("s".into(), tx, None);
+        let frame = ["a", "b", "c"].map(wire).to_vec();
+        assert_eq!(t.route_batch("s", 0, frame), Routed::Done);
+        let queued = rx.queued_bytes();
+        assert!(queued > 0);
+        assert_eq!(rx.try_recv(), Some(ExecEvent::content("a")));
+        assert_eq!(rx.queued_bytes(), queued, "b and c not handed out yet");
+        assert_eq!(rx.try_recv(), Some(ExecEvent::content("b")));
+        assert_eq!(rx.try_recv(), Some(ExecEvent::content("c")));
+        assert_eq!(rx.queued_bytes(), 0);
+        // A client gone before its frame: the node is told to cancel.
+        drop(rx);
+        let frame = vec![wire("d")];
+        assert_eq!(t.route_batch("s", 3, frame), Routed::CancelOnNode("client_gone"));
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
     fn tunnels_share_the_table_and_wrong_kinds_are_violations() {
         let mut t = RunTable::default();
-        let (tx, rx) = channel();
+        let (tx, mut rx) = channel();
         t.insert_tunnel("t".into(), tx, None);
         let start = TunnelItem::Start { status: 200, headers: vec![] };
         assert_eq!(t.route_tunnel("t", 0, start.clone()), Routed::Done);
@@ -452,13 +563,13 @@ mod tests {
         assert_eq!(t.len(), 0);
         assert_eq!(rx.try_recv(), Some(start));
         // A whole answer is its tunnel's only item, and its terminal.
-        let (tx, rx) = channel::<TunnelItem>();
+        let (tx, mut rx) = channel::<TunnelItem>();
         t.insert_tunnel("w".into(), tx, None);
         let whole = iop_core::tunnel::Whole { status: 200, headers: vec![], body: vec![], usage: None };
         assert_eq!(t.route_tunnel("w", 0, TunnelItem::Whole(Box::new(whole))), Routed::Done);
         assert_eq!(t.len(), 0);
         assert!(matches!(rx.try_recv(), Some(TunnelItem::Whole(_))));
-        let (tx, rx) = channel::<TunnelItem>();
+        let (tx, mut rx) = channel::<TunnelItem>();
         t.insert_tunnel("u".into(), tx, None);
         assert_eq!(t.route("u", 0, ExecEvent::content("x")), Routed::CancelOnNode("protocol_violation"));
         assert!(matches!(rx.try_recv(), Some(TunnelItem::Error(_))));

@@ -10,8 +10,18 @@ use iop_core::{
     sse,
 };
 
-/// Appends `s` as a JSON string literal.
+/// Appends `s` as a JSON string literal, byte for byte what serde_json
+/// writes.
 pub fn json_str(out: &mut BytesMut, s: &str) {
+    // Most strings on the hot path (a token) need no escape: copied as they
+    // are, without serde's writer and escape table per byte.
+    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+        out.reserve(s.len() + 2);
+        out.put_u8(b'"');
+        out.put_slice(s.as_bytes());
+        out.put_u8(b'"');
+        return;
+    }
     // Writing to a BytesMut cannot fail.
     let _ = serde_json::to_writer(out.writer(), s);
 }
@@ -175,6 +185,19 @@ mod tests {
         let s = std::str::from_utf8(bytes).unwrap();
         let data = s.strip_prefix("data: ").unwrap().trim_end();
         serde_json::from_str(data).unwrap()
+    }
+
+    #[test]
+    fn strings_are_written_as_serde_writes_them() {
+        let mut cases: Vec<String> = (0u32..0x800).filter_map(char::from_u32).map(|c| format!("a{c}b")).collect();
+        cases.extend(
+            ["", "plain token", "\"", "\\", "\u{7f}\u{80}", "é\n\t\u{1}", "tab\there", "😀 ok"].map(String::from),
+        );
+        for s in cases {
+            let mut out = BytesMut::new();
+            json_str(&mut out, &s);
+            assert_eq!(&out[..], serde_json::to_string(&s).unwrap().as_bytes(), "{s:?}");
+        }
     }
 
     #[test]
