@@ -18,12 +18,14 @@ use super::ollama_stream::{ChatLine, MessageLine};
 
 /// The line's fields, or `None`: serde must read it.
 pub(super) fn parse(line: &[u8]) -> Option<ChatLine<'_>> {
-    // Checked once for the whole line rather than per string: UTF-8, and
-    // no control character (none may stand in a string; a tab or CR
-    // between tokens is rare enough to leave to serde).
+    // Checked once for the whole line rather than per string: UTF-8, no
+    // control character (none may stand in a string; a tab or CR between
+    // tokens is rare enough to leave to serde), and no backslash (outside
+    // a string it is an error, inside one an escape: serde's either way),
+    // so a string ends at the next quote.
     let text = std::str::from_utf8(line).ok()?;
     // A fold, not `any`: without the early exit it is vectorized.
-    if line.iter().fold(false, |seen, &b| seen | (b < 0x20)) {
+    if line.iter().fold(false, |seen, &b| seen | (b < 0x20) | (b == b'\\')) {
         return None;
     }
     let mut c = Cursor { s: text, b: line, i: 0 };
@@ -94,8 +96,30 @@ struct Cursor<'a> {
     i: usize,
 }
 
-/// Bytes of a string looked at one by one before a search takes over.
+/// Bytes of a string looked at a word at a time before a search takes
+/// over (most strings here are short, where a search's setup costs more).
 const SHORT_STRING: usize = 32;
+
+/// Where the first `"` of `b` is: eight bytes at a time (a quote byte is a
+/// zero byte of the word xor quotes; the lowest one found this way is
+/// exact), then, past [`SHORT_STRING`], by `memchr`.
+fn find_quote(b: &[u8]) -> Option<usize> {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    let mut i = 0;
+    while i < SHORT_STRING {
+        let Some(word) = b.get(i..i + 8).and_then(|w| <[u8; 8]>::try_from(w).ok()) else {
+            return b[i..].iter().position(|&c| c == b'"').map(|p| i + p);
+        };
+        let x = u64::from_le_bytes(word) ^ (ONES * u64::from(b'"'));
+        let zeros = x.wrapping_sub(ONES) & !x & HIGHS;
+        if zeros != 0 {
+            return Some(i + (zeros.trailing_zeros() / 8) as usize);
+        }
+        i += 8;
+    }
+    memchr::memchr(b'"', &b[i..]).map(|p| i + p)
+}
 
 impl<'a> Cursor<'a> {
     fn ws(&mut self) {
@@ -147,22 +171,12 @@ impl<'a> Cursor<'a> {
         read(self).map(Some)
     }
 
-    /// A string with no escape (the line has no control character and is
+    /// A string (the line has no backslash, no control character and is
     /// UTF-8: any slice between two quotes is a string).
     fn plain_str(&mut self) -> Option<&'a str> {
         self.eat(b'"')?;
         let start = self.i;
-        // Most strings here are short, where a plain loop beats a search's
-        // setup; a long one (a big token, a tool's arguments) is searched.
-        let rest = &self.b[start..];
-        let head = &rest[..rest.len().min(SHORT_STRING)];
-        let len = match head.iter().position(|&b| b == b'"' || b == b'\\') {
-            Some(len) => len,
-            None => head.len() + memchr::memchr2(b'"', b'\\', &rest[head.len()..])?,
-        };
-        if self.b[start + len] != b'"' {
-            return None;
-        }
+        let len = find_quote(&self.b[start..])?;
         self.i = start + len + 1;
         self.s.get(start..start + len)
     }
@@ -247,6 +261,27 @@ mod tests {
     use proptest::prelude::*;
 
     use super::*;
+
+    #[test]
+    fn the_first_quote_is_found_wherever_it_is() {
+        // Every length up to past the word loop, the quote at every place
+        // (and none), with bytes around it that a word's borrow could
+        // confuse (a quote minus one, and high bytes).
+        for len in 0..80 {
+            for at in (0..len).map(Some).chain([None]) {
+                for fill in [b'!', b'a', 0xff] {
+                    let mut b = vec![fill; len];
+                    if let Some(at) = at {
+                        b[at] = b'"';
+                        if at + 1 < len {
+                            b[at + 1] = b'"';
+                        }
+                    }
+                    assert_eq!(find_quote(&b), b.iter().position(|&c| c == b'"'), "{len} {at:?} {fill}");
+                }
+            }
+        }
+    }
 
     fn serde(line: &[u8]) -> Option<String> {
         serde_json::from_slice::<ChatLine>(line).ok().map(|l| format!("{l:?}"))
