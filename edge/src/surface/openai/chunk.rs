@@ -15,7 +15,7 @@ use iop_core::{
 pub fn json_str(out: &mut BytesMut, s: &str) {
     // Most strings on the hot path (a token) need no escape: copied as they
     // are, without serde's writer and escape table per byte.
-    if s.bytes().all(|b| b >= 0x20 && b != b'"' && b != b'\\') {
+    if plain(s) {
         out.reserve(s.len() + 2);
         out.put_u8(b'"');
         out.put_slice(s.as_bytes());
@@ -24,6 +24,30 @@ pub fn json_str(out: &mut BytesMut, s: &str) {
     }
     // Writing to a BytesMut cannot fail.
     let _ = serde_json::to_writer(out.writer(), s);
+}
+
+/// Whether `s` is its own JSON string body (nothing to escape: no control
+/// character, quote or backslash), eight bytes at a time.
+fn plain(s: &str) -> bool {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGHS: u64 = 0x8080_8080_8080_8080;
+    // Any byte of `x` below `n` (n ≤ 128), or equal to `b`: exact as a whole.
+    let below = |x: u64, n: u8| x.wrapping_sub(ONES * u64::from(n)) & !x & HIGHS;
+    let is = |x: u64, b: u8| below(x ^ (ONES * u64::from(b)), 1);
+    let escapes = |x: u64| below(x, 0x20) | is(x, b'"') | is(x, b'\\') != 0;
+    let mut words = s.as_bytes().chunks_exact(8);
+    for w in words.by_ref() {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(w);
+        if escapes(u64::from_le_bytes(word)) {
+            return false;
+        }
+    }
+    // The rest, padded with a byte that needs no escape.
+    let rest = words.remainder();
+    let mut word = [b'a'; 8];
+    word[..rest.len()].copy_from_slice(rest);
+    !escapes(u64::from_le_bytes(word))
 }
 
 /// Appends an OpenAI `usage` object.
@@ -93,9 +117,19 @@ pub fn delta_json(out: &mut BytesMut, part: &Part) {
 
 /// Encodes the SSE events of one streamed completion.
 pub struct ChunkEncoder {
-    /// `data: {"id":..,"object":..,"created":..,"model":..,` shared by every chunk.
+    /// `data: {"id":..,"object":..,"created":..,"model":..,` shared by every
+    /// chunk (its first [`Self::common`] bytes), then [`TEXT_HEAD`]: the
+    /// whole head of the usual chunk, choice 0's content.
     prefix: BytesMut,
+    /// Where the head every chunk shares ends in `prefix`.
+    common: usize,
 }
+
+/// What follows the shared head in choice 0's content chunk, up to the
+/// text's opening quote.
+const TEXT_HEAD: &[u8] = b"\"choices\":[{\"index\":0,\"delta\":{\"content\":\"";
+/// What follows the text of choice 0's content chunk, from its closing quote.
+const TEXT_TAIL: &[u8] = b"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n";
 
 impl ChunkEncoder {
     /// An encoder for completion `id` of `model` created at `created` (unix seconds).
@@ -108,7 +142,14 @@ impl ChunkEncoder {
         prefix.put_slice(b",\"model\":");
         json_str(&mut prefix, model);
         prefix.put_slice(b",");
-        Self { prefix }
+        let common = prefix.len();
+        prefix.put_slice(TEXT_HEAD);
+        Self { prefix, common }
+    }
+
+    /// The head every chunk shares.
+    fn head(&self) -> &[u8] {
+        &self.prefix[..self.common]
     }
 
     fn choice(
@@ -119,7 +160,7 @@ impl ChunkEncoder {
         logprobs: Option<&[u8]>,
         finish: Option<&str>,
     ) {
-        out.put_slice(&self.prefix);
+        out.put_slice(self.head());
         out.put_slice(b"\"choices\":[{\"index\":");
         put_decimal(out, u64::from(choice));
         out.put_slice(b",\"delta\":");
@@ -141,6 +182,17 @@ impl ChunkEncoder {
 
     /// A piece of a choice's output, with the provider's log probabilities.
     pub fn delta(&self, out: &mut BytesMut, d: &Delta) {
+        // The usual chunk (choice 0's plain text, no log probabilities) in
+        // three copies: its head, the text, its tail.
+        if let (0, Part::Content(t), None) = (d.choice, &d.part, &d.logprobs) {
+            if plain(t) {
+                out.reserve(self.prefix.len() + t.len() + TEXT_TAIL.len());
+                out.put_slice(&self.prefix);
+                out.put_slice(t.as_bytes());
+                out.put_slice(TEXT_TAIL);
+                return;
+            }
+        }
         self.choice(out, d.choice, |o| delta_json(o, &d.part), d.logprobs.as_deref(), None);
     }
 
@@ -157,7 +209,7 @@ impl ChunkEncoder {
 
     /// The usage chunk (`choices: []`), sent when the client asked for it.
     pub fn usage(&self, out: &mut BytesMut, u: &Usage) {
-        out.put_slice(&self.prefix);
+        out.put_slice(self.head());
         out.put_slice(b"\"choices\":[],\"usage\":");
         usage_json(out, u);
         out.put_slice(b"}\n\n");
@@ -198,6 +250,22 @@ mod tests {
             json_str(&mut out, &s);
             assert_eq!(&out[..], serde_json::to_string(&s).unwrap().as_bytes(), "{s:?}");
         }
+    }
+
+    #[test]
+    fn the_usual_chunk_is_the_general_one() {
+        let enc = ChunkEncoder::new("chatcmpl-1", "m\"x", 7);
+        for text in ["tok ", "", "a\"b", "é\n", "😀", "back\\slash"] {
+            let d = Delta { choice: 0, part: Part::Content(text.into()), logprobs: None };
+            let mut fast = BytesMut::new();
+            enc.delta(&mut fast, &d);
+            let mut general = BytesMut::new();
+            enc.choice(&mut general, 0, |o| delta_json(o, &d.part), None, None);
+            assert_eq!(fast, general, "{text:?}");
+        }
+        let mut usage = BytesMut::new();
+        enc.usage(&mut usage, &Usage::default());
+        assert!(usage.starts_with(b"data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"created\":7,\"model\":\"m\\\"x\",\"choices\":[],"));
     }
 
     #[test]
