@@ -5,13 +5,17 @@
 //! `FrameTooLarge` consumes nothing; a decoded frame consumed exactly its
 //! prefix + payload and has a body; every decoded envelope re-encodes and
 //! decodes to the same value (and re-encoding is stable); chunked feeding
-//! gives the same frames and error as feeding everything at once. Values
+//! gives the same frames and error as feeding everything at once; a
+//! payload the hand decoder of `RunEvents` frames accepts is what prost
+//! decodes from it (the bytes after the two parameters taken as one
+//! payload). Values
 //! are compared by their encoding: a float may be NaN, which never equals
 //! itself (`fuzz/regressions/wire_decode/`).
 #![no_main]
 
-use bytes::BytesMut;
-use iop_core::wire::{decode, encode, pb::Envelope, WireError, DEFAULT_MAX_FRAME_BYTES};
+use bytes::{Bytes, BytesMut};
+use iop_core::wire::{decode, encode, pb::Envelope, run_events_by_hand, WireError, DEFAULT_MAX_FRAME_BYTES};
+use prost::Message;
 use iop_fuzz::{chunks, params};
 use libfuzzer_sys::fuzz_target;
 
@@ -90,4 +94,8 @@ fuzz_target!(|input: &[u8]| {
     let whole = run(&[data], max);
     let split = run(&chunks(split, data), max);
     assert_eq!(whole, split, "chunked feeding changed the result");
+    let payload = Bytes::copy_from_slice(data);
+    if let Some(env) = run_events_by_hand(&payload) {
+        assert_eq!(Envelope::decode(payload).ok(), Some(env), "the hand decoder and prost differ");
+    }
 });

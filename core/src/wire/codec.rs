@@ -482,6 +482,9 @@ pub fn decode(buf: &mut BytesMut, max_frame_bytes: usize) -> Result<Option<Envel
     }
     let mut frame = buf.split_to(frame_len).freeze();
     frame.advance(PREFIX_LEN);
+    if let Some(envelope) = super::run_events::run_events_by_hand(&frame) {
+        return Ok(Some(envelope));
+    }
     // Decoding from `Bytes` makes prost slice bytes fields instead of copying.
     let envelope = Envelope::decode(frame)?;
     if envelope.body.is_none() {

@@ -2,6 +2,7 @@
 
 mod codec;
 mod event;
+mod run_events;
 mod workspace;
 
 pub use codec::{
@@ -9,6 +10,7 @@ pub use codec::{
     encode_tunnel_start, encode_tunnel_whole, TunnelHead, WireError, DEFAULT_MAX_FRAME_BYTES,
 };
 pub use event::decode_event;
+pub use run_events::run_events_by_hand;
 pub use workspace::{WorkspaceAnswer, WorkspaceCall};
 
 /// Generated from `proto/iop/runtime.proto`.
