@@ -280,7 +280,36 @@ impl<T: Queued> StreamTx<T> {
     pub fn batch<'a>(&'a self, staged: &'a mut Vec<T>) -> Batch<'a, T> {
         staged.clear();
         let queued = self.shared.queued.load(Ordering::Acquire);
-        Batch { len: self.tx.len(), tx: self, staged, queued }
+        Batch { len: self.tx.len(), closed: self.tx.is_closed(), tx: self, staged, began: queued, queued }
+    }
+}
+
+/// Where a session delivers a stream's items: straight into its channel
+/// (`&StreamTx`), or staged in a [`Batch`] queued at once.
+pub trait Deliver<T> {
+    /// Queues `item` (see [`StreamTx::try_send`]).
+    fn try_send(&mut self, item: T, reserve: usize) -> Result<(), Undelivered>;
+    /// Queues a terminal item past the bounds (its reserved slot).
+    fn send_terminal(&mut self, item: T);
+}
+
+impl<T: Queued> Deliver<T> for &StreamTx<T> {
+    fn try_send(&mut self, item: T, reserve: usize) -> Result<(), Undelivered> {
+        StreamTx::try_send(self, item, reserve)
+    }
+
+    fn send_terminal(&mut self, item: T) {
+        StreamTx::send_terminal(self, item);
+    }
+}
+
+impl<T: Queued> Deliver<T> for Batch<'_, T> {
+    fn try_send(&mut self, item: T, reserve: usize) -> Result<(), Undelivered> {
+        Batch::try_send(self, item, reserve)
+    }
+
+    fn send_terminal(&mut self, item: T) {
+        Batch::send_terminal(self, item);
     }
 }
 
@@ -289,16 +318,21 @@ impl<T: Queued> StreamTx<T> {
 pub struct Batch<'a, T: Queued> {
     tx: &'a StreamTx<T>,
     staged: &'a mut Vec<T>,
-    /// Cost queued when the batch began, plus the staged items'.
+    /// Cost queued when the batch began.
+    began: usize,
+    /// That plus the staged items' cost.
     queued: usize,
     /// Items queued when the batch began.
     len: usize,
+    /// The client was gone when the batch began (one that goes meanwhile
+    /// misses the batch).
+    closed: bool,
 }
 
 impl<T: Queued> Batch<'_, T> {
     /// Stages `item` (see [`StreamTx::try_send`]).
     pub fn try_send(&mut self, mut item: T, reserve: usize) -> Result<(), Undelivered> {
-        if self.tx.tx.is_closed() {
+        if self.closed {
             return Err(Undelivered::Closed);
         }
         let size = self.tx.admit(&mut item, reserve, self.queued, self.len + self.staged.len(), now_nanos)?;
@@ -319,7 +353,7 @@ impl<T: Queued> Drop for Batch<'_, T> {
             return;
         }
         let shared = &*self.tx.shared;
-        let size = self.staged.iter().map(cost_of).sum::<usize>();
+        let size = self.queued - self.began;
         shared.queued.fetch_add(size, Ordering::AcqRel);
         // Staged within the bounds, by the only sender: it fits, unless
         // the client went meanwhile (then nothing is owed to it).

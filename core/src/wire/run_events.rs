@@ -20,6 +20,10 @@ const EVENT: u32 = 3;
 /// is a `RunEvents` and nothing else, as prost would decode it; `None`
 /// for anything else, which prost must decode (and judge).
 pub fn run_events_by_hand(payload: &Bytes) -> Option<Envelope> {
+    // Field 24, length-delimited, as prost writes its key: a byte tells.
+    if payload.first() != Some(&0xc2) {
+        return None;
+    }
     let mut buf = &payload[..];
     if decode_key(&mut buf).ok()? != (RUN_EVENTS, WireType::LengthDelimited) {
         return None;

@@ -9,7 +9,7 @@ use iop_core::{
     wire::pb,
 };
 
-use crate::stream::{Batch, Failing, RunEvents, StreamTx, TunnelEvents, Undelivered};
+use crate::stream::{Deliver, Failing, RunEvents, StreamTx, TunnelEvents, Undelivered};
 use crate::{
     pool::{HealthReport, Lease, Source},
     registry::Generation,
@@ -236,15 +236,20 @@ impl RunTable {
                 Some(Routed::CancelOnNode("protocol_violation"))
             }
             Some(tx) => {
-                let staged = T::staged(staged);
-                let mut batch = tx.batch(staged);
                 let stream = Delivery { next_seq, reception: reception.as_ref(), lease: lease.as_ref(), target };
-                let ended = deliver_all(&mut batch, stream, seq, items);
-                drop(batch);
-                if staged.capacity() > MAX_KEPT_STAGED {
-                    *staged = Vec::new();
+                if items.size_hint() == (1, Some(1)) {
+                    // One item (a tunnel's, most often): nothing to gather.
+                    deliver_all(&mut &*tx, stream, seq, items)
+                } else {
+                    let staged = T::staged(staged);
+                    let mut batch = tx.batch(staged);
+                    let ended = deliver_all(&mut batch, stream, seq, items);
+                    drop(batch);
+                    if staged.capacity() > MAX_KEPT_STAGED {
+                        *staged = Vec::new();
+                    }
+                    ended
                 }
-                ended
             }
         };
         if let Some(routed) = ended {
@@ -310,7 +315,7 @@ struct Delivery<'a> {
 /// Delivers `items` from sequence `seq` on into `batch`; `Some`: the
 /// stream ended at one of them (the caller drops its entry).
 fn deliver_all<T: Failing>(
-    batch: &mut Batch<'_, T>,
+    batch: &mut impl Deliver<T>,
     mut stream: Delivery<'_>,
     seq: u64,
     items: impl Iterator<Item = Result<T, RunFailure>>,
@@ -335,7 +340,7 @@ fn deliver_all<T: Failing>(
 /// exactly one terminal; a client too far behind (in items or bytes) fails
 /// the stream rather than blocking the connection. `Some`: the stream
 /// ended here.
-fn deliver<T: Failing>(batch: &mut Batch<'_, T>, stream: &mut Delivery<'_>, seq: u64, item: T) -> Option<Routed> {
+fn deliver<T: Failing>(batch: &mut impl Deliver<T>, stream: &mut Delivery<'_>, seq: u64, item: T) -> Option<Routed> {
     if seq != *stream.next_seq {
         let f = RunFailure::new(
             codes::INTERNAL,

@@ -28,6 +28,9 @@ pub(super) fn parse(line: &[u8]) -> Option<ChatLine<'_>> {
     if line.iter().fold(false, |seen, &b| seen | (b < 0x20) | (b == b'\\')) {
         return None;
     }
+    if let Some(token) = token_line(text) {
+        return Some(token);
+    }
     let mut c = Cursor { s: text, b: line, i: 0 };
     let mut out = ChatLine::default();
     let mut seen = 0u8;
@@ -61,6 +64,39 @@ pub(super) fn parse(line: &[u8]) -> Option<ChatLine<'_>> {
     c.ws();
     // Trailing characters are serde's error to report.
     (c.i == line.len()).then_some(out)
+}
+
+/// A token's line exactly as Ollama writes it (its fields in its order,
+/// the assistant's text and nothing else, `done` false), read by matching
+/// the line's fixed parts in order: no key is read. `text` has no
+/// backslash and no control character, so each string ends at the next
+/// quote. Anything else is the scanner's.
+fn token_line(text: &str) -> Option<ChatLine<'_>> {
+    // Cuts `rest` after `fixed`, then at the next quote: what was between.
+    fn string<'a>(rest: &mut &'a str, fixed: &str) -> Option<&'a str> {
+        let after = rest.strip_prefix(fixed)?;
+        let len = find_quote(after.as_bytes())?;
+        let (s, tail) = (after.get(..len)?, after.get(len + 1..)?);
+        *rest = tail;
+        Some(s)
+    }
+    let mut rest = text;
+    let model = string(&mut rest, "{\"model\":\"")?;
+    string(&mut rest, ",\"created_at\":\"")?;
+    let content = string(&mut rest, ",\"message\":{\"role\":\"assistant\",\"content\":\"")?;
+    // Whitespace after the object is serde's to allow, as the scanner does.
+    let rest = rest.strip_prefix("},\"done\":false}")?;
+    if !rest.bytes().all(|b| matches!(b, b' ' | b'\t' | b'\n' | b'\r')) {
+        return None;
+    }
+    let mut message = MessageLine::default();
+    message.content = Some(content.to_owned());
+    Some(ChatLine {
+        model: Some(Cow::Borrowed(model)),
+        message: Some(message),
+        done: Some(false),
+        ..ChatLine::default()
+    })
 }
 
 /// `message`: its texts (and `role`, skipped); `tool_calls` is serde's.
@@ -361,7 +397,42 @@ mod tests {
         "(model|message|done|done_reason|prompt_eval_count|eval_count|error|created_at|x|mod\\\\u0065l)"
     }
 
+    #[test]
+    fn a_token_line_is_matched_whole_and_near_misses_are_scanned() {
+        let token = r#"{"model":"mock","created_at":"2026-12-05T16:57:08.740836063Z","message":{"role":"assistant","content":"tok0 "},"done":false}"#;
+        assert!(token_line(token).is_some());
+        agrees(token);
+        assert!(token_line(&format!("{token} \r\n")).is_some(), "whitespace after it is serde's to allow");
+        let near = [
+            // Another role, another order, a field more or less, done true,
+            // a character after the object.
+            token.replace("assistant", "user"),
+            token.replace(r#""created_at":"2026-12-05T16:57:08.740836063Z","#, ""),
+            token.replace(r#""done":false"#, r#""done":false,"x":1"#),
+            token.replace(r#""done":false"#, r#""done":true"#),
+            format!("{token}x"),
+            token.replace(r#""model":"mock","created_at""#, r#""created_at":"x","model":"mock","y""#),
+        ];
+        for line in &near {
+            assert!(token_line(line).is_none(), "{line}");
+            agrees(line);
+        }
+    }
+
     proptest! {
+        #[test]
+        fn a_token_line_reads_what_serde_reads(
+            model in "[a-z:.ü\"\\\\ ]{0,12}",
+            at in "[0-9TZ:.\"-]{0,30}",
+            content in "[a-z é😀\"\\\\{},:]{0,20}",
+            tail in "[ }x\n]{0,2}",
+        ) {
+            let line = format!(
+                r#"{{"model":"{model}","created_at":"{at}","message":{{"role":"assistant","content":"{content}"}},"done":false}}{tail}"#
+            );
+            agrees(&line);
+        }
+
         #[test]
         fn the_fast_path_reads_what_serde_reads(
             fields in proptest::collection::vec((key(), value(), "[ ]{0,1}", "[,]{0,2}"), 0..6),
