@@ -939,6 +939,28 @@ mod tests {
         assert!(out.is_empty());
     }
 
+    #[test]
+    fn tokens_of_every_short_length_are_the_prost_encoding_and_decode_back() {
+        use crate::exec::{Delta, ExecEvent, Part};
+        for len in 0..=130 {
+            for kind in 0..3 {
+                for logprobs in [None, Some(Bytes::new())] {
+                    let text = "é".repeat(len / 2) + &"x".repeat(len % 2);
+                    let part = [Part::Content, Part::Reasoning, Part::Refusal][kind](text);
+                    let events = vec![ExecEvent::Delta(Delta { choice: 0, part, logprobs })];
+                    let mut got = BytesMut::new();
+                    encode_run_events("r", 1, &events, &mut got, MAX).unwrap();
+                    assert_eq!(got, prost_batch("r", 1, &events), "{len} bytes, kind {kind}");
+                    let Some(Body::RunEvents(batch)) = decode(&mut got, MAX).unwrap().unwrap().body else { panic!() };
+                    let back = crate::wire::decode_event(batch.events[0].clone()).unwrap().unwrap();
+                    let expected =
+                        ExecEvent::from_wire(pb::RunEvent::decode(batch.events[0].clone()).unwrap()).unwrap();
+                    assert_eq!(back, expected);
+                }
+            }
+        }
+    }
+
     proptest! {
         #[test]
         fn any_delta_batch_is_the_prost_encoding(

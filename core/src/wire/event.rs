@@ -110,8 +110,33 @@ pub(super) fn encoded_len(ev: &ExecEvent) -> usize {
     }
 }
 
+/// A token of choice 0 with no log probabilities, as field `tag` of the
+/// batch, when every key and length is one byte: those six bytes, written
+/// at once (what the field-by-field writing gives), and the text.
+fn short_head(tag: u32, ev: &ExecEvent) -> Option<([u8; 6], &[u8])> {
+    let ExecEvent::Delta(Delta { choice: 0, part, logprobs }) = ev else { return None };
+    if logprobs.as_ref().is_some_and(|l| !l.is_empty()) || tag >= 16 {
+        return None;
+    }
+    let (kind, text) = match part {
+        Part::Content(t) => (DELTA_KEY, t.as_bytes()),
+        Part::Reasoning(t) => (REASONING_KEY, t.as_bytes()),
+        _ => return None,
+    };
+    // An empty text is left out of its message (proto3); the lengths below
+    // are one byte each up to this.
+    let len = u8::try_from(text.len()).ok().filter(|&n| n > 0 && n <= 123)?;
+    let field_key = (tag << 3) as u8 | 2;
+    Some(([field_key, len + 4, kind, len + 2, TEXT_KEY, len], text))
+}
+
 /// Writes `ev` as field `tag` of the batch: key, length, event.
 pub(super) fn encode_field(tag: u32, ev: &ExecEvent, out: &mut impl BufMut) {
+    if let Some((head, text)) = short_head(tag, ev) {
+        out.put_slice(&head);
+        out.put_slice(text);
+        return;
+    }
     encode_key(tag, WireType::LengthDelimited, out);
     match ev {
         ExecEvent::Delta(d) => {
@@ -138,10 +163,37 @@ pub fn decode_event(raw: bytes::Bytes) -> Result<Option<ExecEvent>, prost::Decod
     }
 }
 
+/// The kind's key and the text's key, each one byte as prost writes them.
+const DELTA_KEY: u8 = (DELTA << 3) as u8 | 2;
+const REASONING_KEY: u8 = (REASONING << 3) as u8 | 2;
+const TEXT_KEY: u8 = (TEXT << 3) as u8 | 2;
+
+/// The streamed event in its shortest form, as a node writes a token of
+/// choice 0 with no log probabilities: the kind's key, its length, the
+/// text's key, its length (each length one byte), the text, nothing else.
+/// Read by position; any other form is left to the field-by-field reading.
+fn short_text(raw: &[u8]) -> Option<ExecEvent> {
+    let [kind, inner, TEXT_KEY, len, text @ ..] = raw else { return None };
+    // A one-byte length is below 128; each length covers exactly the rest.
+    if usize::from(*inner) != text.len() + 2 || usize::from(*len) != text.len() || *inner >= 0x80 {
+        return None;
+    }
+    let text = std::str::from_utf8(text).ok()?.to_owned();
+    let part = match *kind {
+        DELTA_KEY => Part::Content(text),
+        REASONING_KEY => Part::Reasoning(text),
+        _ => return None,
+    };
+    Some(ExecEvent::Delta(Delta { choice: 0, part, logprobs: None }))
+}
+
 /// A plain delta (its kind once, `choice`, `logprobs_json`; ids and
 /// sequence numbers allowed), else `None` for prost to judge.
 fn delta_by_hand(raw: &bytes::Bytes) -> Option<ExecEvent> {
     use prost::encoding::{decode_key, decode_varint};
+    if let Some(ev) = short_text(raw) {
+        return Some(ev);
+    }
     let mut buf = &raw[..];
     // The kind's tag and message, the choice, the log probabilities.
     let mut part: Option<(u32, &[u8])> = None;
@@ -252,6 +304,17 @@ mod tests {
             let mut more = raw.to_vec();
             more.extend_from_slice(&tail);
             let more = Bytes::from(more);
+            prop_assert_eq!(decode_event(more.clone()).map_err(|_| ()), by_prost(more));
+        }
+
+        #[test]
+        fn short_tokens_decode_as_prost_decodes(k in 0u8..3, text in ".{0,130}", tail in proptest::collection::vec(any::<u8>(), 0..3)) {
+            let ev = pb::RunEvent { kind: kind(k, text), ..Default::default() };
+            let mut raw = ev.encode_to_vec();
+            let whole = Bytes::from(raw.clone());
+            prop_assert_eq!(decode_event(whole.clone()).map_err(|_| ()), by_prost(whole));
+            raw.extend_from_slice(&tail);
+            let more = Bytes::from(raw);
             prop_assert_eq!(decode_event(more.clone()).map_err(|_| ()), by_prost(more));
         }
 
