@@ -195,17 +195,16 @@ pub struct StreamTx<T> {
 pub struct StreamRx<T> {
     rx: mailbox::Receiver<T>,
     shared: Arc<Shared>,
-    /// Items taken from the channel at once, not yet handed out.
+    /// Items taken from the channel at once, not yet handed out (still
+    /// counted as queued).
     taken: VecDeque<T>,
-    /// The cost of the items taken with them, still counted as queued.
-    taken_cost: usize,
 }
 
 /// A stream's channel.
 pub fn channel<T>() -> (StreamTx<T>, StreamRx<T>) {
     let (tx, rx) = mailbox::stream_mailbox(RUN_EVENT_CAPACITY);
     let shared = Arc::new(Shared::default());
-    (StreamTx { tx, shared: shared.clone() }, StreamRx { rx, shared, taken: VecDeque::new(), taken_cost: 0 })
+    (StreamTx { tx, shared: shared.clone() }, StreamRx { rx, shared, taken: VecDeque::new() })
 }
 
 /// Why an item was not queued.
@@ -384,19 +383,17 @@ impl<T: Queued> StreamRx<T> {
         self.taken.len() + self.rx.len()
     }
 
-    /// Next item without waiting.
+    /// Next item without waiting. Everything queued is taken at once (one
+    /// lock for a burst) and handed out from here; each item's cost leaves
+    /// the queued count as it is handed out, as before: credit goes back
+    /// to the node for what was handed out and written, so counting it
+    /// any longer would fail a stream that kept to its window.
     pub fn try_recv(&mut self) -> Option<T> {
-        if self.taken.is_empty() && self.rx.take_all(&mut self.taken) > 0 {
-            // Counted as queued until the last is handed out (so the
-            // sender's window check sees them), then all at once.
-            self.taken_cost = self.taken.iter().map(cost_of).sum();
-            self.moved();
+        if self.taken.is_empty() {
+            self.rx.take_all(&mut self.taken);
         }
         let item = self.taken.pop_front()?;
-        if self.taken.is_empty() {
-            let cost = std::mem::take(&mut self.taken_cost);
-            self.took(cost);
-        }
+        self.took(cost_of(&item));
         Some(item)
     }
 
@@ -407,16 +404,12 @@ impl<T: Queued> StreamRx<T> {
         }
         let item = self.rx.recv().await?;
         self.took(cost_of(&item));
-        self.moved();
         Some(item)
     }
 
     fn took(&self, cost: usize) {
         self.shared.queued.fetch_sub(cost, Ordering::AcqRel);
-    }
-
-    /// The client is moving: the stall clock restarts at the next look.
-    fn moved(&self) {
+        // The client is moving: the stall clock restarts at the next look.
         self.shared.still_since.store(MOVED, Ordering::Release);
     }
 
