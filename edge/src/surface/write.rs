@@ -36,6 +36,9 @@ struct Room {
     per_event: usize,
 }
 
+/// Events queued at once from which the buffer is sized for them.
+const BURST: usize = 4;
+
 impl Default for Room {
     fn default() -> Self {
         // A chat chunk of a short token, framed.
@@ -45,18 +48,24 @@ impl Default for Room {
 
 impl Room {
     /// Makes room in `out` for `events` more events (a quarter more than
-    /// the last batch's size per event, for events that vary).
+    /// the last burst's size per event, for events that vary). A few
+    /// events (a paced stream's token, a stream's opening) get what they
+    /// always got: a buffer sized for a burst would stay in the heap's
+    /// dirty pages after every such write, for every open stream.
     fn reserve(&self, out: &mut BytesMut, events: usize) {
-        if events == 0 && out.capacity() > 0 {
+        if events < BURST {
+            if out.capacity() == 0 {
+                out.reserve(EVENT_ROOM);
+            }
             return;
         }
         let want = events.saturating_mul(self.per_event + self.per_event / 4);
         out.reserve(want.clamp(EVENT_ROOM, MAX_WRITE_BATCH));
     }
 
-    /// `events` took `bytes`.
+    /// `events` took `bytes`; a burst's size per event is learned.
     fn rendered(&mut self, bytes: usize, events: usize) {
-        if events > 0 {
+        if events >= BURST {
             // Bounded: a huge event (a whole tool call) sizes no batch after it.
             self.per_event = bytes.div_ceil(events).clamp(64, 16 * 1024);
         }

@@ -134,7 +134,8 @@ const TEXT_TAIL: &[u8] = b"\"},\"logprobs\":null,\"finish_reason\":null}]}\n\n";
 impl ChunkEncoder {
     /// An encoder for completion `id` of `model` created at `created` (unix seconds).
     pub fn new(id: &str, model: &str, created: u64) -> Self {
-        let mut prefix = BytesMut::with_capacity(128);
+        // Room for the shared head and the content chunk's.
+        let mut prefix = BytesMut::with_capacity(192);
         prefix.put_slice(b"data: {\"id\":");
         json_str(&mut prefix, id);
         prefix.put_slice(b",\"object\":\"chat.completion.chunk\",\"created\":");
