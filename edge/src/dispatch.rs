@@ -15,7 +15,7 @@ use crate::{
     ctx::Ctx,
     link::SessionCmd,
     pool::Admitted,
-    stream::{channel, cost_of, Failing, StreamRx},
+    stream::{channel, Failing, StreamRx},
 };
 
 /// How long after a stream's deadline the edge gives up on it itself: the
@@ -114,15 +114,14 @@ impl<T: Outcome> Stream<T> {
         }
         let Self { rx, deadline, .. } = self;
         let item = monoio::select! {
-            item = rx.recv() => item.unwrap_or_else(|| {
-                T::failed(
-                    RunFailure::new(codes::NODE_DISCONNECTED, 502, FailureSource::Edge, "node session ended")
-                        .retryable(),
-                )
+            item = rx.recv_costed() => item.unwrap_or_else(|| {
+                let f = RunFailure::new(codes::NODE_DISCONNECTED, 502, FailureSource::Edge, "node session ended");
+                (T::failed(f.retryable()), 0)
             }),
-            _ = &mut *deadline => self.expire(),
+            _ = &mut *deadline => (self.expire(), 0),
         };
-        self.took(&item);
+        let (item, cost) = item;
+        self.took(&item, cost);
         Some(item)
     }
 
@@ -145,19 +144,19 @@ impl<T: Outcome> Stream<T> {
         if self.done {
             return None;
         }
-        let item = self.rx.try_recv()?;
-        self.took(&item);
+        let (item, cost) = self.rx.try_recv_costed()?;
+        self.took(&item, cost);
         Some(item)
     }
 
     /// Accounts for an item handed to the client's task: a terminal ends
     /// the stream; anything else is credit to return once written.
-    fn took(&mut self, item: &T) {
+    fn took(&mut self, item: &T, cost: usize) {
         if item.is_terminal() {
             self.finish(item);
             return;
         }
-        self.unwritten += cost_of(item) as u64;
+        self.unwritten += cost as u64;
         if !self.credit_on_write {
             self.written();
         }
@@ -175,6 +174,8 @@ impl<T: Outcome> Stream<T> {
     /// be waiting to send an item larger than its credit left; see
     /// [`flow::may_send`]).
     pub fn written(&mut self) {
+        // Off the session's count before the node gets the credit.
+        self.rx.settle();
         self.taken += std::mem::take(&mut self.unwritten);
         let drained = self.taken >= flow::IDLE_GRANT && self.rx.queued_bytes() == 0;
         if self.taken >= flow::CREDIT_BATCH || drained {

@@ -198,13 +198,15 @@ pub struct StreamRx<T> {
     /// Items taken from the channel at once, not yet handed out (still
     /// counted as queued).
     taken: VecDeque<T>,
+    /// Cost handed out and still in the shared count (see [`Self::settle`]).
+    handed: usize,
 }
 
 /// A stream's channel.
 pub fn channel<T>() -> (StreamTx<T>, StreamRx<T>) {
     let (tx, rx) = mailbox::stream_mailbox(RUN_EVENT_CAPACITY);
     let shared = Arc::new(Shared::default());
-    (StreamTx { tx, shared: shared.clone() }, StreamRx { rx, shared, taken: VecDeque::new() })
+    (StreamTx { tx, shared: shared.clone() }, StreamRx { rx, shared, taken: VecDeque::new(), handed: 0 })
 }
 
 /// Why an item was not queued.
@@ -384,39 +386,59 @@ impl<T: Queued> StreamRx<T> {
     }
 
     /// Next item without waiting. Everything queued is taken at once (one
-    /// lock for a burst) and handed out from here; each item's cost leaves
-    /// the queued count as it is handed out, as before: credit goes back
-    /// to the node for what was handed out and written, so counting it
-    /// any longer would fail a stream that kept to its window.
+    /// lock for a burst) and handed out from here.
     pub fn try_recv(&mut self) -> Option<T> {
-        if self.taken.is_empty() {
-            self.rx.take_all(&mut self.taken);
+        self.try_recv_costed().map(|(item, _)| item)
+    }
+
+    /// [`Self::try_recv`], with the item's cost. The cost stays in the
+    /// count the session sees until [`Self::settle`]: one atomic update
+    /// per write rather than per item, on a line both cores touch.
+    pub fn try_recv_costed(&mut self) -> Option<(T, usize)> {
+        if self.taken.is_empty() && self.rx.take_all(&mut self.taken) > 0 {
+            // The client is moving: the stall clock restarts at the next look.
+            self.shared.still_since.store(MOVED, Ordering::Release);
         }
         let item = self.taken.pop_front()?;
-        self.took(cost_of(&item));
-        Some(item)
+        let cost = cost_of(&item);
+        self.handed += cost;
+        Some((item, cost))
+    }
+
+    /// Next item and its cost; `None` once the sender is gone and the
+    /// queue is empty. The count is settled before the client waits.
+    pub async fn recv_costed(&mut self) -> Option<(T, usize)> {
+        if let Some(got) = self.try_recv_costed() {
+            return Some(got);
+        }
+        self.settle();
+        let item = self.rx.recv().await?;
+        self.shared.still_since.store(MOVED, Ordering::Release);
+        let cost = cost_of(&item);
+        self.handed += cost;
+        Some((item, cost))
     }
 
     /// Next item; `None` once the sender is gone and the queue is empty.
     pub async fn recv(&mut self) -> Option<T> {
-        if let Some(item) = self.try_recv() {
-            return Some(item);
+        self.recv_costed().await.map(|(item, _)| item)
+    }
+
+    /// Takes what was handed out off the count the session judges new
+    /// items by. Must come before credit for those items goes back to the
+    /// node: counted any longer, a node that kept to its window would be
+    /// failed for it (a slow tunnel reader was, before).
+    pub fn settle(&mut self) {
+        if self.handed > 0 {
+            self.shared.queued.fetch_sub(std::mem::take(&mut self.handed), Ordering::AcqRel);
+            self.shared.still_since.store(MOVED, Ordering::Release);
         }
-        let item = self.rx.recv().await?;
-        self.took(cost_of(&item));
-        Some(item)
     }
 
-    fn took(&self, cost: usize) {
-        self.shared.queued.fetch_sub(cost, Ordering::AcqRel);
-        // The client is moving: the stall clock restarts at the next look.
-        self.shared.still_since.store(MOVED, Ordering::Release);
-    }
-
-    /// Cost of what is queued now (including what was taken from the
-    /// channel at once and not yet handed out).
+    /// Cost of what is queued now and not handed out (including what was
+    /// taken from the channel at once).
     pub fn queued_bytes(&self) -> usize {
-        self.shared.queued.load(Ordering::Acquire)
+        self.shared.queued.load(Ordering::Acquire).saturating_sub(self.handed)
     }
 }
 

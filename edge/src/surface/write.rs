@@ -200,8 +200,10 @@ async fn stream_body<W: AsyncWriteRentExt, E: EventEncoder>(
             }
             None => {
                 // Paced (the last wait was long): the buffer goes back while
-                // the stream waits; a busy one keeps it.
+                // the stream waits (dropped here: a binding lives across the
+                // await, a KiB per open stream); a busy one keeps it.
                 if pacing.paced() {
+                    drop(written);
                     run.shrink();
                 } else {
                     written.clear();

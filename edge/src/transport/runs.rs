@@ -498,6 +498,8 @@ mod tests {
         assert_eq!(rx.queued_bytes(), window * 3);
         assert!(rx.try_recv().is_some());
         assert_eq!(rx.queued_bytes(), 0);
+        // Written: settled, so its credit may go back to the node.
+        rx.settle();
         let quarter = "x".repeat(window / 4);
         let mut seq = 1;
         let outcome = loop {
@@ -573,6 +575,8 @@ mod tests {
         let frame = (0..4).map(|_| wire(&quarter)).collect();
         assert_eq!(t.route_batch("r", 0, frame), Routed::Done);
         assert!(rx.try_recv().is_some());
+        // Written: what was handed out is settled before its credit goes back.
+        rx.settle();
         assert_eq!(t.route_batch("r", 4, vec![wire(&quarter)]), Routed::Done, "one quarter was handed out");
         assert_eq!(t.route_batch("r", 5, vec![wire(&quarter)]), Routed::CancelOnNode("slow_consumer"), "and only one");
     }

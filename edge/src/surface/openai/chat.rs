@@ -136,7 +136,8 @@ impl StreamRender {
     }
 
     fn ensure_started(&mut self, sse: &mut BytesMut, choice: u32) {
-        if !self.started.contains(&choice) {
+        // Nearly every event is of the first choice started: one compare.
+        if self.started.first() != Some(&choice) && !self.started.contains(&choice) {
             self.started.push(choice);
             self.enc.role(sse, choice);
         }
