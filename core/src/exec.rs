@@ -243,6 +243,25 @@ pub enum Part {
     ToolCall(Box<ToolCallDelta>),
 }
 
+/// The plain texts a token's event carries in its shortest wire form.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TextKind {
+    /// Content text.
+    Content,
+    /// Reasoning text.
+    Reasoning,
+}
+
+impl TextKind {
+    /// `text` as this kind's [`Part`].
+    pub fn part(self, text: String) -> Part {
+        match self {
+            TextKind::Content => Part::Content(text),
+            TextKind::Reasoning => Part::Reasoning(text),
+        }
+    }
+}
+
 /// A fragment of one tool call, as OpenAI streams them: the first fragment
 /// of a call carries its id, type and name; later ones argument pieces.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -15,6 +15,7 @@ use crate::{
     ctx::Ctx,
     link::SessionCmd,
     pool::Admitted,
+    run_item::RunItem,
     stream::{channel, Failing, StreamRx},
 };
 
@@ -44,11 +45,11 @@ pub trait Outcome: Failing {
     const PATH: &'static str;
 }
 
-impl Outcome for ExecEvent {
+impl Outcome for RunItem {
     fn outcome(&self) -> (&'static str, Option<&'static str>, Option<Usage>) {
         match self {
-            ExecEvent::Complete { usage, .. } => ("complete", None, *usage),
-            ExecEvent::Error(f) => ("error", Some(f.code), None),
+            RunItem::Event(ExecEvent::Complete { usage, .. }) => ("complete", None, *usage),
+            RunItem::Event(ExecEvent::Error(f)) => ("error", Some(f.code), None),
             _ => ("cancelled", None, None),
         }
     }
@@ -98,8 +99,7 @@ pub struct Stream<T: Outcome> {
     session_id: String,
 }
 
-/// The events of a normalized run.
-pub type RunStream = Stream<ExecEvent>;
+pub use crate::run_stream::RunStream;
 /// The items of a provider tunnel.
 pub type TunnelStream = Stream<TunnelItem>;
 
@@ -131,7 +131,7 @@ impl<T: Outcome> Stream<T> {
     }
 
     /// Items queued and not yet taken (a hint: the node may add more).
-    pub fn pending(&self) -> usize {
+    pub fn pending(&mut self) -> usize {
         if self.done {
             0
         } else {
@@ -182,6 +182,15 @@ impl<T: Outcome> Stream<T> {
             let cmd = SessionCmd::Credit { id: self.id.clone(), bytes: std::mem::take(&mut self.taken) };
             self.command(cmd);
         }
+    }
+
+    /// Ends the stream here with `f` (the node broke the protocol): the
+    /// run is cancelled on the node, and `f`'s terminal is what to hand out.
+    pub fn fail_here(&mut self, f: RunFailure) -> T {
+        self.cancel_on_node("protocol_violation");
+        let item = T::failed(f);
+        self.took(&item, 0);
+        item
     }
 
     /// The deadline passed: cancel on the node (which drops the lease
@@ -438,7 +447,7 @@ pub fn submit(
     let session_id = req.session_id.clone();
     let (tx, rx) = channel();
     let session = route.send(SessionCmd::Run { req: Box::new(req), events: tx, lease })?;
-    Ok(route.stream(worker, model, rx, session, session_id))
+    Ok(RunStream::new(route.stream(worker, model, rx, session, session_id)))
 }
 
 /// Submits a provider tunnel request (tunnel_id, adapter, target, deadline

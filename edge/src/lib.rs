@@ -29,6 +29,8 @@ pub mod metrics;
 pub mod node_config;
 pub mod pool;
 pub mod registry;
+pub mod run_item;
+pub mod run_stream;
 pub mod server;
 pub mod shared;
 mod start;

@@ -23,12 +23,9 @@ use std::{
 };
 
 use bytes::Bytes;
-use iop_core::{
-    exec::{Delta, ExecEvent, RunFailure},
-    flow,
-    rt::mailbox,
-    tunnel::TunnelItem,
-};
+use iop_core::{exec::RunFailure, flow, rt::mailbox, tunnel::TunnelItem};
+
+use crate::run_item::RunItem;
 
 /// An item that can also carry a failure (the terminal a stream gets when
 /// the edge ends it).
@@ -37,19 +34,6 @@ pub trait Failing: Queued {
     fn failed(f: RunFailure) -> Self;
     /// The failure this item ends the stream with, if it is one.
     fn failure(&self) -> Option<&RunFailure>;
-}
-
-impl Failing for ExecEvent {
-    fn failed(f: RunFailure) -> Self {
-        ExecEvent::Error(f)
-    }
-
-    fn failure(&self) -> Option<&RunFailure> {
-        match self {
-            ExecEvent::Error(f) => Some(f),
-            _ => None,
-        }
-    }
 }
 
 impl Failing for TunnelItem {
@@ -66,9 +50,7 @@ impl Failing for TunnelItem {
 }
 
 /// Events of one run, delivered to the core serving its client.
-pub type RunEvents = StreamTx<ExecEvent>;
-/// The client side of [`RunEvents`].
-pub type RunReceiver = StreamRx<ExecEvent>;
+pub type RunEvents = StreamTx<RunItem>;
 /// Items of one tunnel, delivered to the core serving its client.
 pub type TunnelEvents = StreamTx<TunnelItem>;
 /// The client side of [`TunnelEvents`].
@@ -121,6 +103,20 @@ pub trait Queued {
     fn shares(&self) -> bool;
     /// Copies the bytes it shares with a larger buffer into its own.
     fn compact(&mut self);
+    /// Its cost against the stream's window.
+    fn cost(&self) -> usize {
+        usize::try_from(flow::cost(self.payload_bytes())).unwrap_or(usize::MAX)
+    }
+    /// For an item that stands for several the node sent one by one, the
+    /// cost of all but its last: what was queued before the last arrived
+    /// is that much more than before the first.
+    fn cost_ahead(&self) -> usize {
+        0
+    }
+    /// How many of the node's items it stands for.
+    fn events(&self) -> usize {
+        1
+    }
 }
 
 /// `parts` as one piece in memory of its own (one allocation for all).
@@ -132,27 +128,6 @@ fn joined(parts: &[Bytes]) -> Bytes {
 fn compacted(b: &mut Bytes) {
     if !b.is_empty() {
         *b = Bytes::copy_from_slice(b);
-    }
-}
-
-impl Queued for ExecEvent {
-    fn payload_bytes(&self) -> usize {
-        ExecEvent::payload_bytes(self)
-    }
-
-    fn is_terminal(&self) -> bool {
-        ExecEvent::is_terminal(self)
-    }
-
-    fn shares(&self) -> bool {
-        matches!(self, ExecEvent::Delta(Delta { logprobs: Some(lp), .. }) if !lp.is_empty())
-    }
-
-    fn compact(&mut self) {
-        // Everything else a run event holds was decoded into owned values.
-        if let ExecEvent::Delta(Delta { logprobs: Some(lp), .. }) = self {
-            compacted(lp);
-        }
     }
 }
 
@@ -262,7 +237,7 @@ impl<T: Queued> StreamTx<T> {
                 }
             }
         }
-        let over_window = queued >= flow::WINDOW_BYTES as usize;
+        let over_window = queued + item.cost_ahead() >= flow::WINDOW_BYTES as usize;
         if reserve > 0 && (over_window || len + reserve >= RUN_EVENT_CAPACITY) {
             return Err(Undelivered::Full);
         }
@@ -367,7 +342,7 @@ impl<T: Queued> Drop for Batch<'_, T> {
 
 /// An item's cost against the stream's window.
 pub fn cost_of<T: Queued>(item: &T) -> usize {
-    usize::try_from(flow::cost(item.payload_bytes())).unwrap_or(usize::MAX)
+    item.cost()
 }
 
 impl<T: Queued> StreamRx<T> {
@@ -380,9 +355,12 @@ impl<T: Queued> StreamRx<T> {
         }
     }
 
-    /// Items queued and not yet handed out.
-    pub fn pending(&self) -> usize {
-        self.taken.len() + self.rx.len()
+    /// The node's items queued and not yet handed out (an item standing
+    /// for several counted as those). Takes everything queued from the
+    /// channel (one lock), as the next [`Self::try_recv`] would.
+    pub fn pending(&mut self) -> usize {
+        self.rx.take_all(&mut self.taken);
+        self.taken.iter().map(Queued::events).sum()
     }
 
     /// Next item without waiting. Everything queued is taken at once (one

@@ -10,7 +10,7 @@ use prost::{
     Message,
 };
 
-use crate::exec::{Delta, ExecEvent, Part, ToolCallDelta};
+use crate::exec::{Delta, ExecEvent, Part, TextKind, ToolCallDelta};
 
 // RunEvent's fields: the `kind` variants of a delta, then `choice` and
 // `logprobs_json`; TextDelta.text = 1; ToolCallDelta index = 1, id = 2,
@@ -171,20 +171,27 @@ const TEXT_KEY: u8 = (TEXT << 3) as u8 | 2;
 /// The streamed event in its shortest form, as a node writes a token of
 /// choice 0 with no log probabilities: the kind's key, its length, the
 /// text's key, its length (each length one byte), the text, nothing else.
-/// Read by position; any other form is left to the field-by-field reading.
-fn short_text(raw: &[u8]) -> Option<ExecEvent> {
+/// Read by position (the text not yet checked to be UTF-8); any other form
+/// is left to the field-by-field reading.
+pub fn short_text_parts(raw: &[u8]) -> Option<(TextKind, &[u8])> {
     let [kind, inner, TEXT_KEY, len, text @ ..] = raw else { return None };
     // A one-byte length is below 128; each length covers exactly the rest.
     if usize::from(*inner) != text.len() + 2 || usize::from(*len) != text.len() || *inner >= 0x80 {
         return None;
     }
-    let text = std::str::from_utf8(text).ok()?.to_owned();
-    let part = match *kind {
-        DELTA_KEY => Part::Content(text),
-        REASONING_KEY => Part::Reasoning(text),
+    let kind = match *kind {
+        DELTA_KEY => TextKind::Content,
+        REASONING_KEY => TextKind::Reasoning,
         _ => return None,
     };
-    Some(ExecEvent::Delta(Delta { choice: 0, part, logprobs: None }))
+    Some((kind, text))
+}
+
+/// [`short_text_parts`] as the event it is.
+fn short_text(raw: &[u8]) -> Option<ExecEvent> {
+    let (kind, text) = short_text_parts(raw)?;
+    let text = std::str::from_utf8(text).ok()?.to_owned();
+    Some(ExecEvent::Delta(Delta { choice: 0, part: kind.part(text), logprobs: None }))
 }
 
 /// A plain delta (its kind once, `choice`, `logprobs_json`; ids and

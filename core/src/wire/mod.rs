@@ -9,7 +9,7 @@ pub use codec::{
     decode, encode, encode_run_event, encode_run_events, encode_run_request, encode_tunnel_body, encode_tunnel_request,
     encode_tunnel_start, encode_tunnel_whole, TunnelHead, WireError, DEFAULT_MAX_FRAME_BYTES,
 };
-pub use event::decode_event;
+pub use event::{decode_event, short_text_parts};
 pub use run_events::run_events_by_hand;
 pub use workspace::{WorkspaceAnswer, WorkspaceCall};
 

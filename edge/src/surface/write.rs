@@ -15,6 +15,7 @@ use monoio::io::AsyncWriteRentExt;
 use super::{dialect::Dialect, encode::EventEncoder, relay::WriteClock, replay::ReplayChance, reply};
 use crate::{
     dispatch::RunStream,
+    run_stream::Piece,
     server::{with_disconnect_watch, Conn, STREAM_WATCH},
 };
 
@@ -168,9 +169,15 @@ async fn stream_body<W: AsyncWriteRentExt, E: EventEncoder>(
         room.reserve(out, run.pending());
         let (start, mut events) = (out.len(), 0);
         while !terminal && out.len() - chunk < MAX_WRITE_BATCH {
-            let Some(ev) = run.try_next() else { break };
-            reserve_for(out, &ev);
-            terminal = render.event(out, ev);
+            match run.try_piece() {
+                None => break,
+                Some(Piece::Text(kind, text)) => render.text(out, kind, text),
+                Some(Piece::Event(ev)) => {
+                    reserve_for(out, &ev);
+                    terminal = render.event(out, ev);
+                }
+                Some(Piece::Malformed) => terminal = render.event(out, run.malformed()),
+            }
             events += 1;
         }
         room.rendered(out.len() - start, events);
@@ -192,59 +199,53 @@ async fn stream_body<W: AsyncWriteRentExt, E: EventEncoder>(
             *out = written;
             return Ok(());
         }
-        let ev = match run.try_next() {
-            Some(ev) => {
+        if run.pending() > 0 {
+            written.clear();
+            *out = written;
+        } else {
+            // Paced (the last wait was long): the buffer goes back while
+            // the stream waits (dropped here: a binding lives across the
+            // await, a KiB per open stream); a busy one keeps it.
+            if pacing.paced() {
+                drop(written);
+                run.shrink();
+            } else {
                 written.clear();
                 *out = written;
-                ev
             }
-            None => {
-                // Paced (the last wait was long): the buffer goes back while
-                // the stream waits (dropped here: a binding lives across the
-                // await, a KiB per open stream); a busy one keeps it.
-                if pacing.paced() {
-                    drop(written);
-                    run.shrink();
-                } else {
-                    written.clear();
-                    *out = written;
-                }
-                let next = match render.keepalive() {
-                    None => pacing.wait(run.next()).await,
-                    Some(every) => loop {
-                        // A wait cut short loses nothing (the queue pops only when ready).
-                        match iop_core::rt::time::timeout(every, pacing.wait(run.next())).await {
-                            Ok(next) => break next,
-                            Err(_) => {
-                                // The model is silent: the stream says it is alive.
-                                let at = framing.begin(out);
-                                render.ping(out);
-                                framing.end(out, at);
-                                let Ok((res, mut w)) =
-                                    iop_core::rt::time::timeout(write_timeout, wr.write_all(std::mem::take(out))).await
-                                else {
-                                    return Err(std::io::Error::new(
-                                        std::io::ErrorKind::TimedOut,
-                                        "client stopped reading",
-                                    ));
-                                };
-                                res?;
-                                w.clear();
-                                *out = w;
-                            }
+            let more = match render.keepalive() {
+                None => pacing.wait(run.ready()).await,
+                Some(every) => loop {
+                    // A wait cut short loses nothing (the queue pops only when ready).
+                    match iop_core::rt::time::timeout(every, pacing.wait(run.ready())).await {
+                        Ok(more) => break more,
+                        Err(_) => {
+                            // The model is silent: the stream says it is alive.
+                            let at = framing.begin(out);
+                            render.ping(out);
+                            framing.end(out, at);
+                            let Ok((res, mut w)) =
+                                iop_core::rt::time::timeout(write_timeout, wr.write_all(std::mem::take(out))).await
+                            else {
+                                return Err(std::io::Error::new(
+                                    std::io::ErrorKind::TimedOut,
+                                    "client stopped reading",
+                                ));
+                            };
+                            res?;
+                            w.clear();
+                            *out = w;
                         }
-                    },
-                };
-                match next {
-                    Some(ev) => ev,
-                    None => return Ok(()),
-                }
+                    }
+                },
+            };
+            if !more {
+                return Ok(());
             }
-        };
-        // Rendered straight into the chunk (no staging buffer).
-        room.reserve(out, 1 + run.pending());
+        }
+        // What is queued now is rendered straight into the next chunk (no
+        // staging buffer), above.
+        room.reserve(out, run.pending());
         chunk = framing.begin(out);
-        reserve_for(out, &ev);
-        terminal = render.event(out, ev);
     }
 }

@@ -130,7 +130,7 @@ fn rx_fail_remaining(rx: mailbox::Receiver<SessionCmd>) -> mailbox::Receiver<Ses
         RunFailure::new(codes::NODE_DISCONNECTED, 502, FailureSource::Node, "node connection closed").retryable();
     while let Some(cmd) = rx.try_recv() {
         match cmd {
-            SessionCmd::Run { events, .. } => events.send_terminal(ExecEvent::Error(failure.clone())),
+            SessionCmd::Run { events, .. } => events.send_terminal(ExecEvent::Error(failure.clone()).into()),
             SessionCmd::Tunnel { events, .. } => {
                 events.send_terminal(iop_core::tunnel::TunnelItem::Error(failure.clone()))
             }

@@ -9,6 +9,7 @@ use iop_core::{
     wire::pb,
 };
 
+use crate::run_item::{RunItem, TextRun};
 use crate::stream::{Deliver, Failing, RunEvents, StreamTx, TunnelEvents, Undelivered};
 use crate::{
     pool::{HealthReport, Lease, Source},
@@ -37,7 +38,7 @@ struct Entry {
 /// Staging buffers, one per kind of stream item, reused frame after frame.
 #[derive(Default)]
 struct Staged {
-    events: Vec<ExecEvent>,
+    events: Vec<RunItem>,
     tunnel: Vec<TunnelItem>,
 }
 
@@ -53,7 +54,7 @@ trait Kind: Failing + Sized {
     fn staged(s: &mut Staged) -> &mut Vec<Self>;
 }
 
-impl Kind for ExecEvent {
+impl Kind for RunItem {
     fn tx(sink: &Sink) -> Option<&StreamTx<Self>> {
         match sink {
             Sink::Run(tx) => Some(tx),
@@ -76,6 +77,55 @@ impl Kind for TunnelItem {
 
     fn staged(s: &mut Staged) -> &mut Vec<Self> {
         &mut s.tunnel
+    }
+}
+
+/// A frame's events as the items its run's channel carries: two or more
+/// consecutive tokens in their shortest form go as one [`TextRun`] (read
+/// where they are written), anything else decoded here, event by event.
+struct FrameItems<I: Iterator<Item = bytes::Bytes>> {
+    raw: std::iter::Peekable<I>,
+}
+
+impl<I: Iterator<Item = bytes::Bytes>> FrameItems<I> {
+    /// The text's length of a token in its shortest form.
+    fn token_len(raw: &[u8]) -> Option<usize> {
+        iop_core::wire::short_text_parts(raw).map(|(_, text)| text.len())
+    }
+}
+
+impl<I: Iterator<Item = bytes::Bytes>> Iterator for FrameItems<I> {
+    type Item = Result<RunItem, RunFailure>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        let raw = self.raw.next()?;
+        if let Some(len) = Self::token_len(&raw) {
+            if let Some(next_len) = self.raw.peek().and_then(|next| Self::token_len(next)) {
+                // Room for the rest of the frame at most (one allocation).
+                let mut run = TextRun::with_capacity(1 + self.raw.size_hint().0);
+                run.push(raw, len);
+                let mut len = Some(next_len);
+                while let Some(l) = len {
+                    let Some(next) = self.raw.next() else { break };
+                    run.push(next, l);
+                    len = self.raw.peek().and_then(|next| Self::token_len(next));
+                }
+                return Some(Ok(RunItem::Texts(run)));
+            }
+        }
+        // One event decoded here (a slice of the frame).
+        let why = match iop_core::wire::decode_event(raw) {
+            Ok(Some(ev)) => return Some(Ok(RunItem::Event(ev))),
+            Ok(None) => "node sent a run event without a kind",
+            Err(_) => "node sent a malformed run event",
+        };
+        Some(Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, why)))
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        // At least one item while any event is left, at most one each.
+        let (low, high) = self.raw.size_hint();
+        (low.min(1), high)
     }
 }
 
@@ -156,7 +206,7 @@ impl RunTable {
 
     /// Delivers one event of run `run_id` with sequence `seq`.
     pub fn route(&mut self, run_id: &str, seq: u64, ev: ExecEvent) -> Routed {
-        self.route_items(run_id, seq, std::iter::once(Ok(ev)))
+        self.route_items(run_id, seq, std::iter::once(Ok(RunItem::Event(ev))))
     }
 
     /// Delivers consecutive events of run `run_id` from sequence `seq` on,
@@ -164,16 +214,7 @@ impl RunTable {
     /// run on this side ends the frame. An event without a kind fails the
     /// run.
     pub fn route_batch(&mut self, run_id: &str, seq: u64, events: Vec<bytes::Bytes>) -> Routed {
-        // Each event decoded as it is routed (a slice of the frame).
-        let events = events.into_iter().map(|raw| {
-            let why = match iop_core::wire::decode_event(raw) {
-                Ok(Some(ev)) => return Ok(ev),
-                Ok(None) => "node sent a run event without a kind",
-                Err(_) => "node sent a malformed run event",
-            };
-            Err(RunFailure::new(codes::INTERNAL, 502, FailureSource::Node, why))
-        });
-        self.route_items(run_id, seq, events)
+        self.route_items(run_id, seq, FrameItems { raw: events.into_iter().peekable() })
     }
 
     /// Delivers one item of tunnel `tunnel_id` with sequence `seq`.
@@ -321,9 +362,14 @@ fn deliver_all<T: Failing>(
     items: impl Iterator<Item = Result<T, RunFailure>>,
 ) -> Option<Routed> {
     // Counted by hand: a range from the node's `seq` would overflow at u64::MAX.
-    for (i, item) in (0u64..).zip(items) {
+    let mut at = seq;
+    for item in items {
         let step = match item {
-            Ok(item) => deliver(batch, &mut stream, seq.saturating_add(i), item),
+            Ok(item) => {
+                let first = at;
+                at = at.saturating_add(item.events() as u64);
+                deliver(batch, &mut stream, first, item)
+            }
             Err(f) => {
                 batch.send_terminal(T::failed(f));
                 Some(Routed::CancelOnNode("protocol_violation"))
@@ -351,7 +397,7 @@ fn deliver<T: Failing>(batch: &mut impl Deliver<T>, stream: &mut Delivery<'_>, s
         batch.send_terminal(T::failed(f));
         return Some(Routed::CancelOnNode("protocol_violation"));
     }
-    *stream.next_seq += 1;
+    *stream.next_seq = stream.next_seq.saturating_add(item.events() as u64);
     if item.is_terminal() {
         if let Some(e) = item.failure().and_then(|f| f.stall.as_deref()) {
             handoff(stream.reception, stream.lease, stream.target, e);
@@ -374,7 +420,7 @@ fn deliver<T: Failing>(batch: &mut impl Deliver<T>, stream: &mut Delivery<'_>, s
 
 fn fail(sink: &Sink, f: RunFailure) {
     match sink {
-        Sink::Run(tx) => tx.send_terminal(ExecEvent::Error(f)),
+        Sink::Run(tx) => tx.send_terminal(RunItem::Event(ExecEvent::Error(f))),
         Sink::Tunnel(tx) => tx.send_terminal(TunnelItem::Error(f)),
     }
 }
@@ -383,8 +429,28 @@ fn fail(sink: &Sink, f: RunFailure) {
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
     use super::*;
-    use crate::stream::channel;
+    use crate::stream::{channel, StreamRx};
     use iop_core::flow::WINDOW_BYTES;
+
+    /// An item that must be one event, as that event.
+    fn ev(item: Option<RunItem>) -> Option<ExecEvent> {
+        match item? {
+            RunItem::Event(ev) => Some(ev),
+            RunItem::Texts(t) => panic!("a run of {} tokens where one event was due", t.len()),
+        }
+    }
+
+    /// Everything queued, as events (a run of tokens as its tokens).
+    fn drain(rx: &mut StreamRx<RunItem>) -> Vec<ExecEvent> {
+        let mut out = Vec::new();
+        while let Some(item) = rx.try_recv() {
+            match item {
+                RunItem::Event(ev) => out.push(ev),
+                RunItem::Texts(t) => out.extend((0..t.len()).map(|i| t.event(i).unwrap())),
+            }
+        }
+        out
+    }
 
     #[test]
     fn delivers_in_order_and_forgets_after_terminal() {
@@ -397,9 +463,9 @@ mod tests {
         assert_eq!(t.len(), 0);
         assert_eq!(t.route("r", 2, ExecEvent::content("late")), Routed::Done);
         assert_eq!(t.ignored_events, 1);
-        assert_eq!(rx.try_recv(), Some(ExecEvent::content("a")));
-        assert_eq!(rx.try_recv(), Some(done));
-        assert_eq!(rx.try_recv(), None, "nothing after the terminal");
+        assert_eq!(ev(rx.try_recv()), Some(ExecEvent::content("a")));
+        assert_eq!(ev(rx.try_recv()), Some(done));
+        assert_eq!(ev(rx.try_recv()), None, "nothing after the terminal");
     }
 
     #[test]
@@ -421,31 +487,31 @@ mod tests {
         assert_eq!(t.route_batch("r", 1, vec![wire("b"), wire("c")]), Routed::Done);
         assert_eq!(t.route_batch("r", 3, vec![wire("d"), done]), Routed::Done);
         assert_eq!(t.len(), 0, "the terminal ended the run");
-        let got: Vec<_> = std::iter::from_fn(|| rx.try_recv()).collect();
+        let got = drain(&mut rx);
         assert_eq!(got.len(), 5);
         assert_eq!(got[..4], ["a", "b", "c", "d"].map(ExecEvent::content));
         // A batch that does not follow on fails the run.
         let (tx, mut rx) = channel();
         t.insert("g".into(), tx, None);
         assert_eq!(t.route_batch("g", 1, vec![wire("x")]), Routed::CancelOnNode("protocol_violation"));
-        assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(_))));
+        assert!(matches!(ev(rx.try_recv()), Some(ExecEvent::Error(_))));
         // So does an event without a kind, and what follows it is not delivered.
         let (tx, mut rx) = channel();
         t.insert("k".into(), tx, None);
         let events = vec![wire("x"), encoded(pb::RunEvent::default()), wire("y")];
         assert_eq!(t.route_batch("k", 0, events), Routed::CancelOnNode("protocol_violation"));
-        assert_eq!(rx.try_recv(), Some(ExecEvent::content("x")));
-        assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(f)) if f.message.contains("without a kind")));
-        assert_eq!(rx.try_recv(), None);
+        assert_eq!(ev(rx.try_recv()), Some(ExecEvent::content("x")));
+        assert!(matches!(ev(rx.try_recv()), Some(ExecEvent::Error(f)) if f.message.contains("without a kind")));
+        assert_eq!(ev(rx.try_recv()), None);
         assert_eq!(t.len(), 0);
         // And one that is not a RunEvent at all (a truncated field).
         let (tx, mut rx) = channel();
         t.insert("t".into(), tx, None);
         let events = vec![wire("x"), bytes::Bytes::from_static(&[0x5a, 0x05, b'a']), wire("y")];
         assert_eq!(t.route_batch("t", 0, events), Routed::CancelOnNode("protocol_violation"));
-        assert_eq!(rx.try_recv(), Some(ExecEvent::content("x")));
-        assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(f)) if f.message.contains("malformed")));
-        assert_eq!(rx.try_recv(), None);
+        assert_eq!(ev(rx.try_recv()), Some(ExecEvent::content("x")));
+        assert!(matches!(ev(rx.try_recv()), Some(ExecEvent::Error(f)) if f.message.contains("malformed")));
+        assert_eq!(ev(rx.try_recv()), None);
         // The last sequence number a node can send fails the run, no panic.
         let (tx, mut rx) = channel();
         t.insert("m".into(), tx, None);
@@ -453,8 +519,53 @@ mod tests {
             t.route_batch("m", u64::MAX, vec![wire("x"), wire("y")]),
             Routed::CancelOnNode("protocol_violation")
         );
-        assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(_))));
+        assert!(matches!(ev(rx.try_recv()), Some(ExecEvent::Error(_))));
         assert_eq!(t.route("m", u64::MAX, ExecEvent::content("z")), Routed::Done, "unknown now: ignored");
+    }
+
+    fn token(text: &str) -> bytes::Bytes {
+        use prost::Message;
+        bytes::Bytes::from(ExecEvent::content(text).into_wire_unnamed(0).encode_to_vec())
+    }
+
+    #[test]
+    fn a_frames_tokens_go_as_one_item_numbered_each() {
+        use prost::Message;
+        let mut t = RunTable::default();
+        let (tx, mut rx) = channel();
+        t.insert("r".into(), tx, None);
+        let done = ExecEvent::Complete { finish_reason: "stop".into(), usage: None };
+        let wire_done = bytes::Bytes::from(done.clone().into_wire_unnamed(0).encode_to_vec());
+        // A lone token is an event; two or more in a row one item.
+        assert_eq!(t.route_batch("r", 0, vec![token("a")]), Routed::Done);
+        let frame = vec![token("b"), token("c"), token("d"), wire_done];
+        assert_eq!(t.route_batch("r", 1, frame), Routed::Done, "the terminal is the frame's fifth event");
+        assert_eq!(t.len(), 0);
+        assert_eq!(ev(rx.try_recv()), Some(ExecEvent::content("a")));
+        match rx.try_recv() {
+            Some(RunItem::Texts(run)) => {
+                assert_eq!(run.len(), 3);
+                assert_eq!(run.token(2), Some((iop_core::exec::TextKind::Content, "d")));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(ev(rx.try_recv()), Some(done));
+    }
+
+    #[test]
+    fn a_run_of_tokens_is_judged_by_its_last_against_the_window() {
+        // Each token costs the least an item costs: a window holds this many.
+        let fit = (WINDOW_BYTES / iop_core::flow::MIN_ITEM_COST) as usize;
+        let mut t = RunTable::default();
+        let (tx, rx) = channel();
+        t.insert("r".into(), tx, None);
+        assert_eq!(t.route_batch("r", 0, vec![token("x"); fit]), Routed::Done);
+        assert_eq!(rx.queued_bytes(), WINDOW_BYTES as usize);
+        // One more, in a run or alone, came past the window.
+        let (tx, mut rx) = channel();
+        t.insert("s".into(), tx, None);
+        assert_eq!(t.route_batch("s", 0, vec![token("x"); fit + 1]), Routed::CancelOnNode("slow_consumer"));
+        assert!(matches!(ev(rx.try_recv()), Some(ExecEvent::Error(f)) if f.code == codes::SLOW_CONSUMER));
     }
 
     #[test]
@@ -463,7 +574,7 @@ mod tests {
         let (tx, mut rx) = channel();
         t.insert("r".into(), tx, None);
         assert_eq!(t.route("r", 1, ExecEvent::content("x")), Routed::CancelOnNode("protocol_violation"));
-        assert!(matches!(rx.try_recv(), Some(ExecEvent::Error(_))));
+        assert!(matches!(ev(rx.try_recv()), Some(ExecEvent::Error(_))));
     }
 
     #[test]
@@ -483,7 +594,7 @@ mod tests {
         while let Some(ev) = rx.try_recv() {
             last = Some(ev);
         }
-        assert!(matches!(last, Some(ExecEvent::Error(f)) if f.code == codes::SLOW_CONSUMER));
+        assert!(matches!(last, Some(RunItem::Event(ExecEvent::Error(f))) if f.code == codes::SLOW_CONSUMER));
     }
 
     #[test]
@@ -515,7 +626,7 @@ mod tests {
         while let Some(ev) = rx.try_recv() {
             last = Some(ev);
         }
-        assert!(matches!(last, Some(ExecEvent::Error(f)) if f.code == codes::SLOW_CONSUMER));
+        assert!(matches!(last, Some(RunItem::Event(ExecEvent::Error(f))) if f.code == codes::SLOW_CONSUMER));
         assert_eq!(rx.queued_bytes(), 0);
     }
 
@@ -533,7 +644,7 @@ mod tests {
         let frame = (0..6).map(|_| wire(&quarter)).collect();
         assert_eq!(t.route_batch("r", 0, frame), Routed::CancelOnNode("slow_consumer"));
         assert_eq!(t.len(), 0);
-        let got: Vec<_> = std::iter::from_fn(|| rx.try_recv()).collect();
+        let got = drain(&mut rx);
         assert_eq!(got.len(), 5);
         assert!(got[..4].iter().all(|ev| *ev == ExecEvent::content(quarter.clone())));
         assert!(matches!(&got[4], ExecEvent::Error(f) if f.code == codes::SLOW_CONSUMER));
@@ -543,15 +654,17 @@ mod tests {
         // credit may go back to the node as soon as it is written).
         let (tx, mut rx) = channel();
         t.insert("s".into(), tx, None);
-        let frame = ["a", "b", "c"].map(wire).to_vec();
+        // (Texts too long for the tokens' shortest form: events each.)
+        let [a, b, c] = ["a", "b", "c"].map(|t| t.repeat(200));
+        let frame = [&a, &b, &c].map(|t| wire(t)).to_vec();
         assert_eq!(t.route_batch("s", 0, frame), Routed::Done);
         let queued = rx.queued_bytes();
         assert!(queued > 0);
-        assert_eq!(rx.try_recv(), Some(ExecEvent::content("a")));
+        assert_eq!(ev(rx.try_recv()), Some(ExecEvent::content(a)));
         let after_a = rx.queued_bytes();
         assert!(0 < after_a && after_a < queued, "b and c still count, a no longer");
-        assert_eq!(rx.try_recv(), Some(ExecEvent::content("b")));
-        assert_eq!(rx.try_recv(), Some(ExecEvent::content("c")));
+        assert_eq!(ev(rx.try_recv()), Some(ExecEvent::content(b)));
+        assert_eq!(ev(rx.try_recv()), Some(ExecEvent::content(c)));
         assert_eq!(rx.queued_bytes(), 0);
         // A client gone before its frame: the node is told to cancel.
         drop(rx);

@@ -168,6 +168,14 @@ fn handshakes_are_capped_and_timed_out() {
 /// Registers as node `n1` and reports ready; then answers pings, records
 /// run requests and cancels, and never answers a run.
 fn silent_node(addr: SocketAddr) -> mpsc::Receiver<Body> {
+    scripted_node(addr, |_| Vec::new())
+}
+
+/// [`silent_node`], answering each run with the frames `answer` makes of it.
+fn scripted_node(
+    addr: SocketAddr,
+    answer: impl Fn(&pb::RunRequest) -> Vec<Body> + Send + 'static,
+) -> mpsc::Receiver<Body> {
     let mut s = TcpStream::connect(addr).unwrap();
     assert_eq!(try_register(&mut s, &node_token("n1")), None);
     send_frame(
@@ -185,8 +193,15 @@ fn silent_node(addr: SocketAddr) -> mpsc::Receiver<Body> {
                 }
             } else if matches!(body, Body::NodeCommandRequest(_)) {
                 // The edge's first probe of each provider: never answered.
-            } else if tx.send(body).is_err() {
-                return;
+            } else {
+                if let Body::RunRequest(req) = &body {
+                    for frame in answer(req) {
+                        send_frame(&mut s, frame);
+                    }
+                }
+                if tx.send(body).is_err() {
+                    return;
+                }
             }
         }
     });
@@ -227,6 +242,51 @@ fn a_node_that_never_answers_runs_into_the_edge_deadline() {
         }
     }
     // Each lease was released exactly once.
+    edge.assert_idle();
+}
+
+#[test]
+fn a_token_that_is_not_utf8_ends_its_stream_alone_and_is_cancelled_on_the_node() {
+    use prost::Message;
+    let _machine = exclusive();
+    let node = format!(
+        "[[nodes]]\nid = \"n1\"\ntoken = \"{}\"\n[[nodes.providers]]\nid = \"mock\"\nkind = \"mock\"\ncapacity = 4\n",
+        node_token("n1")
+    );
+    let edge = Edge::start(&pool_config(&[node], &[mock_model("m", &["n1"], "")], ""));
+    // One frame of tokens in their shortest form, the third not UTF-8:
+    // the edge reads them where they arrived, so it finds out late.
+    let token = |text: &[u8]| {
+        let ev = pb::RunEvent {
+            kind: Some(pb::run_event::Kind::Delta(pb::TextDelta { text: String::from_utf8_lossy(text).into() })),
+            ..Default::default()
+        };
+        let mut raw = ev.encode_to_vec();
+        let at = raw.len() - text.len();
+        raw[at..].copy_from_slice(text);
+        bytes::Bytes::from(raw)
+    };
+    let frames = scripted_node(edge.nodes, move |req| {
+        let events = vec![token(b"tok0 "), token(b"tok1 "), token(b"b\xffd"), token(b"tok3 ")];
+        vec![Body::RunEvents(pb::RunEvents { run_id: req.run_id.clone().into(), seq: 0, events })]
+    });
+    assert!(matches!(frames.recv_timeout(Duration::from_secs(5)), Ok(Body::NodeReadyResponse(r)) if r.ready));
+    edge.wait_nodes_ready(1);
+    let t = Chat::stream(edge.http, "m").join();
+    assert_eq!(t.resp.status, 200);
+    assert_eq!(t.content(), "tok0 tok1 ", "{}", t.resp_text());
+    let (_, last) = t.last();
+    let err: serde_json::Value = serde_json::from_str(last).unwrap_or_else(|_| panic!("{}", t.resp_text()));
+    assert_eq!(err["error"]["message"], "node sent a malformed run event", "{}", t.resp_text());
+    let run = match frames.recv_timeout(Duration::from_secs(2)) {
+        Ok(Body::RunRequest(req)) => req,
+        other => panic!("expected the run request, got {other:?}"),
+    };
+    match frames.recv_timeout(Duration::from_secs(2)) {
+        Ok(Body::CancelRequest(c)) => assert_eq!((c.run_id, c.reason.as_str()), (run.run_id, "protocol_violation")),
+        other => panic!("expected a cancel, got {other:?}"),
+    }
+    // Its lease went back.
     edge.assert_idle();
 }
 

@@ -7,7 +7,7 @@
 
 use bytes::{BufMut, BytesMut};
 use iop_core::{
-    exec::{ExecEvent, Part, RunFailure, ToolCallDelta, Usage},
+    exec::{ExecEvent, Part, RunFailure, TextKind, ToolCallDelta, Usage},
     http::put_decimal,
 };
 
@@ -237,6 +237,20 @@ impl EventEncoder for MessagesEncoder {
 
     fn ping(&mut self, out: &mut BytesMut) {
         MessagesEncoder::ping(self, out);
+    }
+
+    fn text(&mut self, out: &mut BytesMut, kind: TextKind, t: &str) {
+        if self.ended {
+            return;
+        }
+        if !self.started {
+            self.message_start(out, "");
+        }
+        let block = match kind {
+            TextKind::Content => Open::Text,
+            TextKind::Reasoning => Open::Thinking,
+        };
+        MessagesEncoder::text(self, out, block, t);
     }
 
     fn event(&mut self, out: &mut BytesMut, ev: ExecEvent) -> bool {

@@ -408,3 +408,8 @@ fn large_pieces_are_written_whole() {
     let events = sse(&[], vec![ExecEvent::content(big.clone()), complete("stop", None)]);
     assert_eq!(events[3]["delta"]["text"], json!(big));
 }
+
+#[test]
+fn a_token_read_in_place_writes_its_events() {
+    crate::surface::encode::check_text_writes_its_event(|| MessagesEncoder::new("msg_r1", "m", 0, Vec::new()));
+}

@@ -13,7 +13,7 @@ use std::{
 
 use bytes::BytesMut;
 use iop_core::{
-    exec::{ExecEvent, RunFailure},
+    exec::{ExecEvent, RunFailure, TextKind},
     wire::pb,
 };
 use serde_json::{json, Value};
@@ -145,6 +145,11 @@ impl StreamRender {
 }
 
 impl EventEncoder for StreamRender {
+    fn text(&mut self, sse: &mut BytesMut, kind: TextKind, text: &str) {
+        self.ensure_started(sse, 0);
+        self.enc.text(sse, kind, text);
+    }
+
     /// Appends the SSE for `ev`; true when it ended the stream.
     fn event(&mut self, sse: &mut BytesMut, ev: ExecEvent) -> bool {
         match ev {
@@ -289,6 +294,15 @@ fn encode_f32s(v: &[f32]) -> String {
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 mod tests {
+    #[test]
+    fn a_token_read_in_place_writes_its_chunk() {
+        for include_usage in [false, true] {
+            crate::surface::encode::check_text_writes_its_event(|| {
+                StreamRender::new(ChunkEncoder::new("c", "m", 1), include_usage)
+            });
+        }
+    }
+
     use iop_core::exec::{Delta, Part};
 
     use super::*;

@@ -5,7 +5,7 @@
 
 use bytes::{BufMut, BytesMut};
 use iop_core::{
-    exec::{Delta, Part, RunFailure, Usage},
+    exec::{Delta, Part, RunFailure, TextKind, Usage},
     http::put_decimal,
     sse,
 };
@@ -195,6 +195,33 @@ impl ChunkEncoder {
             }
         }
         self.choice(out, d.choice, |o| delta_json(o, &d.part), d.logprobs.as_deref(), None);
+    }
+
+    /// A token of choice 0 without log probabilities: what [`Self::delta`]
+    /// writes for it, from the text where it arrived.
+    pub fn text(&self, out: &mut BytesMut, kind: TextKind, t: &str) {
+        if kind == TextKind::Content && plain(t) {
+            out.reserve(self.prefix.len() + t.len() + TEXT_TAIL.len());
+            out.put_slice(&self.prefix);
+            out.put_slice(t.as_bytes());
+            out.put_slice(TEXT_TAIL);
+            return;
+        }
+        let key: &[u8] = match kind {
+            TextKind::Content => b"{\"content\":",
+            TextKind::Reasoning => b"{\"reasoning_content\":",
+        };
+        self.choice(
+            out,
+            0,
+            |o| {
+                o.put_slice(key);
+                json_str(o, t);
+                o.put_slice(b"}");
+            },
+            None,
+            None,
+        );
     }
 
     /// Choice 0's content delta.

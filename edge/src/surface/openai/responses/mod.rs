@@ -17,7 +17,7 @@ pub mod stream;
 
 use bytes::{BufMut, BytesMut};
 use iop_core::{
-    exec::{codes, ExecEvent, FailureSource, Part, RunFailure, ToolCallDelta, Usage},
+    exec::{codes, ExecEvent, FailureSource, Part, RunFailure, TextKind, ToolCallDelta, Usage},
     http::put_decimal,
 };
 
@@ -406,9 +406,8 @@ impl State {
 
     /// Takes one event, telling `sink` each step of the output.
     pub(super) fn apply(&mut self, ev: ExecEvent, sink: &mut impl FnMut(&Output, Step<'_>)) -> Outcome {
-        if self.output.bytes > MAX_OUTPUT_BYTES {
-            let msg = format!("the response exceeds {MAX_OUTPUT_BYTES} bytes");
-            return Outcome::Failed(RunFailure::new(codes::INTERNAL, 502, FailureSource::Edge, msg));
+        if let Some(f) = self.too_large() {
+            return Outcome::Failed(f);
         }
         match ev {
             ExecEvent::Start { model } => {
@@ -440,6 +439,27 @@ impl State {
             ExecEvent::Cancelled { reason } => return Outcome::Failed(node_cancelled(&reason)),
         }
         Outcome::Going
+    }
+
+    /// [`Self::apply`] of a token of choice 0, read where it arrived.
+    pub(super) fn apply_text(&mut self, kind: TextKind, t: &str, sink: &mut impl FnMut(&Output, Step<'_>)) -> Outcome {
+        if let Some(f) = self.too_large() {
+            return Outcome::Failed(f);
+        }
+        let kind = match kind {
+            TextKind::Content => Text::Output,
+            TextKind::Reasoning => Text::Reasoning,
+        };
+        self.output.text(kind, t, sink);
+        Outcome::Going
+    }
+
+    /// The failure of a response grown past what one may hold.
+    fn too_large(&self) -> Option<RunFailure> {
+        (self.output.bytes > MAX_OUTPUT_BYTES).then(|| {
+            let msg = format!("the response exceeds {MAX_OUTPUT_BYTES} bytes");
+            RunFailure::new(codes::INTERNAL, 502, FailureSource::Edge, msg)
+        })
     }
 
     /// Where the response is: in progress until the run completed, then

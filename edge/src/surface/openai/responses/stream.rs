@@ -10,7 +10,10 @@
 //! buffer.
 
 use bytes::{BufMut, BytesMut};
-use iop_core::{exec::ExecEvent, http::put_decimal};
+use iop_core::{
+    exec::{ExecEvent, TextKind},
+    http::put_decimal,
+};
 
 use super::{
     write_item, write_part, write_response, Head, Item, Outcome, Output, Phase, ResponseMeta, State, Step, Text,
@@ -38,6 +41,21 @@ impl ResponsesEncoder {
 }
 
 impl EventEncoder for ResponsesEncoder {
+    fn text(&mut self, out: &mut BytesMut, kind: TextKind, t: &str) {
+        if self.ended {
+            return;
+        }
+        let Self { head, state, seq, started, ended } = self;
+        let mut w = Events { head, seq, out };
+        if !*started {
+            *started = true;
+            w.response(b"response.created", state, Phase::InProgress);
+            w.response(b"response.in_progress", state, Phase::InProgress);
+        }
+        let outcome = state.apply_text(kind, t, &mut |output, step| w.step(output, step));
+        w.outcome(state, outcome, ended);
+    }
+
     fn event(&mut self, out: &mut BytesMut, ev: ExecEvent) -> bool {
         if self.ended {
             return true;
@@ -57,6 +75,15 @@ impl EventEncoder for ResponsesEncoder {
             w.response(b"response.in_progress", state, Phase::InProgress);
         }
         let outcome = state.apply(ev, &mut |output, step| w.step(output, step));
+        w.outcome(state, outcome, ended);
+        *ended
+    }
+}
+
+impl Events<'_> {
+    /// Ends the response when `outcome` says so (`ended` then set).
+    fn outcome(&mut self, state: &State, outcome: Outcome, ended: &mut bool) {
+        let w = self;
         match outcome {
             Outcome::Going => {}
             Outcome::Ended => {
@@ -69,7 +96,6 @@ impl EventEncoder for ResponsesEncoder {
                 *ended = true;
             }
         }
-        *ended
     }
 }
 

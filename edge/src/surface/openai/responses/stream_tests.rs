@@ -567,3 +567,8 @@ fn large_pieces_are_written_whole() {
     assert_eq!(events[4]["delta"], json!(big));
     assert_eq!(accumulate(&events)["output"][0]["content"][0]["text"], json!(big));
 }
+
+#[test]
+fn a_token_read_in_place_writes_its_events() {
+    crate::surface::encode::check_text_writes_its_event(|| ResponsesEncoder::new(meta()));
+}
