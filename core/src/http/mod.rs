@@ -261,6 +261,11 @@ pub(crate) fn put_headers<V: AsRef<[u8]>>(out: &mut BytesMut, headers: &[(&str, 
 
 /// Appends the decimal form of `n`.
 pub fn put_decimal(out: &mut BytesMut, n: u64) {
+    // One digit (an index, most counts in an event): no loop.
+    if let Ok(d @ 0..=9) = u8::try_from(n) {
+        out.extend_from_slice(&[b'0' + d]);
+        return;
+    }
     let mut digits = [0u8; 20];
     out.extend_from_slice(decimal(n, &mut digits));
 }
@@ -332,6 +337,15 @@ mod tests {
         assert!(!keep_alive(&hdrs(&[]), 0));
         assert!(keep_alive(&hdrs(&[("connection", "Keep-Alive")]), 0));
         assert!(!keep_alive(&hdrs(&[("connection", "upgrade, close")]), 1));
+    }
+
+    #[test]
+    fn decimals_are_what_format_writes() {
+        for n in (0..2_000u64).chain([9_999, 10_000, 99_999_999, u64::MAX - 1, u64::MAX]) {
+            let mut out = BytesMut::new();
+            put_decimal(&mut out, n);
+            assert_eq!(&out[..], n.to_string().as_bytes());
+        }
     }
 
     #[test]

@@ -145,11 +145,13 @@ impl MessagesEncoder {
             return;
         }
         reserve_for(out, t.len());
-        let (block, delta, field): (&[u8], &[u8], &[u8]) = match kind {
-            Open::Thinking => {
-                (b"{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}", b"thinking_delta", b",\"thinking\":")
-            }
-            _ => (b"{\"type\":\"text\",\"text\":\"\"}", b"text_delta", b",\"text\":"),
+        // What follows the block's index in its delta, the text's key included.
+        let (block, delta): (&[u8], &[u8]) = match kind {
+            Open::Thinking => (
+                b"{\"type\":\"thinking\",\"thinking\":\"\",\"signature\":\"\"}",
+                b",\"delta\":{\"type\":\"thinking_delta\",\"thinking\":",
+            ),
+            _ => (b"{\"type\":\"text\",\"text\":\"\"}", b",\"delta\":{\"type\":\"text_delta\",\"text\":"),
         };
         let index = if self.open == Some(kind) {
             self.current()
@@ -159,11 +161,12 @@ impl MessagesEncoder {
             tail(out);
             index
         };
-        delta_head(out, index, delta);
-        out.put_slice(field);
+        // A token's event in four copies and its index.
+        out.put_slice(DELTA_OPEN);
+        put_decimal(out, u64::from(index));
+        out.put_slice(delta);
         json_str(out, t);
-        out.put_slice(b"}");
-        tail(out);
+        out.put_slice(b"}}\n\n");
     }
 
     /// A tool-call fragment: its call's block (opened by its first
@@ -314,10 +317,12 @@ fn tail(out: &mut BytesMut) {
     out.put_slice(b"}\n\n");
 }
 
+/// A `content_block_delta` up to its block's index.
+const DELTA_OPEN: &[u8] = b"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":";
+
 /// A `content_block_delta` up to the delta's `type`; its field follows.
 fn delta_head(out: &mut BytesMut, index: u32, kind: &[u8]) {
-    head(out, b"content_block_delta");
-    out.put_slice(b",\"index\":");
+    out.put_slice(DELTA_OPEN);
     put_decimal(out, u64::from(index));
     out.put_slice(b",\"delta\":{\"type\":\"");
     out.put_slice(kind);

@@ -31,12 +31,32 @@ pub struct ResponsesEncoder {
     started: bool,
     /// A terminal event went out: later events write nothing.
     ended: bool,
+    /// The current part's deltas' fields, rendered once.
+    tail: DeltaTail,
+}
+
+/// What follows the sequence number in every delta of one part (`,"item_id":
+/// …,"output_index":…,"content_index":…,"delta":`), rendered at its first
+/// delta: a token's event is then three copies and its sequence number.
+#[derive(Default)]
+struct DeltaTail {
+    /// The item's output index and the part's index (`usize::MAX` for a
+    /// function call's arguments).
+    key: Option<(usize, usize)>,
+    bytes: Vec<u8>,
 }
 
 impl ResponsesEncoder {
     /// An encoder for the response `meta` describes.
     pub fn new(meta: ResponseMeta) -> Self {
-        Self { head: Head::new(meta), state: State::default(), seq: 0, started: false, ended: false }
+        Self {
+            head: Head::new(meta),
+            state: State::default(),
+            seq: 0,
+            started: false,
+            ended: false,
+            tail: DeltaTail::default(),
+        }
     }
 }
 
@@ -45,8 +65,8 @@ impl EventEncoder for ResponsesEncoder {
         if self.ended {
             return;
         }
-        let Self { head, state, seq, started, ended } = self;
-        let mut w = Events { head, seq, out };
+        let Self { head, state, seq, started, ended, tail } = self;
+        let mut w = Events { head, seq, out, tail };
         if !*started {
             *started = true;
             w.response(b"response.created", state, Phase::InProgress);
@@ -60,8 +80,8 @@ impl EventEncoder for ResponsesEncoder {
         if self.ended {
             return true;
         }
-        let Self { head, state, seq, started, ended } = self;
-        let mut w = Events { head, seq, out };
+        let Self { head, state, seq, started, ended, tail } = self;
+        let mut w = Events { head, seq, out, tail };
         if !*started {
             *started = true;
             if let ExecEvent::Start { .. } = ev {
@@ -104,6 +124,14 @@ struct Events<'a> {
     head: &'a Head,
     seq: &'a mut u64,
     out: &'a mut BytesMut,
+    tail: &'a mut DeltaTail,
+}
+
+/// `event: <name>\ndata: {"type":"<name>","sequence_number":` of a delta.
+macro_rules! delta_open {
+    ($name:literal) => {
+        concat!("event: ", $name, "\ndata: {\"type\":\"", $name, "\",\"sequence_number\":").as_bytes()
+    };
 }
 
 impl Events<'_> {
@@ -195,16 +223,31 @@ impl Events<'_> {
             }
             Step::Delta(at, piece) => {
                 reserve_for(self.out, piece.len());
-                let kind = output.items()[at].last_part().map(|(kind, _)| *kind);
-                let name: &[u8] = match kind {
-                    Some(Text::Reasoning) => b"response.reasoning_text.delta",
-                    Some(Text::Output) => b"response.output_text.delta",
-                    Some(Text::Refusal) => b"response.refusal.delta",
-                    None => b"response.function_call_arguments.delta",
+                let item = &output.items()[at];
+                let kind = item.last_part().map(|(kind, _)| *kind);
+                let open: &[u8] = match kind {
+                    Some(Text::Reasoning) => delta_open!("response.reasoning_text.delta"),
+                    Some(Text::Output) => delta_open!("response.output_text.delta"),
+                    Some(Text::Refusal) => delta_open!("response.refusal.delta"),
+                    None => delta_open!("response.function_call_arguments.delta"),
                 };
-                self.open(name);
-                self.at(output, at, true);
-                self.out.put_slice(b",\"delta\":");
+                let part = match item {
+                    Item::Texts { parts, .. } => parts.len().saturating_sub(1),
+                    Item::Call(_) => usize::MAX,
+                };
+                if self.tail.key != Some((at, part)) {
+                    // Rendered where the event goes, then kept.
+                    let from = self.out.len();
+                    self.at(output, at, true);
+                    self.out.put_slice(b",\"delta\":");
+                    self.tail.bytes = self.out[from..].to_vec();
+                    self.out.truncate(from);
+                    self.tail.key = Some((at, part));
+                }
+                self.out.put_slice(open);
+                put_decimal(self.out, *self.seq);
+                *self.seq += 1;
+                self.out.put_slice(&self.tail.bytes);
                 json_str(self.out, piece);
                 if kind == Some(Text::Output) {
                     self.out.put_slice(b",\"logprobs\":[]");
