@@ -208,14 +208,20 @@ fn scripted_node(
     rx
 }
 
+/// An edge whose model `m` runs on node `n1`'s mock provider (`extra`:
+/// more of its keys), for a test that plays `n1` by hand.
+fn edge_of_hand_driven_n1(extra: &str) -> Edge {
+    let node = format!(
+        "[[nodes]]\nid = \"n1\"\ntoken = \"{}\"\n[[nodes.providers]]\nid = \"mock\"\nkind = \"mock\"\ncapacity = 4\n{extra}",
+        node_token("n1")
+    );
+    Edge::start(&pool_config(&[node], &[mock_model("m", &["n1"], "")], ""))
+}
+
 #[test]
 fn a_node_that_never_answers_runs_into_the_edge_deadline() {
     let _machine = exclusive();
-    let node = format!(
-        "[[nodes]]\nid = \"n1\"\ntoken = \"{}\"\n[[nodes.providers]]\nid = \"mock\"\nkind = \"mock\"\ncapacity = 4\nrequest_timeout_sec = 1\n",
-        node_token("n1")
-    );
-    let edge = Edge::start(&pool_config(&[node], &[mock_model("m", &["n1"], "")], ""));
+    let edge = edge_of_hand_driven_n1("request_timeout_sec = 1\n");
     let frames = silent_node(edge.nodes);
     assert!(matches!(frames.recv_timeout(Duration::from_secs(5)), Ok(Body::NodeReadyResponse(r)) if r.ready));
     edge.wait_nodes_ready(1);
@@ -249,11 +255,7 @@ fn a_node_that_never_answers_runs_into_the_edge_deadline() {
 fn a_token_that_is_not_utf8_ends_its_stream_alone_and_is_cancelled_on_the_node() {
     use prost::Message;
     let _machine = exclusive();
-    let node = format!(
-        "[[nodes]]\nid = \"n1\"\ntoken = \"{}\"\n[[nodes.providers]]\nid = \"mock\"\nkind = \"mock\"\ncapacity = 4\n",
-        node_token("n1")
-    );
-    let edge = Edge::start(&pool_config(&[node], &[mock_model("m", &["n1"], "")], ""));
+    let edge = edge_of_hand_driven_n1("");
     // One frame of tokens in their shortest form, the third not UTF-8:
     // the edge reads them where they arrived, so it finds out late.
     let token = |text: &[u8]| {
