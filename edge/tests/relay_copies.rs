@@ -21,7 +21,7 @@ use iop_core::{
     wire::{self, pb, pb::envelope::Body},
 };
 use iop_edge::{
-    stream::{channel, TunnelReceiver},
+    stream::{channel, cost_of, TunnelReceiver},
     surface::relay::{relay_body, BodyEnd, Frame, Source, WriteClock},
     transport::RunTable,
 };
@@ -105,17 +105,24 @@ impl AsyncWriteRent for Recorder {
 }
 
 /// The edge's side of one node link carrying one tunnel: frames are
-/// decoded from `read` on demand, as the session would, and routed.
+/// decoded from `read` on demand, as the session would, and routed; the
+/// node sends while what it has out (queued, or handed out and not yet
+/// written) is below the stream's window, as a node keeps to its credit.
 struct Link {
     read: BytesMut,
     runs: RunTable,
     rx: TunnelReceiver,
+    /// Cost handed out since the last write.
+    handed: usize,
 }
 
 impl Link {
     fn pump(&mut self) {
         // A session routes a batch of frames per wakeup.
         for _ in 0..16 {
+            if self.rx.queued_bytes() + self.handed >= iop_core::flow::WINDOW_BYTES as usize {
+                return;
+            }
             match wire::decode(&mut self.read, MAX).unwrap() {
                 Some(pb::Envelope { body: Some(Body::ProviderTunnelFrame(f)), .. }) => {
                     let (_, routed) = self.runs.route_tunnel_frame(f);
@@ -134,15 +141,22 @@ impl Source for Link {
     }
 
     fn try_next(&mut self) -> Option<TunnelItem> {
-        if let Some(item) = self.rx.try_recv() {
-            return Some(item);
+        if self.rx.pending() == 0 {
+            self.pump();
         }
-        self.pump();
-        self.rx.try_recv()
+        let item = self.rx.try_recv()?;
+        self.handed += cost_of(&item);
+        Some(item)
     }
 
     fn id(&self) -> &str {
         ID
+    }
+
+    fn written(&mut self) {
+        // As the tunnel's stream does before its credit goes back.
+        self.rx.settle();
+        self.handed = 0;
     }
 }
 
@@ -200,7 +214,7 @@ fn relay(n: usize, size: usize, per_frame: usize) -> Measured {
         runs.insert_tunnel(ID.into(), tx, None);
         // The read buffer: the link's one copy (socket → memory) is here.
         let read_range = wire.as_ptr() as usize..wire.as_ptr() as usize + wire.len();
-        let mut link = Link { read: wire, runs, rx };
+        let mut link = Link { read: wire, runs, rx, handed: 0 };
         let Some(TunnelItem::Start { status: 200, .. }) = link.next().await else { panic!("no start") };
         let mut client = Recorder::default();
         let mut out = Gather::new();

@@ -79,7 +79,8 @@ impl RunIds {
 /// The meta, rendered once: what every `response` object and event repeats.
 pub(super) struct Head {
     id: String,
-    model: String,
+    /// The model named: the request's, or the provider's start's.
+    pub(super) model: String,
     created_at: u64,
     /// `,"instructions":…,"metadata":…`: the echoed request fields.
     echo: Vec<u8>,

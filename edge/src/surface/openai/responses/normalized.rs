@@ -11,7 +11,7 @@ use std::{
 
 use iop_core::responses;
 
-use super::{object::ResponseAggregate, stream::ResponsesEncoder, ResponseMeta};
+use super::{object::ResponseAggregate, stream::ResponsesEncoder, Head, ResponseMeta};
 use crate::{
     ctx::Ctx,
     pool::Admitted,
@@ -44,16 +44,17 @@ pub fn answer<'a>(
         .and_then(|t| translated::refuse_if_strict(&parts.group, &t.dropped).map(|()| t))
         .map(|t| {
             let s = translated::submit(worker, conn, &parts.group.name, admitted, t.body, t.stream, &t.dropped);
-            // Boxed: held by the answer's future until the encoder (or the
-            // aggregate) takes it, and a stream holds its future for as
-            // long as it is open.
-            let meta = Box::new(ResponseMeta {
+            // Rendered now (the echoed fields' JSON maps were 2 KB a
+            // stream until its first token) and boxed: held by the answer's
+            // future until the encoder (or the aggregate) takes it, and a
+            // stream holds its future for as long as it is open.
+            let meta = Box::new(Head::new(ResponseMeta {
                 id: s.run.as_ref().map_or_else(|_| String::new(), |run| ["resp_", run.run_id()].concat()),
                 model: target.to_string(),
                 created_at: unix_now(),
                 echo: t.echo,
                 namespaced: t.namespaced,
-            });
+            }));
             (s, t.stream, Some(meta))
         });
     drop(permit);
@@ -71,18 +72,18 @@ pub fn answer<'a>(
             Err(e) => return reply::dispatch_error(&mut conn.responder(), D, e, keep).await,
         };
         // Taken out, so it goes with the encoder or the aggregate.
-        let meta = meta.take().unwrap_or_default();
+        let head = meta.take().unwrap_or_else(|| Box::new(Head::new(ResponseMeta::default())));
         if *streams {
             let make = |reported: &str| {
-                let mut meta = *meta;
+                let mut head = *head;
                 if !reported.is_empty() {
-                    meta.model = reported.to_owned();
+                    head.model = reported.to_owned();
                 }
-                ResponsesEncoder::new(meta)
+                ResponsesEncoder::from_head(head)
             };
             write::stream(conn, run, D, &extra, make, keep, write_timeout, chance).await
         } else {
-            let mut agg = ResponseAggregate::new(*meta);
+            let mut agg = ResponseAggregate::from_head(*head);
             let write = |a: &ResponseAggregate, out: &mut bytes::BytesMut| a.write(out);
             translated::whole(conn, run, D, &mut agg, write, &extra, keep, chance).await
         }

@@ -16,7 +16,12 @@ pub struct ResponseAggregate {
 impl ResponseAggregate {
     /// An empty response described by `meta`.
     pub fn new(meta: ResponseMeta) -> Self {
-        Self { head: Head::new(meta), state: State::default() }
+        Self::from_head(Head::new(meta))
+    }
+
+    /// The aggregate of the response `head` was rendered from.
+    pub(super) fn from_head(head: Head) -> Self {
+        Self { head, state: State::default() }
     }
 
     /// The model the provider's start named (empty when it named none).

@@ -49,14 +49,12 @@ struct DeltaTail {
 impl ResponsesEncoder {
     /// An encoder for the response `meta` describes.
     pub fn new(meta: ResponseMeta) -> Self {
-        Self {
-            head: Head::new(meta),
-            state: State::default(),
-            seq: 0,
-            started: false,
-            ended: false,
-            tail: DeltaTail::default(),
-        }
+        Self::from_head(Head::new(meta))
+    }
+
+    /// An encoder for the response `head` was rendered from.
+    pub(super) fn from_head(head: Head) -> Self {
+        Self { head, state: State::default(), seq: 0, started: false, ended: false, tail: DeltaTail::default() }
     }
 }
 
