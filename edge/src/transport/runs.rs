@@ -689,8 +689,7 @@ mod tests {
 
     #[test]
     fn a_batch_is_judged_event_by_event_and_queued_at_once() {
-        use prost::Message;
-        let wire = |text: &str| bytes::Bytes::from(ExecEvent::content(text).into_wire_unnamed(0).encode_to_vec());
+        let wire = token;
         let mut t = RunTable::default();
         let (tx, mut rx) = channel();
         t.insert("r".into(), tx, None);
@@ -736,8 +735,7 @@ mod tests {
         // one item (taking the whole frame from the channel) and writes
         // it, so the node gets that item's credit back and sends one more:
         // it kept to the window and must not be failed for it.
-        use prost::Message;
-        let wire = |text: &str| bytes::Bytes::from(ExecEvent::content(text).into_wire_unnamed(0).encode_to_vec());
+        let wire = token;
         let mut t = RunTable::default();
         let (tx, mut rx) = channel();
         t.insert("r".into(), tx, None);
