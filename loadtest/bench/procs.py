@@ -39,6 +39,26 @@ def sys_seconds(pid):
     return None if fields is None else int(fields[12]) / TICK
 
 
+def thread_cpu_seconds(pid, comm):
+    """utime + stime of `pid`'s threads named `comm`, in seconds (0.0: none)."""
+    total = 0
+    try:
+        tids = os.listdir("/proc/%d/task" % pid)
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            with open("/proc/%d/task/%s/stat" % (pid, tid)) as f:
+                text = f.read()
+        except OSError:
+            continue
+        name, rest = text.split("(", 1)[1].rsplit(")", 1)
+        if name == comm:
+            fields = rest.split()
+            total += int(fields[11]) + int(fields[12])
+    return total / TICK
+
+
 def alive(pid):
     """Whether `pid` runs (a zombie that is not reaped yet does not)."""
     try:

@@ -508,6 +508,9 @@ def run_once(ctx, sid, system, round_no, workers, p, wait_idle, attempt=0):
             raise RuntimeError("exited during the run: %s (see the logs)" % ", ".join(sorted(set(dead))))
         ours = run.all_pids() | {os.getpid()}
         rec["other_cpu_sec"], rec["other_top"] = procs.others_busy(snap, procs.all_cpu(), ours)
+        rows = systems.store_rows(run)
+        if rows is not None:
+            rec["store_rows"] = rows
     except Exception as e:  # one failed run must not end the benchmark
         if isinstance(e, MeasureError):
             rec["partial"] = e.partial

@@ -14,12 +14,15 @@
 """
 
 import os
+import re
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
 
+import procs
 from procs import Proc, children, free_port, wait_http
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -78,6 +81,8 @@ class Running:
         # Configs and nginx prefixes stay beside the logs, so every recorded
         # command can be run again as it is.
         self.dir = run_dir
+        # The node's metrics, when its run store is on.
+        self.node_metrics = None
         os.makedirs(self.dir, exist_ok=True)
         os.chmod(self.dir, 0o755)
 
@@ -249,6 +254,9 @@ def node_config(edge_nodes, workers, with_workers, store_path=None):
         text = "workers = %d\n" % workers + text
     if store_path is None:
         text += "store = false\n"
+    else:
+        # Its metrics say how many rows the store wrote and dropped.
+        text += 'metrics_listen = "127.0.0.1:0"\n'
     text += "[reconnect]\nmax_attempts = 30\ninterval_sec = 1\n"
     if store_path is not None:
         text += '[store]\npath = "%s"\n' % store_path
@@ -281,7 +289,10 @@ def start_edge_and_node(run, ctx, name, edge_text, workers, store):
     with open(node_cfg, "w") as f:
         f.write(text)
     run.configs["node.toml"] = text
-    node = run.add(Proc("node", [ctx.bin("iop-node"), "--config", node_cfg], ctx.log_dir, env=QUIET))
+    ready = r"iop-node metrics http=(\S+)" if store is not None else None
+    node = run.add(Proc("node", [ctx.bin("iop-node"), "--config", node_cfg], ctx.log_dir, env=QUIET, ready=ready))
+    if store is not None:
+        run.node_metrics = "http://%s/metrics" % node.match.group(1)
     run.url = "http://" + http_addr
     probe = {"model": "mock", "messages": [{"role": "user", "content": "ready?"}], "max_tokens": 1}
     wait_http("POST", run.url + "/v1/chat/completions", probe, what=name)
@@ -325,3 +336,19 @@ def node_workers_supported(ctx):
         return r.returncode == 0
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def store_rows(run):
+    """The node's run store counters ({"written": n, "dropped": n, ...}), read
+    from its metrics before it stops, and the CPU seconds its writer thread
+    used since the node started ("thread_cpu_sec"); None when the store is
+    off."""
+    if not run.node_metrics:
+        return None
+    with urllib.request.urlopen(run.node_metrics, timeout=5) as r:
+        text = r.read().decode()
+    rows = {}
+    for m in re.finditer(r'^iop_node_run_store_rows_total\{result="(\w+)"\} (\d+)', text, re.M):
+        rows[m.group(1)] = int(m.group(2))
+    rows["thread_cpu_sec"] = sum(procs.thread_cpu_seconds(pid, "iop-node-store") for pid in run.groups["node"])
+    return rows

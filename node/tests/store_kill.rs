@@ -3,7 +3,7 @@
 //! batch it saw acknowledged (committed); the parent kills it with SIGKILL
 //! while it writes, reopens the file, and finds it intact with every
 //! acknowledged batch whole. Six rounds on the same file, each killing
-//! at another point of the writer's cycle (its 10 ms batch window, then
+//! at another point of the writer's cycle (its 50 ms batch window, then
 //! the transaction of about 2000 rows).
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -97,7 +97,7 @@ fn kill_9_mid_batch_leaves_every_acknowledged_batch() {
                 this_round += 1;
             }
         }
-        std::thread::sleep(Duration::from_millis(4 * round as u64));
+        std::thread::sleep(Duration::from_millis(10 * round as u64));
         child.kill().unwrap(); // SIGKILL
         let status = child.wait().unwrap();
         assert!(!status.success(), "{status:?}");

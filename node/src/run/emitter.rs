@@ -96,9 +96,9 @@ pub struct Emitter<T = ExecEvent> {
     pending: Option<Delta>,
     /// The stall watchdog's view of this stream's progress.
     activity: Option<Rc<Activity>>,
-    /// The stream's run store row (none: the store is off); boxed, so a
-    /// stream's task is one pointer larger.
-    record: Option<Box<Record>>,
+    /// The stream's run store row (none: the store is off); four words,
+    /// the row itself boxed.
+    record: Option<Record>,
     /// The edge takes several run events in one frame.
     batches: bool,
     _items: PhantomData<T>,
@@ -137,7 +137,7 @@ impl<T: Outgoing> Emitter<T> {
 
     /// Notes the stream's first output and terminal in `record`, which
     /// goes to the run store at the terminal (or with the emitter).
-    pub(crate) fn with_record(mut self, record: Option<Box<Record>>) -> Self {
+    pub(crate) fn with_record(mut self, record: Option<Record>) -> Self {
         self.record = record;
         self
     }
@@ -187,9 +187,12 @@ impl<T: Outgoing> Emitter<T> {
 
     /// Reports `item` to the stream's row.
     fn note(&mut self, item: &T) {
-        if let Some(r) = self.record.as_deref_mut() {
-            item.note(r);
-            if item.is_terminal() {
+        if let Some(r) = self.record.as_mut() {
+            let terminal = item.is_terminal();
+            if r.wants(terminal) {
+                item.note(r);
+            }
+            if terminal {
                 // The stream's outcome is settled: its row goes now.
                 self.record = None;
             }
@@ -399,7 +402,7 @@ impl EventSink for Emitter<ExecEvent> {
         }
         // Merged text is progress too, though it is sent later.
         self.progress(false);
-        if let Some(r) = self.record.as_deref_mut() {
+        if let Some(r) = self.record.as_mut() {
             r.first_output();
         }
         if let Some(p) = &mut self.pending {

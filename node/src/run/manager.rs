@@ -169,7 +169,7 @@ impl RunManager {
     }
 
     /// A stream's record, when the store is on.
-    fn record(&self, origin: impl FnOnce() -> Origin) -> Option<Box<Record>> {
+    fn record(&self, origin: impl FnOnce() -> Origin) -> Option<Record> {
         self.store.get().map(|s| Record::new(s.clone(), origin()))
     }
 
@@ -297,7 +297,7 @@ impl RunManager {
             path: Path::Normalized,
             operation: Some(req.operation.into()),
         });
-        let refuse = |f: RunFailure, record: Option<Box<Record>>| {
+        let refuse = |f: RunFailure, record: Option<Record>| {
             let mut e = Emitter::<ExecEvent>::new(self.writer.clone(), run_id.clone()).with_record(record);
             monoio::spawn(async move {
                 let _ = e.send(ExecEvent::Error(f)).await;
@@ -328,7 +328,7 @@ impl RunManager {
             Ok(c) => c,
             Err(f) => return refuse(f, record),
         };
-        if let Some(r) = record.as_deref_mut() {
+        if let Some(r) = record.as_mut() {
             r.started();
         }
         let spec = RunSpec {
@@ -362,7 +362,7 @@ impl RunManager {
             path: Path::Tunnel,
             operation: None,
         });
-        let refuse = |f: RunFailure, record: Option<Box<Record>>| {
+        let refuse = |f: RunFailure, record: Option<Record>| {
             let mut e = Emitter::<TunnelItem>::new(self.writer.clone(), id.clone()).with_record(record);
             monoio::spawn(async move {
                 let _ = e.send(TunnelItem::Error(f)).await;
@@ -397,7 +397,7 @@ impl RunManager {
             Err(f) => return refuse(f, record),
         };
         spec.credential = credential;
-        if let Some(r) = record.as_deref_mut() {
+        if let Some(r) = record.as_mut() {
             r.started();
         }
         let stall = self.stall(stall_timeout);

@@ -10,14 +10,16 @@ use monoio::time::Instant;
 
 use crate::store::{row, Path, RunRow, Status, Store};
 
-/// One stream's row in the making.
+/// One stream's row in the making. Its row is the one allocation a run
+/// makes for the store: the box goes to the store's thread as it is.
 pub struct Record {
     store: Store,
-    row: RunRow,
+    /// None once sent or discarded.
+    row: Option<Box<RunRow>>,
     /// When the request arrived (the clock the offsets are on).
     queued: Instant,
-    /// Dropped without a row (a request ignored as a duplicate).
-    discarded: bool,
+    /// Its first output was noted: only a terminal can change the row now.
+    first_noted: bool,
 }
 
 /// Who a stream is, as its request said.
@@ -32,7 +34,7 @@ pub(crate) struct Origin {
 
 impl Record {
     /// A stream that arrived now.
-    pub(crate) fn new(store: Store, o: Origin) -> Box<Self> {
+    pub(crate) fn new(store: Store, o: Origin) -> Self {
         let row = RunRow {
             run_id: o.run_id,
             session_id: row::clip(o.session_id, row::MAX_SESSION_ID),
@@ -50,7 +52,12 @@ impl Record {
             usage: None,
             error_class: None,
         };
-        Box::new(Self { store, row, queued: iop_core::rt::clock::now(), discarded: false })
+        Self { store, row: Some(Box::new(row)), queued: iop_core::rt::clock::now(), first_noted: false }
+    }
+
+    /// The row, until it is sent.
+    fn row(&mut self) -> Option<&mut RunRow> {
+        self.row.as_deref_mut()
     }
 
     fn since_queued(&self) -> u64 {
@@ -60,43 +67,74 @@ impl Record {
 
     /// Admitted and handed to its adapter.
     pub(crate) fn started(&mut self) {
-        self.row.started_ms = Some(self.since_queued());
+        let at = self.since_queued();
+        if let Some(r) = self.row() {
+            r.started_ms = Some(at);
+        }
     }
 
     /// Its first output went out (no-op after the first).
     pub(crate) fn first_output(&mut self) {
-        if self.row.first_byte_ms.is_none() {
-            self.row.first_byte_ms = Some(self.since_queued());
+        if !self.first_noted {
+            self.first_noted = true;
+            let at = self.since_queued();
+            if let Some(r) = self.row() {
+                r.first_byte_ms = Some(at);
+            }
         }
     }
 
+    /// Whether `item` can still change the row: a terminal, or anything
+    /// before the first output (a stream's many deltas after it cannot).
+    pub(crate) fn wants(&self, terminal: bool) -> bool {
+        terminal || !self.first_noted
+    }
+
     /// No row for this one.
-    pub(crate) fn discard(mut self: Box<Self>) {
-        self.discarded = true;
+    pub(crate) fn discard(mut self) {
+        self.row = None;
     }
 
     fn complete(&mut self, code: Option<u16>, usage: Option<&Usage>) {
-        self.row.status = Status::Complete;
-        self.row.code = code;
-        self.row.usage = usage.cloned();
+        if let Some(r) = self.row() {
+            r.status = Status::Complete;
+            r.code = code;
+            r.usage = usage.cloned();
+        }
     }
 
     fn failed(&mut self, f: &RunFailure) {
-        self.row.status = Status::Error;
-        // A tunnel keeps the status its provider answered with.
-        self.row.code = self.row.code.or(Some(f.status));
-        self.row.error_class = Some(f.code);
+        if let Some(r) = self.row() {
+            r.status = Status::Error;
+            // A tunnel keeps the status its provider answered with.
+            r.code = r.code.or(Some(f.status));
+            r.error_class = Some(f.code);
+        }
+    }
+
+    fn cancelled(&mut self) {
+        if let Some(r) = self.row() {
+            r.status = Status::Cancelled;
+        }
+    }
+
+    fn provider_status(&mut self, status: u16) {
+        if let Some(r) = self.row() {
+            r.code = Some(status);
+        }
+    }
+
+    fn code(&self) -> Option<u16> {
+        self.row.as_ref().and_then(|r| r.code)
     }
 }
 
 impl Drop for Record {
     fn drop(&mut self) {
-        if self.discarded {
-            return;
+        if let Some(mut row) = self.row.take() {
+            row.ended_ms = self.since_queued();
+            self.store.record(row);
         }
-        self.row.ended_ms = self.since_queued();
-        let row = std::mem::replace(&mut self.row, RunRow::EMPTY);
-        self.store.record(Box::new(row));
     }
 }
 
@@ -113,7 +151,7 @@ impl Noted for ExecEvent {
             ExecEvent::Delta(_) | ExecEvent::ChoiceFinish { .. } | ExecEvent::Embeddings(_) => r.first_output(),
             ExecEvent::Complete { usage, .. } => r.complete(Some(200), usage.as_ref()),
             ExecEvent::Error(f) => r.failed(f),
-            ExecEvent::Cancelled { .. } => r.row.status = Status::Cancelled,
+            ExecEvent::Cancelled { .. } => r.cancelled(),
         }
     }
 }
@@ -121,13 +159,13 @@ impl Noted for ExecEvent {
 impl Noted for TunnelItem {
     fn note(&self, r: &mut Record) {
         match self {
-            TunnelItem::Start { status, .. } => r.row.code = Some(*status),
+            TunnelItem::Start { status, .. } => r.provider_status(*status),
             TunnelItem::Body(_) | TunnelItem::Parts(_) => r.first_output(),
             TunnelItem::Whole(w) => {
                 r.first_output();
                 r.complete(Some(w.status), w.usage.as_ref());
             }
-            TunnelItem::End { usage } => r.complete(r.row.code, usage.as_ref()),
+            TunnelItem::End { usage } => r.complete(r.code(), usage.as_ref()),
             TunnelItem::Error(f) => r.failed(f),
         }
     }

@@ -149,11 +149,16 @@ pub struct Tuning {
 }
 
 impl Default for Tuning {
+    /// A commit's own work (its WAL frames, the partly filled pages it
+    /// writes again, the writer's sleep and wake) is paid per batch: at
+    /// 15 000 runs a second, 50 ms batches took half the writer's CPU of
+    /// 10 ms ones (0.76 against 1.6 µs a row). A row is durable within
+    /// the window; the channel holds twice the largest batch.
     fn default() -> Self {
         Self {
             capacity: 8192,
-            batch_rows: 1024,
-            batch_window: Duration::from_millis(10),
+            batch_rows: 4096,
+            batch_window: Duration::from_millis(50),
             prune_every: Duration::from_secs(60),
         }
     }
@@ -194,7 +199,10 @@ impl Store {
         let w = writer::Writer::new(conn, stats.clone(), tuning, settings.max_age, settings.max_rows);
         let thread = std::thread::Builder::new()
             .name("iop-node-store".into())
-            .spawn(move || w.run(rx))
+            .spawn(move || {
+                background();
+                w.run(rx)
+            })
             .map_err(StoreError::Thread)?;
         Ok(Self(Arc::new(Shared { tx, stats, thread: Mutex::new(Some(thread)) })))
     }
@@ -260,6 +268,20 @@ impl Store {
         if let Some(t) = thread {
             let _ = t.join();
         }
+    }
+}
+
+/// Lowers the calling thread (the store's) to the weakest scheduling
+/// weight (nice 19: a thread, not the process, on Linux). The rows wait
+/// without harm; the reactors should not. Measured on 2 busy cores (S1,
+/// 37 000 runs a second, alternated): at nice 0 the writer, waking with a
+/// batch, preempted reactors mid-request and cost 6-10% of the
+/// throughput, several times its own CPU; at nice 19 it runs in their
+/// gaps. Rows still drop (counted) only if the channel fills.
+fn background() {
+    let me = rustix::thread::gettid();
+    if let Err(e) = rustix::process::setpriority_process(Some(me), 19) {
+        tracing::debug!(error = %e, "run store: could not lower the writer's priority");
     }
 }
 

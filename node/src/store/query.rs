@@ -28,10 +28,10 @@ pub enum Query {
     },
 }
 
-const COLUMNS: &str = "SELECT r.run_id, r.session_id, a.name, t.name, r.path, r.op, r.background, r.status, r.code,
+const COLUMNS: &str = "SELECT r.run_id, r.session_id, ro.adapter, ro.target, r.kind, r.status, r.code,
     r.ended_at_ms, r.total_ms, r.start_ms, r.first_byte_ms,
     r.input_tokens, r.output_tokens, r.reasoning_tokens, r.cached_tokens, r.error_class
-    FROM runs r JOIN names a ON a.id = r.adapter JOIN names t ON t.id = r.target";
+    FROM runs r JOIN routes ro ON ro.id = r.route";
 
 /// Runs `q`: `Ok(None)` when `RUN` finds no such id.
 pub(crate) fn answer(conn: &Connection, q: &Query) -> rusqlite::Result<Option<Value>> {
@@ -73,36 +73,36 @@ pub(crate) fn run_sql() -> String {
 
 /// One row as the commands answer it.
 fn to_json(r: &Row<'_>) -> rusqlite::Result<Value> {
-    let ended_at: i64 = r.get(9)?;
-    let queued_at = ended_at - r.get::<_, i64>(10)?;
+    let ended_at: i64 = r.get(7)?;
+    let queued_at = ended_at - r.get::<_, i64>(8)?;
     let at = |offset: Option<i64>| offset.map(|o| queued_at + o);
-    let input: Option<i64> = r.get(13)?;
-    let output: Option<i64> = r.get(14)?;
+    let input: Option<i64> = r.get(11)?;
+    let output: Option<i64> = r.get(12)?;
     let usage = match (input, output) {
         (Some(input), Some(output)) => json!({
             "input": input,
             "output": output,
-            "reasoning": r.get::<_, Option<i64>>(15)?,
-            "cached": r.get::<_, Option<i64>>(16)?,
+            "reasoning": r.get::<_, Option<i64>>(13)?,
+            "cached": r.get::<_, Option<i64>>(14)?,
         }),
         _ => Value::Null,
     };
-    let path: i64 = r.get(4)?;
+    let (path, operation, background) = row::kind_names(r.get(4)?);
     Ok(json!({
         "run_id": r.get::<_, String>(0)?,
         "session_id": r.get::<_, Option<String>>(1)?,
         "adapter": r.get::<_, String>(2)?,
         "target": r.get::<_, String>(3)?,
-        "path": row::Path::name(path),
-        "operation": r.get::<_, Option<i64>>(5)?.map(row::operation_name),
-        "background": r.get::<_, i64>(6)? != 0,
-        "status": Status::name(r.get(7)?),
-        "code": r.get::<_, Option<i64>>(8)?,
+        "path": path,
+        "operation": operation,
+        "background": background,
+        "status": Status::name(r.get(5)?),
+        "code": r.get::<_, Option<i64>>(6)?,
         "queued_at_ms": queued_at,
-        "started_at_ms": at(r.get(11)?),
-        "first_byte_at_ms": at(r.get(12)?),
+        "started_at_ms": at(r.get(9)?),
+        "first_byte_at_ms": at(r.get(10)?),
         "ended_at_ms": ended_at,
         "usage": usage,
-        "error_class": r.get::<_, Option<String>>(17)?,
+        "error_class": r.get::<_, Option<String>>(15)?,
     }))
 }

@@ -13,9 +13,9 @@ use rusqlite::{params, Connection, OptionalExtension};
 pub(crate) const STEP_ROWS: i64 = 5000;
 /// Pages handed back per vacuum step.
 const VACUUM_PAGES: i64 = 2048;
-/// Names are swept of the ones no row uses once they outnumber this (a
+/// Routes are swept of the ones no row uses once they outnumber this (a
 /// sweep reads the whole table; a node has few providers and targets).
-const NAMES_SWEEP_ABOVE: i64 = 4096;
+const ROUTES_SWEEP_ABOVE: i64 = 4096;
 
 /// What to keep.
 #[derive(Debug, Clone, Copy)]
@@ -52,16 +52,13 @@ pub(crate) fn delete_step(conn: &Connection, policy: Policy) -> rusqlite::Result
     conn.execute("DELETE FROM runs WHERE id < ?1", params![keep_from])
 }
 
-/// Forgets names no row uses, once there are many.
-pub(crate) fn sweep_names(conn: &Connection) -> rusqlite::Result<bool> {
-    let names: i64 = conn.query_row("SELECT count(*) FROM names", [], |r| r.get(0))?;
-    if names <= NAMES_SWEEP_ABOVE {
+/// Forgets routes no row uses, once there are many.
+pub(crate) fn sweep_routes(conn: &Connection) -> rusqlite::Result<bool> {
+    let routes: i64 = conn.query_row("SELECT count(*) FROM routes", [], |r| r.get(0))?;
+    if routes <= ROUTES_SWEEP_ABOVE {
         return Ok(false);
     }
-    conn.execute(
-        "DELETE FROM names WHERE id NOT IN (SELECT adapter FROM runs) AND id NOT IN (SELECT target FROM runs)",
-        [],
-    )?;
+    conn.execute("DELETE FROM routes WHERE id NOT IN (SELECT route FROM runs)", [])?;
     Ok(true)
 }
 

@@ -12,25 +12,6 @@ pub enum Path {
     Tunnel,
 }
 
-impl Path {
-    /// Its stored value.
-    pub(crate) fn code(self) -> i64 {
-        match self {
-            Path::Normalized => 0,
-            Path::Tunnel => 1,
-        }
-    }
-
-    /// Its name in query answers.
-    pub(crate) fn name(code: i64) -> &'static str {
-        if code == 1 {
-            "tunnel"
-        } else {
-            "normalized"
-        }
-    }
-}
-
 /// How a stream ended (the edge's run outcomes, by the same names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Status {
@@ -74,22 +55,33 @@ impl Status {
     }
 }
 
-/// What a normalized run asked for; stored as `RunOperation`'s wire
-/// number, which the proto keeps stable.
-pub(crate) fn operation_code(op: crate::run::Operation) -> i64 {
-    match op {
-        crate::run::Operation::Chat => 0,
-        crate::run::Operation::Embeddings => 1,
-        crate::run::Operation::Tokenize => 2,
-    }
+/// `kind`'s low four bits for a tunnel; a normalized run's are its
+/// operation (`RunOperation`'s wire number, which the proto keeps stable).
+const KIND_TUNNEL: i64 = 15;
+/// `kind`'s bit for a background run.
+const KIND_BACKGROUND: i64 = 16;
+
+/// A row's stored `kind`: its path, operation and background flag in one
+/// small integer (one column where there were three: each costs an
+/// insert about as much as a whole integer).
+pub(crate) fn kind_code(path: Path, op: Option<crate::run::Operation>, background: bool) -> i64 {
+    let what = match (path, op) {
+        (Path::Tunnel, _) => KIND_TUNNEL,
+        (Path::Normalized, None | Some(crate::run::Operation::Chat)) => 0,
+        (Path::Normalized, Some(crate::run::Operation::Embeddings)) => 1,
+        (Path::Normalized, Some(crate::run::Operation::Tokenize)) => 2,
+    };
+    what | if background { KIND_BACKGROUND } else { 0 }
 }
 
-/// The name of a stored operation.
-pub(crate) fn operation_name(code: i64) -> &'static str {
-    match code {
-        1 => "embeddings",
-        2 => "tokenize",
-        _ => "chat",
+/// A stored `kind` as the commands answer it: path, operation, background.
+pub(crate) fn kind_names(kind: i64) -> (&'static str, Option<&'static str>, bool) {
+    let background = kind & KIND_BACKGROUND != 0;
+    match kind & KIND_TUNNEL {
+        KIND_TUNNEL => ("tunnel", None, background),
+        1 => ("normalized", Some("embeddings"), background),
+        2 => ("normalized", Some("tokenize"), background),
+        _ => ("normalized", Some("chat"), background),
     }
 }
 
@@ -130,27 +122,6 @@ pub struct RunRow {
     pub usage: Option<Usage>,
     /// The failure's class (`iop_core::exec::codes`), when it failed.
     pub error_class: Option<&'static str>,
-}
-
-impl RunRow {
-    /// A placeholder (what a sent row leaves behind).
-    pub(crate) const EMPTY: RunRow = RunRow {
-        run_id: String::new(),
-        session_id: String::new(),
-        adapter: String::new(),
-        target: String::new(),
-        path: Path::Normalized,
-        operation: None,
-        background: false,
-        status: Status::Cancelled,
-        code: None,
-        queued_at_ms: 0,
-        started_ms: None,
-        first_byte_ms: None,
-        ended_ms: 0,
-        usage: None,
-        error_class: None,
-    };
 }
 
 /// Largest session id kept, in bytes (a longer one is cut at a character

@@ -186,8 +186,8 @@ fn an_older_schema_is_migrated_and_a_newer_one_refused() {
         assert_eq!(schema::migrate(&c, &schema::MIGRATIONS[..1]).unwrap(), 0);
         c.execute_batch(
             "INSERT INTO names (id, name) VALUES (1, 'p'), (2, 'm');
-             INSERT INTO runs (run_id, adapter, target, path, background, status, code, ended_at_ms, total_ms)
-             VALUES ('old-1', 1, 2, 0, 0, 1, 502, 0, 10);",
+             INSERT INTO runs (id, run_id, adapter, target, path, op, background, status, code, ended_at_ms, total_ms)
+             VALUES (7, 'old-1', 1, 2, 0, 0, 0, 1, 502, 0, 10);",
         )
         .unwrap();
         c.execute("UPDATE runs SET ended_at_ms = ?1", [now() as i64]).unwrap();
@@ -202,7 +202,17 @@ fn an_older_schema_is_migrated_and_a_newer_one_refused() {
             r.get(0)
         })
         .unwrap();
-    assert_eq!(index, 1, "the second migration ran");
+    assert_eq!(index, 1, "the second migration's index survived the third");
+    // The third: the names moved to `routes`, the row kept its id and fields.
+    let (id, adapter, target, path, status): (i64, String, String, String, String) = c
+        .query_row("SELECT id, adapter, target, path, status FROM runs_view WHERE run_id = 'old-1'", [], |r| {
+            Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?))
+        })
+        .unwrap();
+    assert_eq!((id, &*adapter, &*target, &*path, &*status), (7, "p", "m", "normalized", "error"));
+    let tables: i64 =
+        c.query_row("SELECT count(*) FROM sqlite_master WHERE name IN ('names', 'runs_v3')", [], |r| r.get(0)).unwrap();
+    assert_eq!(tables, 0);
     let v = query(&store, Query::Run { run_id: "old-1".into() }).unwrap();
     assert_eq!(
         (v["status"].as_str(), v["code"].as_i64(), v["queued_at_ms"].as_i64()),
@@ -226,41 +236,42 @@ fn an_older_schema_is_migrated_and_a_newer_one_refused() {
 fn queries_answer_newest_first_filtered_and_bounded() {
     let d = dir("query");
     let store = Store::open_with(&settings(&d), tuning()).unwrap();
-    for n in 0..10 {
+    // 32 rows in one batch: two packed statements (`writer::PACK`).
+    for n in 0..30 {
         store.record(row(n, 0));
     }
-    let mut failed = row(10, 0);
+    let mut failed = row(30, 0);
     (failed.status, failed.code, failed.usage, failed.error_class) =
         (Status::Error, Some(429), None, Some(iop_core::exec::codes::CAPACITY));
     failed.started_ms = None;
     failed.first_byte_ms = None;
     store.record(failed);
-    let mut cancelled = row(11, 0);
+    let mut cancelled = row(31, 0);
     (cancelled.status, cancelled.code) = (Status::Cancelled, None);
     store.record(cancelled);
     let ids = |v: &Value| -> Vec<String> {
         v["runs"].as_array().unwrap().iter().map(|r| r["run_id"].as_str().unwrap().to_owned()).collect()
     };
     let all = query(&store, Query::Runs { limit: 3, status: None }).unwrap();
-    assert_eq!(ids(&all), [row(11, 0).run_id, row(10, 0).run_id, row(9, 0).run_id]);
+    assert_eq!(ids(&all), [row(31, 0).run_id, row(30, 0).run_id, row(29, 0).run_id]);
     let errors = query(&store, Query::Runs { limit: 50, status: Some(Status::Error) }).unwrap();
-    assert_eq!(ids(&errors), [row(10, 0).run_id]);
+    assert_eq!(ids(&errors), [row(30, 0).run_id]);
     let complete = query(&store, Query::Runs { limit: 500, status: Some(Status::Complete) }).unwrap();
-    assert_eq!(ids(&complete).len(), 10);
+    assert_eq!(ids(&complete).len(), 30);
     let cancelled = query(&store, Query::Runs { limit: 50, status: Some(Status::Cancelled) }).unwrap();
-    assert_eq!(ids(&cancelled), [row(11, 0).run_id]);
-    // A limit beyond the bound is clamped.
+    assert_eq!(ids(&cancelled), [row(31, 0).run_id]);
+    // A limit beyond the bound is clamped; every row, in order.
     let many = query(&store, Query::Runs { limit: 10_000, status: None }).unwrap();
-    assert_eq!(ids(&many).len(), 12);
+    assert_eq!(ids(&many), (0..32).rev().map(|n| row(n, 0).run_id).collect::<Vec<_>>());
 
     // Every field, as the edge receives it.
-    let r = row(10, 0);
+    let r = row(30, 0);
     let v = query(&store, Query::Run { run_id: r.run_id.clone() }).unwrap();
     let queued = r.queued_at_ms as i64;
     assert_eq!(
         v,
         json!({
-            "run_id": r.run_id, "session_id": null, "adapter": "vllm-0", "target": "Qwen/Qwen2.5-7B-Instruct",
+            "run_id": r.run_id, "session_id": "sess-10", "adapter": "vllm-0", "target": "Qwen/Qwen2.5-7B-Instruct",
             "path": "normalized", "operation": "chat", "background": false, "status": "error", "code": 429,
             "queued_at_ms": queued, "started_at_ms": null, "first_byte_at_ms": null, "ended_at_ms": queued + 1500,
             "usage": null, "error_class": "capacity",
@@ -343,4 +354,19 @@ fn the_status_filter_reads_the_partial_index_and_a_run_scans_newest_first() {
     assert!(!p.contains("TEMP B-TREE"), "newest first without a sort: {p}");
     let p = plan(&super::query::run_sql());
     assert!(!p.contains("TEMP B-TREE"), "newest first without a sort: {p}");
+}
+
+#[test]
+fn a_kind_holds_path_operation_and_background() {
+    use super::row::{kind_code, kind_names};
+    let cases = [
+        (Path::Tunnel, None, false, ("tunnel", None, false)),
+        (Path::Tunnel, None, true, ("tunnel", None, true)),
+        (Path::Normalized, Some(Operation::Chat), false, ("normalized", Some("chat"), false)),
+        (Path::Normalized, Some(Operation::Embeddings), true, ("normalized", Some("embeddings"), true)),
+        (Path::Normalized, Some(Operation::Tokenize), false, ("normalized", Some("tokenize"), false)),
+    ];
+    for (path, op, background, names) in cases {
+        assert_eq!(kind_names(kind_code(path, op, background)), names, "{path:?} {op:?} {background}");
+    }
 }

@@ -30,8 +30,9 @@ enum Prune {
 
 pub(crate) struct Writer {
     conn: Connection,
-    /// Name → id in `names`, as committed.
-    names: HashMap<String, i64>,
+    routes: Routes,
+    /// [`INSERT`] for [`PACK`] rows.
+    insert_packed: String,
     stats: Arc<Stats>,
     tuning: Tuning,
     max_age: Duration,
@@ -48,7 +49,8 @@ impl Writer {
     pub(crate) fn new(conn: Connection, stats: Arc<Stats>, tuning: Tuning, max_age: Duration, max_rows: u64) -> Self {
         Self {
             conn,
-            names: HashMap::new(),
+            routes: Routes::default(),
+            insert_packed: packed_insert(PACK),
             stats,
             tuning,
             max_age,
@@ -139,7 +141,7 @@ impl Writer {
             }
             Err(e) => {
                 // Ids handed out inside the rolled-back transaction are void.
-                self.names.clear();
+                self.routes.clear();
                 self.stats.failed.fetch_add(n, Ordering::Relaxed);
                 crate::metrics::store_rows(crate::metrics::StoreRows::Failed, n);
                 self.log_failure("writing a batch", &e);
@@ -151,14 +153,22 @@ impl Writer {
     fn insert(&mut self, batch: &[RunRow]) -> rusqlite::Result<()> {
         let tx = self.conn.transaction()?;
         {
-            // One statement per row, bound in place: measured cheaper than
-            // rows packed many to a statement (SQLite then runs a larger
-            // program per row) and than binding through `params!`.
+            // Rows bound in place, [`PACK`] to a statement: a statement's
+            // own work (its cursor, its start and end) is then paid once
+            // for all of them; the rest one at a time.
+            let mut packs = batch.chunks_exact(PACK);
+            let mut stmt = tx.prepare_cached(&self.insert_packed)?;
+            for pack in &mut packs {
+                for (i, r) in pack.iter().enumerate() {
+                    let route = self.routes.id(&tx, &r.adapter, &r.target)?;
+                    bind_row(&mut stmt, i * COLUMNS, r, route)?;
+                }
+                stmt.raw_execute()?;
+            }
             let mut stmt = tx.prepare_cached(INSERT)?;
-            for r in batch {
-                let adapter = name_id(&tx, &mut self.names, &r.adapter)?;
-                let target = name_id(&tx, &mut self.names, &r.target)?;
-                bind_row(&mut stmt, r, adapter, target)?;
+            for r in packs.remainder() {
+                let route = self.routes.id(&tx, &r.adapter, &r.target)?;
+                bind_row(&mut stmt, 0, r, route)?;
                 stmt.raw_execute()?;
             }
         }
@@ -195,8 +205,8 @@ impl Writer {
                     if !self.deleted {
                         return Ok(Prune::Idle);
                     }
-                    if retention::sweep_names(&self.conn)? {
-                        self.names.clear();
+                    if retention::sweep_routes(&self.conn)? {
+                        self.routes.clear();
                     }
                     Ok(Prune::Vacuuming)
                 })
@@ -232,52 +242,112 @@ impl Writer {
     }
 }
 
-/// The id of `name` in `names`, added when new.
-fn name_id(tx: &Transaction<'_>, cache: &mut HashMap<String, i64>, name: &str) -> rusqlite::Result<i64> {
-    if let Some(id) = cache.get(name) {
-        return Ok(*id);
-    }
-    let found: Option<i64> = {
-        let mut stmt = tx.prepare_cached("SELECT id FROM names WHERE name = ?1")?;
-        rusqlite::OptionalExtension::optional(stmt.query_row(params![name], |r| r.get(0)))?
-    };
-    let id = match found {
-        Some(id) => id,
-        None => {
-            tx.prepare_cached("INSERT INTO names (name) VALUES (?1)")?.execute(params![name])?;
-            tx.last_insert_rowid()
-        }
-    };
-    cache.insert(name.to_owned(), id);
-    Ok(id)
+/// Route ids (a provider and a target) as committed. A node's runs
+/// mostly go the way the last one went: that route is compared first,
+/// without hashing.
+#[derive(Default)]
+struct Routes {
+    ids: HashMap<String, HashMap<String, i64>>,
+    last: Option<(String, String, i64)>,
 }
 
-/// One row of `runs`.
-const INSERT: &str = "INSERT INTO runs (run_id, session_id, adapter, target, path, op, background, status, code, \
-    ended_at_ms, total_ms, start_ms, first_byte_ms, input_tokens, output_tokens, reasoning_tokens, cached_tokens, \
-    error_class) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18)";
+impl Routes {
+    /// The id of `adapter` and `target` in `routes`, added when new.
+    fn id(&mut self, tx: &Transaction<'_>, adapter: &str, target: &str) -> rusqlite::Result<i64> {
+        if let Some((a, t, id)) = &self.last {
+            if a == adapter && t == target {
+                return Ok(*id);
+            }
+        }
+        let id = match self.ids.get(adapter).and_then(|m| m.get(target)) {
+            Some(id) => *id,
+            None => {
+                let id = route_id(tx, adapter, target)?;
+                self.ids.entry(adapter.to_owned()).or_default().insert(target.to_owned(), id);
+                id
+            }
+        };
+        // The last route's buffers are reused: no allocation when runs alternate.
+        let (a, t, last) = self.last.get_or_insert_with(Default::default);
+        a.clear();
+        a.push_str(adapter);
+        t.clear();
+        t.push_str(target);
+        *last = id;
+        Ok(id)
+    }
 
-/// Binds row `r` to [`INSERT`]'s parameters.
-fn bind_row(stmt: &mut rusqlite::CachedStatement<'_>, r: &RunRow, adapter: i64, target: i64) -> rusqlite::Result<()> {
+    fn clear(&mut self) {
+        self.ids.clear();
+        self.last = None;
+    }
+}
+
+/// The id of a route in the file, added when new.
+fn route_id(tx: &Transaction<'_>, adapter: &str, target: &str) -> rusqlite::Result<i64> {
+    let found: Option<i64> = {
+        let mut stmt = tx.prepare_cached("SELECT id FROM routes WHERE adapter = ?1 AND target = ?2")?;
+        rusqlite::OptionalExtension::optional(stmt.query_row(params![adapter, target], |r| r.get(0)))?
+    };
+    match found {
+        Some(id) => Ok(id),
+        None => {
+            tx.prepare_cached("INSERT INTO routes (adapter, target) VALUES (?1, ?2)")?
+                .execute(params![adapter, target])?;
+            Ok(tx.last_insert_rowid())
+        }
+    }
+}
+
+/// Rows per execution of the packed insert. Measured (callgrind, 15
+/// columns): ~6100 instructions a row one to a statement, ~4900 at 16,
+/// ~4800 at 32.
+const PACK: usize = 16;
+
+/// The columns of a row, in [`INSERT`]'s order.
+const COLUMNS: usize = 15;
+
+/// One row of `runs`.
+const INSERT: &str = "INSERT INTO runs (run_id, session_id, route, kind, status, code, error_class, ended_at_ms, \
+    total_ms, start_ms, first_byte_ms, input_tokens, output_tokens, reasoning_tokens, cached_tokens) \
+    VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15)";
+
+/// [`INSERT`] for `rows` rows.
+fn packed_insert(rows: usize) -> String {
+    let (head, _) = INSERT.split_at(INSERT.find("VALUES").unwrap_or(INSERT.len()));
+    let mut sql = format!("{head}VALUES ");
+    for r in 0..rows {
+        sql.push_str(if r == 0 { "(" } else { ", (" });
+        for c in 1..=COLUMNS {
+            if c > 1 {
+                sql.push_str(", ");
+            }
+            sql.push('?');
+            sql.push_str(&(r * COLUMNS + c).to_string());
+        }
+        sql.push(')');
+    }
+    sql
+}
+
+/// Binds row `r` to the parameters after `at` (the row's first is `at + 1`).
+fn bind_row(stmt: &mut rusqlite::CachedStatement<'_>, at: usize, r: &RunRow, route: i64) -> rusqlite::Result<()> {
     let usage = r.usage.as_ref();
-    stmt.raw_bind_parameter(1, r.run_id.as_str())?;
-    stmt.raw_bind_parameter(2, (!r.session_id.is_empty()).then_some(r.session_id.as_str()))?;
-    stmt.raw_bind_parameter(3, adapter)?;
-    stmt.raw_bind_parameter(4, target)?;
-    stmt.raw_bind_parameter(5, r.path.code())?;
-    stmt.raw_bind_parameter(6, r.operation.map(row::operation_code))?;
-    stmt.raw_bind_parameter(7, i64::from(r.background))?;
-    stmt.raw_bind_parameter(8, r.status.code())?;
-    stmt.raw_bind_parameter(9, r.code)?;
-    stmt.raw_bind_parameter(10, sat(r.queued_at_ms.saturating_add(r.ended_ms)))?;
-    stmt.raw_bind_parameter(11, sat(r.ended_ms))?;
-    stmt.raw_bind_parameter(12, r.started_ms.map(sat))?;
-    stmt.raw_bind_parameter(13, r.first_byte_ms.map(sat))?;
-    stmt.raw_bind_parameter(14, usage.map(|u| sat(u.input_tokens)))?;
-    stmt.raw_bind_parameter(15, usage.map(|u| sat(u.output_tokens)))?;
-    stmt.raw_bind_parameter(16, usage.and_then(|u| u.reasoning_tokens).map(sat))?;
-    stmt.raw_bind_parameter(17, usage.and_then(|u| u.cached_input_tokens).map(sat))?;
-    stmt.raw_bind_parameter(18, r.error_class)
+    stmt.raw_bind_parameter(at + 1, r.run_id.as_str())?;
+    stmt.raw_bind_parameter(at + 2, (!r.session_id.is_empty()).then_some(r.session_id.as_str()))?;
+    stmt.raw_bind_parameter(at + 3, route)?;
+    stmt.raw_bind_parameter(at + 4, row::kind_code(r.path, r.operation, r.background))?;
+    stmt.raw_bind_parameter(at + 5, r.status.code())?;
+    stmt.raw_bind_parameter(at + 6, r.code)?;
+    stmt.raw_bind_parameter(at + 7, r.error_class)?;
+    stmt.raw_bind_parameter(at + 8, sat(r.queued_at_ms.saturating_add(r.ended_ms)))?;
+    stmt.raw_bind_parameter(at + 9, sat(r.ended_ms))?;
+    stmt.raw_bind_parameter(at + 10, r.started_ms.map(sat))?;
+    stmt.raw_bind_parameter(at + 11, r.first_byte_ms.map(sat))?;
+    stmt.raw_bind_parameter(at + 12, usage.map(|u| sat(u.input_tokens)))?;
+    stmt.raw_bind_parameter(at + 13, usage.map(|u| sat(u.output_tokens)))?;
+    stmt.raw_bind_parameter(at + 14, usage.and_then(|u| u.reasoning_tokens).map(sat))?;
+    stmt.raw_bind_parameter(at + 15, usage.and_then(|u| u.cached_input_tokens).map(sat))
 }
 
 /// SQLite integers are signed.
