@@ -287,7 +287,7 @@ def targets(agg, workers):
         # loadtest/README.md).
         for sid in ("S1", "S2"):
             row, req = agg.value(sid, s, w, "store_us_row"), agg.value(sid, s, w, "cpu_us_req")
-            if row is not None and req:
+            if row is not None and req and agg.value(sid, off, w, "req_s") is not None:
                 share = row / req * 100
                 out.append((sid, "store on: writer thread CPU ≤ 3% of the system's", s,
                             "%.1f%% (%s µs a run)" % (share, fmt(row)), verdict(share <= 3.0)))
