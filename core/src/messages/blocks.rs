@@ -3,13 +3,16 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, value::RawValue, Map, Value};
 
 use super::{
-    read::{array, block, boolean, invalid, object, required, shown, string, take, Dropped, Path},
+    read::{block, boolean, invalid, object, required, shown, string, take, Dropped, Path},
     request::{Invalid, Limits},
 };
-use crate::translate::image;
+use crate::translate::{
+    image,
+    top::{self, Body},
+};
 
 /// Text blocks of one message (or of `system`) become one string joined
 /// with this, as the node joins text parts for Ollama (and vLLM for its
@@ -48,56 +51,94 @@ pub(super) struct Ctx<'l> {
     pub(super) dropped: Dropped,
 }
 
-/// `system` as the text of one leading system message; `None` when empty.
-pub(super) fn system(v: Value, ctx: &mut Ctx<'_>) -> Result<Option<String>, Invalid> {
+/// `system` as one leading system message, none when empty. A string is
+/// carried as it was sent.
+pub(super) fn system(raw: &RawValue, ctx: &mut Ctx<'_>, out: &mut Body) -> Result<(), Invalid> {
     let at = Path::top("system");
-    let text = match v {
-        Value::String(s) => s,
-        Value::Array(blocks) => {
-            let mut texts = Vec::with_capacity(blocks.len());
-            for (k, b) in blocks.into_iter().enumerate() {
-                let bat = at.index(k);
-                let (kind, mut b) = block(b, bat, &mut ctx.dropped)?;
-                if kind != "text" {
-                    return Err(invalid(bat.key("type"), "system blocks must be of type \"text\""));
-                }
-                texts.push(text(&mut b, bat)?);
-                ctx.dropped.rest(b, "text");
-            }
-            texts.join(TEXT_JOIN)
+    if top::is_string(raw) {
+        if raw.get() != "\"\"" {
+            text_message(out, "system", raw)?;
         }
-        _ => return Err(invalid(at, "must be a string or an array of text blocks")),
+        return Ok(());
+    }
+    let Value::Array(blocks) = top::tree(raw)? else {
+        return Err(invalid(at, "must be a string or an array of text blocks"));
     };
-    Ok((!text.is_empty()).then_some(text))
+    let mut texts = Vec::with_capacity(blocks.len());
+    for (k, b) in blocks.into_iter().enumerate() {
+        let bat = at.index(k);
+        let (kind, mut b) = block(b, bat, &mut ctx.dropped)?;
+        if kind != "text" {
+            return Err(invalid(bat.key("type"), "system blocks must be of type \"text\""));
+        }
+        texts.push(text(&mut b, bat)?);
+        ctx.dropped.rest(b, "text");
+    }
+    let text = texts.join(TEXT_JOIN);
+    if !text.is_empty() {
+        out.element().value(&json!({"role": "system", "content": text}));
+    }
+    Ok(())
+}
+
+/// A message whose content is a string, carried as it was sent.
+fn text_message(out: &mut Body, role: &str, content: &RawValue) -> Result<(), Invalid> {
+    out.element().bytes(b"{\"role\":\"");
+    out.bytes(role.as_bytes());
+    out.bytes(b"\",\"content\":");
+    out.raw_string(content)?;
+    out.bytes(b"}");
+    Ok(())
 }
 
 /// A `tool_use` asked by the previous assistant message and not answered
 /// yet: where it sits (message, block).
 type Pending = HashMap<String, (usize, usize)>;
 
-/// `messages` appended to `out` as OpenAI chat messages.
-pub(super) fn messages(v: Value, ctx: &mut Ctx<'_>, out: &mut Vec<Value>) -> Result<(), Invalid> {
+/// `messages` written into the open array of `out` as OpenAI chat messages.
+pub(super) fn messages(raw: &RawValue, ctx: &mut Ctx<'_>, out: &mut Body) -> Result<(), Invalid> {
     let at = Path::top("messages");
-    let list = array(v, at)?;
+    if !top::is_array(raw) {
+        return Err(invalid(at, "must be an array"));
+    }
+    // One pass reads the messages and their fields (a message's text is
+    // read once more, when it is copied).
+    let list = top::objects(raw)?;
     if list.is_empty() {
         return Err(invalid(at, "at least one message is required"));
     }
-    out.reserve(list.len());
     let mut pending = Pending::new();
+    // The chat messages of one message with blocks (a user message's tool
+    // results become messages of their own).
+    let mut built = Vec::new();
     for (i, m) in list.into_iter().enumerate() {
         let mat = at.index(i);
-        let mut m = object(m, mat)?;
-        let role = string(required(&mut m, "role", mat)?, mat.key("role"))?;
-        let content = required(&mut m, "content", mat)?;
-        ctx.dropped.rest(m, "message");
+        let Some(mut m) = m else {
+            return Err(invalid(mat, "must be an object"));
+        };
+        let role = m.take("role")?.ok_or_else(|| invalid(mat.key("role"), "field required"))?;
+        let role = string(role, mat.key("role"))?;
+        let content = m.take_raw("content").ok_or_else(|| invalid(mat.key("content"), "field required"))?;
+        for key in m.rest() {
+            ctx.dropped.add(&format!("message.{}", shown(&key)));
+        }
         match role.as_str() {
             "user" => {
-                user(i, content, &mut pending, ctx, out)?;
+                if top::is_string(content) {
+                    text_message(out, "user", content)?;
+                } else {
+                    user(i, content_blocks(content, mat)?, &mut pending, ctx, &mut built)?;
+                }
                 unanswered(&pending)?;
             }
             "assistant" => {
                 unanswered(&pending)?;
-                pending = assistant(i, content, ctx, out)?;
+                if top::is_string(content) {
+                    text_message(out, "assistant", content)?;
+                    pending.clear();
+                } else {
+                    pending = assistant(i, content_blocks(content, mat)?, ctx, &mut built)?;
+                }
             }
             other => {
                 return Err(invalid(
@@ -106,9 +147,20 @@ pub(super) fn messages(v: Value, ctx: &mut Ctx<'_>, out: &mut Vec<Value>) -> Res
                 ))
             }
         }
+        for v in built.drain(..) {
+            out.element().value(&v);
+        }
     }
     // Anthropic (and OpenAI) refuse a tool call left without its result.
     unanswered(&pending)
+}
+
+/// A message's content that is not a string: its blocks.
+fn content_blocks(content: &RawValue, mat: Path<'_>) -> Result<Vec<Value>, Invalid> {
+    match top::tree(content)? {
+        Value::Array(blocks) => Ok(blocks),
+        _ => Err(invalid(mat.key("content"), "must be a string or an array of content blocks")),
+    }
 }
 
 /// Refuses the first `tool_use` (by position) still without a result.
@@ -137,7 +189,7 @@ enum Part {
 /// message. Answered calls are taken out of `pending`.
 fn user(
     i: usize,
-    content: Value,
+    blocks: Vec<Value>,
     pending: &mut Pending,
     ctx: &mut Ctx<'_>,
     out: &mut Vec<Value>,
@@ -145,14 +197,6 @@ fn user(
     let msgs = Path::top("messages");
     let mi = msgs.index(i);
     let at = mi.key("content");
-    let blocks = match content {
-        Value::String(s) => {
-            out.push(json!({"role": "user", "content": s}));
-            return Ok(());
-        }
-        Value::Array(blocks) => blocks,
-        _ => return Err(invalid(at, "must be a string or an array of content blocks")),
-    };
     let mut parts = Vec::new();
     let mut answered = HashSet::new();
     for (j, b) in blocks.into_iter().enumerate() {
@@ -216,18 +260,10 @@ fn user_content(parts: Vec<Part>) -> Value {
 
 /// An assistant message: text as its `content`, `tool_use` blocks as its
 /// `tool_calls`. Returns the calls the next message must answer.
-fn assistant(i: usize, content: Value, ctx: &mut Ctx<'_>, out: &mut Vec<Value>) -> Result<Pending, Invalid> {
+fn assistant(i: usize, blocks: Vec<Value>, ctx: &mut Ctx<'_>, out: &mut Vec<Value>) -> Result<Pending, Invalid> {
     let msgs = Path::top("messages");
     let mi = msgs.index(i);
     let at = mi.key("content");
-    let blocks = match content {
-        Value::String(s) => {
-            out.push(json!({"role": "assistant", "content": s}));
-            return Ok(Pending::new());
-        }
-        Value::Array(blocks) => blocks,
-        _ => return Err(invalid(at, "must be a string or an array of content blocks")),
-    };
     let mut texts = Vec::new();
     let mut calls = Vec::new();
     let mut asked = Pending::new();

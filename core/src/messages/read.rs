@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 pub(super) use crate::translate::read::{
-    array, boolean, count, invalid, number, object, required, required_top, shown, string, take, Dropped, Path,
+    array, boolean, count, invalid, number, object, required, shown, string, take, Dropped, Path,
 };
 use crate::translate::Invalid;
 

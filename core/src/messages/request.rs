@@ -1,16 +1,14 @@
-//! [`to_chat`]: the top level of a Messages request, read as a JSON tree
+//! [`to_chat`]: the top level of a Messages request, its fields read as sent
 //! (duplicate keys refused), and the fields that tune the answer.
 
 use serde_json::{json, Map, Value};
 
 use super::{
     blocks::{self, Ctx},
-    read::{
-        array, boolean, count, invalid, number, object, required, required_top, shown, string, take, Dropped, Path,
-    },
+    read::{array, boolean, count, invalid, number, object, required, shown, string, take, Dropped, Path},
     tools,
 };
-use crate::translate::top::{self, read_top};
+use crate::translate::top::{Body, Fields};
 pub use crate::translate::Invalid;
 
 /// A Messages request translated onto an OpenAI chat-completions body.
@@ -53,38 +51,39 @@ const SERVER_ONLY: &[&str] = &["context_management", "container", "mcp_servers",
 /// The OpenAI chat-completions body for the Messages request `body`, with
 /// `model` = `target_model`.
 pub fn to_chat(body: &[u8], target_model: &str, limits: &Limits) -> Result<Translated, Invalid> {
-    let mut top = read_top(body)?;
+    let mut top = Fields::top(body)?;
     let mut ctx = Ctx { limits, dropped: Dropped::default() };
-    let mut out = Map::new();
+    // The messages are most of the body and are written as they were sent.
+    let mut out = Body::new(body.len() + 128);
 
-    string(required_top(&mut top, "model")?, Path::top("model"))?;
-    out.insert("model".into(), target_model.into());
-    let max_tokens = count(required_top(&mut top, "max_tokens")?, Path::top("max_tokens"))
+    string(required_top(top.take("model")?, "model")?, Path::top("model"))?;
+    out.key("model").str(target_model);
+    let max_tokens = count(required_top(top.take("max_tokens")?, "max_tokens")?, Path::top("max_tokens"))
         .ok()
         .filter(|n| *n > 0)
         .ok_or_else(|| invalid(Path::top("max_tokens"), "must be a positive integer"))?;
-    out.insert("max_tokens".into(), max_tokens.into());
+    out.key("max_tokens").u64(max_tokens);
 
-    let mut messages = Vec::new();
-    let messages_value = required_top(&mut top, "messages")?;
-    if let Some(system) = take(&mut top, "system") {
-        if let Some(text) = blocks::system(system, &mut ctx)? {
-            messages.push(json!({"role": "system", "content": text}));
-        }
+    let messages = top.take_raw("messages").ok_or_else(|| invalid(Path::top("messages"), "field required"))?;
+    out.key("messages").open_array();
+    if let Some(system) = top.take_raw("system") {
+        blocks::system(system, &mut ctx, &mut out)?;
     }
-    blocks::messages(messages_value, &mut ctx, &mut messages)?;
-    out.insert("messages".into(), Value::Array(messages));
+    blocks::messages(messages, &mut ctx, &mut out)?;
+    out.close_array();
 
-    let stream = take(&mut top, "stream").map(|v| boolean(v, Path::top("stream"))).transpose()?.unwrap_or(false);
+    // The fields that tune the answer, few and small: a tree.
+    let mut tune = Map::new();
+    let stream = top.take("stream")?.map(|v| boolean(v, Path::top("stream"))).transpose()?.unwrap_or(false);
     if stream {
-        out.insert("stream".into(), true.into());
+        tune.insert("stream".into(), true.into());
         // The edge accounts usage, which a stream only reports when asked.
-        out.insert("stream_options".into(), json!({"include_usage": true}));
+        tune.insert("stream_options".into(), json!({"include_usage": true}));
     }
 
-    tools::tools(take(&mut top, "tools"), take(&mut top, "tool_choice"), &mut ctx.dropped, &mut out)?;
+    tools::tools(top.take("tools")?, top.take("tool_choice")?, &mut ctx.dropped, &mut tune)?;
 
-    let stop_sequences = match take(&mut top, "stop_sequences") {
+    let stop_sequences = match top.take("stop_sequences")? {
         None => Vec::new(),
         Some(v) => {
             let at = Path::top("stop_sequences");
@@ -97,47 +96,50 @@ pub fn to_chat(body: &[u8], target_model: &str, limits: &Limits) -> Result<Trans
         }
     };
     if !stop_sequences.is_empty() {
-        out.insert("stop".into(), stop_sequences.clone().into());
+        tune.insert("stop".into(), stop_sequences.clone().into());
     }
 
     for key in ["temperature", "top_p"] {
-        if let Some(v) = take(&mut top, key) {
-            out.insert(key.into(), number(v, Path::top(key))?);
+        if let Some(v) = top.take(key)? {
+            tune.insert(key.into(), number(v, Path::top(key))?);
         }
     }
-    if let Some(v) = take(&mut top, "top_k") {
-        out.insert("top_k".into(), count(v, Path::top("top_k"))?.into());
+    if let Some(v) = top.take("top_k")? {
+        tune.insert("top_k".into(), count(v, Path::top("top_k"))?.into());
     }
 
-    if let Some(v) = take(&mut top, "metadata") {
-        metadata(v, &mut ctx.dropped, &mut out)?;
+    if let Some(v) = top.take("metadata")? {
+        metadata(v, &mut ctx.dropped, &mut tune)?;
     }
 
-    let thinking = reasoning(take(&mut top, "thinking"), take(&mut top, "output_config"), &mut ctx.dropped, &mut out)?;
+    let thinking = reasoning(top.take("thinking")?, top.take("output_config")?, &mut ctx.dropped, &mut tune)?;
     // The structured-outputs beta's name for `output_config.format`.
-    if let Some(v) = take(&mut top, "output_format") {
-        if out.contains_key("response_format") {
+    if let Some(v) = top.take("output_format")? {
+        if tune.contains_key("response_format") {
             ctx.dropped.add("output_format");
         } else {
-            out.insert("response_format".into(), response_format(v, Path::top("output_format"), &mut ctx.dropped)?);
+            tune.insert("response_format".into(), response_format(v, Path::top("output_format"), &mut ctx.dropped)?);
         }
     }
 
     for key in SERVER_ONLY {
-        if take(&mut top, key).is_some() {
+        if top.take_raw(key).is_some() {
             ctx.dropped.add(key);
         }
     }
     // Unknown fields are left out, never refused: a newer client's extras
     // must not fail its request.
-    for (key, v) in top {
-        if !v.is_null() {
-            ctx.dropped.add(shown(&key));
-        }
+    for key in top.rest() {
+        ctx.dropped.add(shown(&key));
     }
 
-    let body = top::write(out)?;
-    Ok(Translated { body, stream, dropped: ctx.dropped.into_vec(), thinking, stop_sequences })
+    out.members(&tune);
+    Ok(Translated { body: out.finish(), stream, dropped: ctx.dropped.into_vec(), thinking, stop_sequences })
+}
+
+/// A required top-level field's value.
+fn required_top(v: Option<Value>, key: &str) -> Result<Value, Invalid> {
+    v.ok_or_else(|| invalid(Path::top(key), "field required"))
 }
 
 /// `metadata.user_id` as `user`; other keys (Anthropic knows none) left

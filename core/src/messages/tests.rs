@@ -493,3 +493,42 @@ fn long_client_strings_are_cut_in_messages_and_names() {
     let e = refuse_json(&req(json!({"messages": [{"role": "user", "content": [{"type": long}]}]})));
     assert!(e.message.len() < 150, "{e}");
 }
+
+#[test]
+fn string_contents_are_carried_as_sent_and_escapes_still_checked() {
+    // Escapes other than `\u` are copied as written; `\u` ones are read.
+    let raw = br#"{"model":"m","max_tokens":5,"system":"be \"brief\"\n","messages":[
+        {"role":"user","content":"caf\u00e9 \ud83d\ude00"},
+        {"role":"assistant","content":"ok\t a\\b\/c"},
+        {"role":"user","content":"", "role":"user"}]}"#;
+    let t = to_chat(raw, "target", &Limits::default()).unwrap();
+    let sent: Value = serde_json::from_slice(&t.body).unwrap();
+    assert_eq!(
+        sent["messages"],
+        json!([
+            {"role": "system", "content": "be \"brief\"\n"},
+            {"role": "user", "content": "café 😀"},
+            {"role": "assistant", "content": "ok\t a\\b/c"},
+            {"role": "user", "content": ""},
+        ])
+    );
+    assert!(t.body.windows(7).any(|w| w == br#"a\\b\/c"#), "copied as written");
+    // A lone surrogate is refused as a JSON tree refuses it.
+    for content in [r#""\ud800""#, r#""x\udc00y""#] {
+        let raw = format!(r#"{{"model":"m","max_tokens":5,"messages":[{{"role":"user","content":{content}}}]}}"#);
+        let e = refuse(raw.as_bytes());
+        assert_eq!((e.status, e.param.as_str()), (400, ""), "{content}: {e}");
+    }
+    // A raw control character or invalid UTF-8 in a string is refused.
+    for content in [&b"\"a\nb\""[..], b"\"a\xffb\""] {
+        let mut raw = br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"#.to_vec();
+        raw.extend_from_slice(content);
+        raw.extend_from_slice(b"}]}");
+        assert_eq!(refuse(&raw).status, 400, "{}", String::from_utf8_lossy(content));
+    }
+    // An empty system string adds no message; nesting too deep is refused.
+    let t = body(&req(json!({"system": ""})));
+    assert_eq!(t["messages"].as_array().unwrap().len(), 1);
+    let deep = format!(r#"{{"model":"m","max_tokens":5,"messages":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
+    assert_eq!(refuse(deep.as_bytes()).status, 400);
+}

@@ -1,13 +1,13 @@
-//! [`to_chat`]: the top level of a Responses request, read as a JSON tree
+//! [`to_chat`]: the top level of a Responses request, its fields read as sent
 //! (duplicate keys refused), the fields that tune the answer, and what the
 //! response echoes.
 
-use serde_json::{json, Map, Value};
+use serde_json::{json, value::RawValue, Map, Value};
 
 use super::{items, names::Names, tools, tune};
 use crate::translate::{
-    read::{array, boolean, count, invalid, number, object, required_top, shown, string, take, Dropped, Path},
-    top::{self, read_top},
+    read::{array, boolean, count, invalid, number, object, shown, string, Dropped, Path},
+    top::{self, Body, Fields},
     Invalid,
 };
 
@@ -48,15 +48,17 @@ pub struct Echo {
     pub top_p: Option<f64>,
     /// Default `true`.
     pub parallel_tool_calls: bool,
-    /// As sent; default `"auto"`.
+    /// As sent; `null` when not sent (the response says `"auto"`).
     pub tool_choice: Value,
-    /// As sent; default `[]`.
+    /// As sent; `null` when not sent (the response says `[]`).
     pub tools: Value,
-    /// As sent, `format` defaulting to `{"type":"text"}`.
+    /// As sent, `format` defaulting to `{"type":"text"}`; `null` when not
+    /// sent (the response says `{"format":{"type":"text"}}`).
     pub text: Value,
-    /// `{"effort": .., "summary": ..}`, `null` where not given.
+    /// `{"effort": .., "summary": ..}`, `null` where not given; `null`
+    /// when not sent (the response says `{"effort":null,"summary":null}`).
     pub reasoning: Value,
-    /// As sent; default `{}`.
+    /// As sent; `null` when not sent (the response says `{}`).
     pub metadata: Value,
     /// Always `false`: `store: true` is refused.
     pub store: bool,
@@ -94,15 +96,19 @@ const SERVICE_ONLY: &[&str] =
 /// The OpenAI chat-completions body for the Responses request `body`, with
 /// `model` = `target_model`.
 pub fn to_chat(body: &[u8], target_model: &str, opts: &Options) -> Result<Translated, Invalid> {
-    let mut top = read_top(body)?;
+    let mut top = Fields::top(body)?;
+    // The input is most of the body; a string is written as it was sent.
+    let mut body_out = Body::new(body.len() + 128);
+    // The fields that tune the answer, few and small: a tree.
     let mut out = Map::new();
 
-    string(required_top(&mut top, "model")?, Path::top("model"))?;
-    out.insert("model".into(), target_model.into());
+    let model = top.take("model")?.ok_or_else(|| invalid(Path::top("model"), "field required"))?;
+    string(model, Path::top("model"))?;
+    body_out.key("model").str(target_model);
 
     // Refused before anything else: answering without the state they name
     // would answer another question.
-    let store = take(&mut top, "store").map(|v| boolean(v, Path::top("store"))).transpose()?.unwrap_or(false);
+    let store = top.take("store")?.map(|v| boolean(v, Path::top("store"))).transpose()?.unwrap_or(false);
     if store {
         return Err(invalid(
             Path::top("store"),
@@ -119,7 +125,7 @@ pub fn to_chat(body: &[u8], target_model: &str, opts: &Options) -> Result<Transl
         ));
     }
     for key in ["conversation", "prompt"] {
-        if take(&mut top, key).is_some() {
+        if top.take_raw(key).is_some() {
             return Err(invalid(
                 Path::top(key),
                 "this gateway keeps no conversations or prompts; send their items in `input` and `instructions`",
@@ -127,7 +133,7 @@ pub fn to_chat(body: &[u8], target_model: &str, opts: &Options) -> Result<Transl
         }
     }
 
-    let stream = take(&mut top, "stream").map(|v| boolean(v, Path::top("stream"))).transpose()?.unwrap_or(false);
+    let stream = top.take("stream")?.map(|v| boolean(v, Path::top("stream"))).transpose()?.unwrap_or(false);
     if stream {
         out.insert("stream".into(), true.into());
         // The edge accounts usage, which a stream only reports when asked.
@@ -138,12 +144,12 @@ pub fn to_chat(body: &[u8], target_model: &str, opts: &Options) -> Result<Transl
 
     // Tools before the input: the input's namespaced calls take the flat
     // names the tools were given.
-    let tools_sent = take(&mut top, "tools");
-    let choice = take(&mut top, "tool_choice");
-    let echo_tools = tools_sent.clone().unwrap_or_else(|| json!([]));
-    let echo_choice = choice.clone().unwrap_or_else(|| json!("auto"));
+    let tools_sent = top.take("tools")?;
+    let choice = top.take("tool_choice")?;
+    let echo_tools = tools_sent.clone().unwrap_or_default();
+    let echo_choice = choice.clone().unwrap_or_default();
     let parallel =
-        take(&mut top, "parallel_tool_calls").map(|v| boolean(v, Path::top("parallel_tool_calls"))).transpose()?;
+        top.take("parallel_tool_calls")?.map(|v| boolean(v, Path::top("parallel_tool_calls"))).transpose()?;
     tools::tools(tools_sent, choice, parallel, &mut ctx.names, &mut ctx.dropped, &mut out)?;
 
     let instructions = opt_string(&mut top, "instructions")?;
@@ -154,21 +160,23 @@ pub fn to_chat(body: &[u8], target_model: &str, opts: &Options) -> Result<Transl
     let lead = messages.len();
     messages.extend(opts.history.iter().cloned());
     let input_from = messages.len();
-    let input = take(&mut top, "input");
-    let had_input = input.is_some();
-    if let Some(input) = input {
-        items::input(input, input_from, &mut ctx, &mut messages)?;
+    let input = top.take_raw("input");
+    // A string is one user message, carried as it was sent.
+    let text_input = input.filter(|raw| top::is_string(raw));
+    if let Some(input) = input.filter(|_| text_input.is_none()) {
+        items::input(top::tree(input)?, input_from, &mut ctx, &mut messages)?;
     }
-    if messages.len() == lead {
-        let what = if had_input { "has no item the provider can read" } else { "field required" };
+    if messages.len() == lead && text_input.is_none() {
+        let what = if input.is_some() { "has no item the provider can read" } else { "field required" };
         return Err(invalid(Path::top("input"), what));
     }
-    out.insert("messages".into(), Value::Array(messages));
+    write_messages(&mut body_out, &messages, text_input)?;
 
-    let text = take(&mut top, "text").map(|v| tune::text_format(v, &mut ctx.dropped, &mut out)).transpose()?;
-    let echo_text = text.unwrap_or_else(|| json!({"format": {"type": "text"}}));
+    let text = top.take("text")?.map(|v| tune::text_format(v, &mut ctx.dropped, &mut out)).transpose()?;
+    let echo_text = text.unwrap_or_default();
 
-    let max_output_tokens = take(&mut top, "max_output_tokens")
+    let max_output_tokens = top
+        .take("max_output_tokens")?
         .map(|v| {
             count(v, Path::top("max_output_tokens"))
                 .ok()
@@ -181,7 +189,7 @@ pub fn to_chat(body: &[u8], target_model: &str, opts: &Options) -> Result<Transl
     }
     let mut sampling = [None, None];
     for (key, slot) in ["temperature", "top_p"].into_iter().zip(&mut sampling) {
-        if let Some(v) = take(&mut top, key) {
+        if let Some(v) = top.take(key)? {
             let v = number(v, Path::top(key))?;
             *slot = v.as_f64();
             out.insert(key.into(), v);
@@ -189,8 +197,8 @@ pub fn to_chat(body: &[u8], target_model: &str, opts: &Options) -> Result<Transl
     }
     let [temperature, top_p] = sampling;
 
-    let reasoning = tune::reasoning(take(&mut top, "reasoning"), &mut ctx.dropped, &mut out)?;
-    if let Some(v) = take(&mut top, "include") {
+    let reasoning = tune::reasoning(top.take("reasoning")?, &mut ctx.dropped, &mut out)?;
+    if let Some(v) = top.take("include")? {
         let at = Path::top("include");
         // Each asks for more in the answer (encrypted reasoning, log
         // probabilities, hosted tools' results): none is there to give.
@@ -208,16 +216,16 @@ pub fn to_chat(body: &[u8], target_model: &str, opts: &Options) -> Result<Transl
     // changing the answer.
     let prompt_cache_key = opt_string(&mut top, "prompt_cache_key")?;
     opt_string(&mut top, "safety_identifier")?;
-    let metadata = match take(&mut top, "metadata") {
+    let metadata = match top.take("metadata")? {
         Some(v) => Value::Object(object(v, Path::top("metadata"))?),
-        None => json!({}),
+        None => Value::Null,
     };
-    if let Some(v) = take(&mut top, "client_metadata") {
+    if let Some(v) = top.take("client_metadata")? {
         object(v, Path::top("client_metadata"))?;
     }
 
     for key in SERVICE_ONLY {
-        match take(&mut top, key) {
+        match top.take(key)? {
             // The defaults ask nothing.
             Some(Value::Bool(false)) if *key == "background" => {}
             Some(Value::String(s)) if *key == "truncation" && s == "disabled" => {}
@@ -227,15 +235,13 @@ pub fn to_chat(body: &[u8], target_model: &str, opts: &Options) -> Result<Transl
     }
     // Unknown fields are left out, never refused: a newer client's extras
     // must not fail its request.
-    for (key, v) in top {
-        if !v.is_null() {
-            ctx.dropped.add(shown(&key));
-        }
+    for key in top.rest() {
+        ctx.dropped.add(shown(&key));
     }
 
-    let body = top::write(out)?;
+    body_out.members(&out);
     Ok(Translated {
-        body,
+        body: body_out.finish(),
         stream,
         dropped: ctx.dropped.into_vec(),
         namespaced: ctx.names.namespaced,
@@ -260,6 +266,21 @@ pub fn to_chat(body: &[u8], target_model: &str, opts: &Options) -> Result<Transl
 }
 
 /// An optional top-level string.
-fn opt_string(top: &mut Map<String, Value>, key: &str) -> Result<Option<String>, Invalid> {
-    take(top, key).map(|v| string(v, Path::top(key))).transpose()
+fn opt_string(top: &mut Fields<'_>, key: &str) -> Result<Option<String>, Invalid> {
+    top.take(key)?.map(|v| string(v, Path::top(key))).transpose()
+}
+
+/// `"messages":[..]`: those translated, then the input when it was a string.
+fn write_messages(out: &mut Body, messages: &[Value], text_input: Option<&RawValue>) -> Result<(), Invalid> {
+    out.key("messages").open_array();
+    for m in messages {
+        out.element().value(m);
+    }
+    if let Some(text) = text_input {
+        out.element().bytes(b"{\"role\":\"user\",\"content\":");
+        out.raw_string(text)?;
+        out.bytes(b"}");
+    }
+    out.close_array();
+    Ok(())
 }

@@ -182,7 +182,7 @@ fn a_codex_request() {
     assert_eq!(e.tools, request["tools"]);
     assert_eq!(e.text, json!({"verbosity": "low", "format": {"type": "text"}}));
     assert_eq!(e.reasoning, json!({"effort": "high", "summary": "auto"}));
-    assert_eq!(e.metadata, json!({}));
+    assert_eq!(e.metadata, Value::Null);
     assert_eq!((e.user.as_deref(), e.previous_response_id.as_deref()), (None, None));
     // The history the WebSocket mode keeps: the input's messages, without
     // the instructions.
@@ -199,10 +199,8 @@ fn a_minimal_request_and_its_echo() {
     let e = &t.echo;
     assert_eq!(e.instructions, None);
     assert!(e.parallel_tool_calls && !e.store);
-    assert_eq!((&e.tool_choice, &e.tools), (&json!("auto"), &json!([])));
-    assert_eq!(e.text, json!({"format": {"type": "text"}}));
-    assert_eq!(e.reasoning, json!({"effort": null, "summary": null}));
-    assert_eq!(e.metadata, json!({}));
+    // Not sent: null (the edge writes what that means).
+    assert_eq!([&e.tool_choice, &e.tools, &e.text, &e.reasoning, &e.metadata], [&Value::Null; 5]);
     // `null` is absent; so are the defaults that ask nothing; an empty
     // `instructions` adds no message (but is echoed).
     let nulls = req(json!({"stream": null, "tools": null, "tool_choice": null, "temperature": null, "text": null,
@@ -591,4 +589,18 @@ fn bodies_that_are_not_an_object_or_repeat_a_key() {
         assert_eq!((e.status, e.param.as_str()), (400, param), "{}: {e}", String::from_utf8_lossy(raw));
         assert!(e.message.contains(needle), "{}: {e}", String::from_utf8_lossy(raw));
     }
+}
+
+#[test]
+fn a_string_input_is_carried_as_sent_after_the_instructions() {
+    let raw = br#"{"model":"m","instructions":"sys","input":"caf\u00e9 \"q\"\n","store":false}"#;
+    let t = to_chat(raw, "target", &Options::default()).unwrap();
+    let body: Value = serde_json::from_slice(&t.body).unwrap();
+    assert_eq!(
+        body["messages"],
+        json!([{"role": "system", "content": "sys"}, {"role": "user", "content": "café \"q\"\n"}])
+    );
+    assert_eq!(t.input_from, 1);
+    let e = to_chat(br#"{"model":"m","input":"\udc00"}"#, "target", &Options::default()).unwrap_err();
+    assert_eq!((e.status, e.param.as_str()), (400, ""), "{e}");
 }

@@ -74,7 +74,8 @@ pub(super) fn reasoning(
 ) -> Result<Value, Invalid> {
     let at = Path::top("reasoning");
     let Some(v) = v else {
-        return Ok(json!({"effort": null, "summary": null}));
+        // The echo's default, written by the edge.
+        return Ok(Value::Null);
     };
     let mut r = object(v, at)?;
     let effort = take(&mut r, "effort").map(|e| string(e, at.key("effort"))).transpose()?;

@@ -108,11 +108,6 @@ pub(crate) fn required(m: &mut Map<String, Value>, key: &str, at: Path<'_>) -> R
     take(m, key).ok_or_else(|| invalid(at.key(key), "field required"))
 }
 
-/// Removes the top-level `key`, which must be there.
-pub(crate) fn required_top(m: &mut Map<String, Value>, key: &str) -> Result<Value, Invalid> {
-    take(m, key).ok_or_else(|| invalid(Path::top(key), "field required"))
-}
-
 pub(crate) fn string(v: Value, at: Path<'_>) -> Result<String, Invalid> {
     match v {
         Value::String(s) => Ok(s),

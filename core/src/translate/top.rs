@@ -1,10 +1,16 @@
-//! The top-level object of a request body: read as a JSON tree with a key
-//! given twice refused, and the translated body written back.
+//! The top-level object of a request body, its fields kept as the JSON
+//! text they were sent as (read only when a translation asks for them,
+//! a key given twice refused), and the translated body written straight
+//! into bytes.
+//!
+//! Why raw: a field the translation carries unchanged (a message's text, a
+//! tool's schema, the fields a response echoes) is copied once, as written,
+//! instead of being unescaped into a tree and escaped back out of it.
 
-use std::fmt;
+use std::{borrow::Cow, fmt};
 
-use serde::de::{Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
-use serde_json::{Map, Value};
+use serde::de::{Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
+use serde_json::{value::RawValue, Map, Value};
 
 use super::{read::shown, Invalid};
 
@@ -13,60 +19,307 @@ pub(crate) fn bad_body(what: impl fmt::Display) -> Invalid {
     Invalid { status: 400, param: String::new(), message: format!("invalid request body: {what}") }
 }
 
-/// The top-level object; a key given twice is refused (which one would a
-/// reader honour?).
-pub(crate) fn read_top(body: &[u8]) -> Result<Map<String, Value>, Invalid> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Err(bad_body("empty; expected a JSON object"));
+/// An object's fields in the order sent, values unread.
+pub(crate) struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+
+impl<'a> Fields<'a> {
+    /// The request's top-level object; a key given twice is refused (which
+    /// one would a reader honour?).
+    pub(crate) fn top(body: &'a [u8]) -> Result<Self, Invalid> {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Err(bad_body("empty; expected a JSON object"));
+        }
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(bad_body("expected a JSON object"));
+        }
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let (fields, twice) = de.deserialize_map(FieldsVisitor { refuse_twice: true }).map_err(bad_body)?;
+        de.end().map_err(bad_body)?;
+        match twice {
+            None => Ok(Self(fields)),
+            Some(key) => {
+                let param = shown(&key).to_owned();
+                Err(Invalid { status: 400, message: format!("{param}: given twice"), param })
+            }
+        }
     }
-    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(bad_body("expected a JSON object"));
+
+    /// Takes `key` out, as written; `null` counts as absent.
+    pub(crate) fn take_raw(&mut self, key: &str) -> Option<&'a RawValue> {
+        let at = self.0.iter().position(|(k, _)| k == key)?;
+        let (_, v) = self.0.swap_remove(at);
+        (v.get() != "null").then_some(v)
     }
-    let Top(top) = serde_json::from_slice(body).map_err(bad_body)?;
-    top.map_err(|key| {
-        let param = shown(&key).to_owned();
-        Invalid { status: 400, message: format!("{param}: given twice"), param }
-    })
+
+    /// Takes `key` out, read as a JSON tree; `null` counts as absent.
+    pub(crate) fn take(&mut self, key: &str) -> Result<Option<Value>, Invalid> {
+        self.take_raw(key).map(tree).transpose()
+    }
+
+    /// The keys left with a non-null value (the known ones were taken out).
+    pub(crate) fn rest(self) -> impl Iterator<Item = Cow<'a, str>> {
+        self.0.into_iter().filter(|(_, v)| v.get() != "null").map(|(k, _)| k)
+    }
 }
 
-/// The top-level object, or the first key given twice.
-struct Top(Result<Map<String, Value>, String>);
+/// `raw` read as a JSON tree. It was read once already, so only what the
+/// first read does not check (the nesting limit) can refuse it.
+pub(crate) fn tree(raw: &RawValue) -> Result<Value, Invalid> {
+    serde_json::from_str(raw.get()).map_err(bad_body)
+}
 
-impl<'de> Deserialize<'de> for Top {
+/// Whether `raw` is a JSON string.
+pub(crate) fn is_string(raw: &RawValue) -> bool {
+    raw.get().starts_with('"')
+}
+
+/// Whether `raw` is a JSON array.
+pub(crate) fn is_array(raw: &RawValue) -> bool {
+    raw.get().starts_with('[')
+}
+
+/// The elements of `raw`, a JSON array, each read as an object's fields
+/// in the same pass (`None`: an element that is not an object).
+pub(crate) fn objects(raw: &RawValue) -> Result<Vec<Option<Fields<'_>>>, Invalid> {
+    let mut de = serde_json::Deserializer::from_str(raw.get());
+    de.deserialize_seq(ObjectsVisitor).map_err(bad_body)
+}
+
+struct ObjectsVisitor;
+
+impl<'de> Visitor<'de> for ObjectsVisitor {
+    type Value = Vec<Option<Fields<'de>>>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+        let mut out = Vec::with_capacity(access.size_hint().unwrap_or(4).min(64));
+        while let Some(MaybeObject(fields)) = access.next_element()? {
+            out.push(fields);
+        }
+        Ok(out)
+    }
+}
+
+/// An element read as an object's fields, or skipped.
+struct MaybeObject<'a>(Option<Fields<'a>>);
+
+impl<'de> Deserialize<'de> for MaybeObject<'de> {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        d.deserialize_map(TopVisitor)
+        d.deserialize_any(MaybeObjectVisitor)
     }
 }
 
-struct TopVisitor;
+struct MaybeObjectVisitor;
 
-impl<'de> Visitor<'de> for TopVisitor {
-    type Value = Top;
+impl<'de> Visitor<'de> for MaybeObjectVisitor {
+    type Value = MaybeObject<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("any JSON value")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, access: A) -> Result<Self::Value, A::Error> {
+        let (fields, _) = read_fields(access, false)?;
+        Ok(MaybeObject(Some(Fields(fields))))
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+        while access.next_element::<IgnoredAny>()?.is_some() {}
+        Ok(MaybeObject(None))
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Self::Value, E> {
+        Ok(MaybeObject(None))
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Self::Value, E> {
+        Ok(MaybeObject(None))
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Self::Value, E> {
+        Ok(MaybeObject(None))
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Self::Value, E> {
+        Ok(MaybeObject(None))
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Self::Value, E> {
+        Ok(MaybeObject(None))
+    }
+
+    fn visit_unit<E>(self) -> Result<Self::Value, E> {
+        Ok(MaybeObject(None))
+    }
+}
+
+struct FieldsVisitor {
+    refuse_twice: bool,
+}
+
+type Read<'a> = (Vec<(Cow<'a, str>, &'a RawValue)>, Option<String>);
+
+impl<'de> Visitor<'de> for FieldsVisitor {
+    type Value = Read<'de>;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("a JSON object")
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Top, A::Error> {
-        let mut map = Map::new();
-        let mut twice = None;
-        while let Some(key) = access.next_key::<String>()? {
-            // After a duplicate the rest is only checked for syntax, so a
-            // later syntax error still reads as one.
-            if twice.is_some() {
-                access.next_value::<IgnoredAny>()?;
-            } else if map.contains_key(&key) {
-                access.next_value::<IgnoredAny>()?;
-                twice = Some(key);
-            } else {
-                map.insert(key, access.next_value()?);
-            }
-        }
-        Ok(Top(twice.map_or(Ok(map), Err)))
+    fn visit_map<A: MapAccess<'de>>(self, access: A) -> Result<Read<'de>, A::Error> {
+        read_fields(access, self.refuse_twice)
     }
 }
 
-/// The translated body as JSON bytes.
-pub(crate) fn write(out: Map<String, Value>) -> Result<Vec<u8>, Invalid> {
-    serde_json::to_vec(&Value::Object(out)).map_err(bad_body)
+/// An object's fields; with `refuse_twice`, the first key given twice.
+fn read_fields<'de, A: MapAccess<'de>>(mut access: A, refuse_twice: bool) -> Result<Read<'de>, A::Error> {
+    let mut fields: Vec<(Cow<'de, str>, &'de RawValue)> = Vec::with_capacity(8);
+    let mut twice = None;
+    while let Some(Key(key)) = access.next_key_seed(KeySeed)? {
+        // After a duplicate the rest is only checked for syntax, so a
+        // later syntax error still reads as one.
+        if twice.is_some() {
+            access.next_value::<IgnoredAny>()?;
+            continue;
+        }
+        let value: &'de RawValue = access.next_value()?;
+        match fields.iter_mut().find(|(k, _)| *k == key) {
+            None => fields.push((key, value)),
+            Some(_) if refuse_twice => twice = Some(key.into_owned()),
+            Some(slot) => slot.1 = value,
+        }
+    }
+    Ok((fields, twice))
+}
+
+/// A key, borrowed from the body unless it holds an escape.
+struct Key<'a>(Cow<'a, str>);
+
+struct KeySeed;
+
+impl<'de> DeserializeSeed<'de> for KeySeed {
+    type Value = Key<'de>;
+
+    fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<Key<'de>, D::Error> {
+        d.deserialize_str(KeyVisitor)
+    }
+}
+
+struct KeyVisitor;
+
+impl<'de> Visitor<'de> for KeyVisitor {
+    type Value = Key<'de>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a key")
+    }
+
+    fn visit_borrowed_str<E>(self, v: &'de str) -> Result<Key<'de>, E> {
+        Ok(Key(Cow::Borrowed(v)))
+    }
+
+    fn visit_str<E>(self, v: &str) -> Result<Key<'de>, E> {
+        Ok(Key(Cow::Owned(v.to_owned())))
+    }
+}
+
+/// The translated body, a JSON object written key by key.
+pub(crate) struct Body {
+    buf: Vec<u8>,
+    /// Whether the object (or array) open innermost has no member yet.
+    first: bool,
+}
+
+impl Body {
+    /// An open object with room for `capacity` bytes.
+    pub(crate) fn new(capacity: usize) -> Self {
+        let mut buf = Vec::with_capacity(capacity);
+        buf.push(b'{');
+        Self { buf, first: true }
+    }
+
+    /// Starts the member `key` (a key of ours: no escaping needed).
+    pub(crate) fn key(&mut self, key: &str) -> &mut Self {
+        self.comma();
+        self.buf.push(b'"');
+        self.buf.extend_from_slice(key.as_bytes());
+        self.buf.extend_from_slice(b"\":");
+        self
+    }
+
+    fn comma(&mut self) {
+        if !std::mem::take(&mut self.first) {
+            self.buf.push(b',');
+        }
+    }
+
+    /// A string value.
+    pub(crate) fn str(&mut self, s: &str) {
+        // Writing into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut self.buf, s);
+    }
+
+    /// An unsigned integer value.
+    pub(crate) fn u64(&mut self, n: u64) {
+        let _ = serde_json::to_writer(&mut self.buf, &n);
+    }
+
+    /// JSON text of ours, as it is.
+    pub(crate) fn bytes(&mut self, b: &[u8]) {
+        self.buf.extend_from_slice(b);
+    }
+
+    /// A value as JSON text.
+    pub(crate) fn value(&mut self, v: &Value) {
+        let _ = serde_json::to_writer(&mut self.buf, v);
+    }
+
+    /// A JSON string as it was sent. One with a `\u` escape is read first:
+    /// a lone surrogate there would be refused by a JSON tree, and is here.
+    pub(crate) fn raw_string(&mut self, raw: &RawValue) -> Result<(), Invalid> {
+        if raw.get().contains("\\u") {
+            let s: String = serde_json::from_str(raw.get()).map_err(bad_body)?;
+            self.str(&s);
+        } else {
+            self.buf.extend_from_slice(raw.get().as_bytes());
+        }
+        Ok(())
+    }
+
+    /// Opens an array value.
+    pub(crate) fn open_array(&mut self) {
+        self.buf.push(b'[');
+        self.first = true;
+    }
+
+    /// Starts the next element of the array open.
+    pub(crate) fn element(&mut self) -> &mut Self {
+        self.comma();
+        self
+    }
+
+    /// Closes the array open (a member or element follows it: not first).
+    pub(crate) fn close_array(&mut self) {
+        self.buf.push(b']');
+        self.first = false;
+    }
+
+    /// Each member of `m`, in its order.
+    pub(crate) fn members(&mut self, m: &Map<String, Value>) {
+        for (k, v) in m {
+            self.comma();
+            self.str(k);
+            self.buf.push(b':');
+            self.value(v);
+        }
+    }
+
+    /// The object closed, as bytes.
+    pub(crate) fn finish(mut self) -> Vec<u8> {
+        self.buf.push(b'}');
+        self.buf
+    }
 }

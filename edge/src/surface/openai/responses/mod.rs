@@ -120,34 +120,47 @@ impl Head {
     }
 }
 
-/// The echoed fields as JSON members, each after a comma.
+/// The echoed fields as JSON members, each after a comma. Written into a
+/// `Vec` (a `BytesMut` writer costs a reserve per piece serde writes), the
+/// defaults of fields the request did not set as constants.
 fn echo_json(e: &Echo) -> Vec<u8> {
-    let mut out = BytesMut::with_capacity(256);
-    let or = |v: &serde_json::Value, default: serde_json::Value| if v.is_null() { default } else { v.clone() };
+    let mut out = Vec::with_capacity(320);
     member(&mut out, "instructions", &e.instructions);
     member(&mut out, "max_output_tokens", &e.max_output_tokens);
     member(&mut out, "parallel_tool_calls", &e.parallel_tool_calls);
     member(&mut out, "previous_response_id", &e.previous_response_id);
-    member(&mut out, "reasoning", &e.reasoning);
+    // `or_default`: what a request that did not set the field means.
+    or_default(&mut out, "reasoning", &e.reasoning, br#"{"effort":null,"summary":null}"#);
     member(&mut out, "store", &e.store);
     member(&mut out, "temperature", &e.temperature);
-    member(&mut out, "text", &e.text);
-    // Both required: what a request that set neither means.
-    member(&mut out, "tool_choice", &or(&e.tool_choice, serde_json::json!("auto")));
-    member(&mut out, "tools", &or(&e.tools, serde_json::json!([])));
+    or_default(&mut out, "text", &e.text, br#"{"format":{"type":"text"}}"#);
+    or_default(&mut out, "tool_choice", &e.tool_choice, br#""auto""#);
+    or_default(&mut out, "tools", &e.tools, b"[]");
     member(&mut out, "top_p", &e.top_p);
     member(&mut out, "user", &e.user);
-    member(&mut out, "metadata", &e.metadata);
-    out.to_vec()
+    or_default(&mut out, "metadata", &e.metadata, b"{}");
+    out
 }
 
 /// Appends `,"<key>":<value>`.
-fn member(out: &mut BytesMut, key: &str, value: &impl serde::Serialize) {
-    out.put_slice(b",\"");
-    out.put_slice(key.as_bytes());
-    out.put_slice(b"\":");
-    // Writing to a BytesMut cannot fail; a non-finite float is null.
-    let _ = serde_json::to_writer(out.writer(), value);
+fn member(out: &mut Vec<u8>, key: &str, value: &impl serde::Serialize) {
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":");
+    // Writing to a Vec cannot fail; a non-finite float is null.
+    let _ = serde_json::to_writer(&mut *out, value);
+}
+
+/// Appends `,"<key>":<value>`, `default` when `value` is null.
+fn or_default(out: &mut Vec<u8>, key: &str, value: &serde_json::Value, default: &[u8]) {
+    if value.is_null() {
+        out.extend_from_slice(b",\"");
+        out.extend_from_slice(key.as_bytes());
+        out.extend_from_slice(b"\":");
+        out.extend_from_slice(default);
+    } else {
+        member(out, key, value);
+    }
 }
 
 /// What a piece of text is.

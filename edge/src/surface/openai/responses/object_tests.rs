@@ -44,7 +44,7 @@ fn text_only_written_exactly() {
         concat!(
             r#"{"id":"resp_r1","object":"response","created_at":7,"status":"completed","background":false,"#,
             r#""error":null,"incomplete_details":null,"model":"up\"m","instructions":"be \"brief\"","#,
-            r#""max_output_tokens":64,"parallel_tool_calls":true,"previous_response_id":"resp_0","reasoning":null,"#,
+            r#""max_output_tokens":64,"parallel_tool_calls":true,"previous_response_id":"resp_0","reasoning":{"effort":null,"summary":null},"#,
             r#""store":false,"temperature":0.5,"text":{"format":{"type":"text"}},"tool_choice":"auto","#,
             r#""tools":[{"name":"weather","parameters":{"type":"object"},"type":"function"}],"top_p":null,"#,
             r#""user":null,"metadata":{"k":"v"},"output":[{"id":"msg_r1_0","type":"message","status":"completed","#,

@@ -52,7 +52,7 @@ pub(in crate::surface::openai::responses) fn response(model: &str, status: &str,
     json!({"id": "resp_r1", "object": "response", "created_at": 7, "status": status, "background": false,
         "error": null, "incomplete_details": null, "model": model,
         "instructions": "be \"brief\"", "max_output_tokens": 64, "parallel_tool_calls": true,
-        "previous_response_id": "resp_0", "reasoning": null, "store": false, "temperature": 0.5,
+        "previous_response_id": "resp_0", "reasoning": {"effort": null, "summary": null}, "store": false, "temperature": 0.5,
         "text": {"format": {"type": "text"}}, "tool_choice": "auto",
         "tools": [{"type": "function", "name": "weather", "parameters": {"type": "object"}}],
         "top_p": null, "user": null, "metadata": {"k": "v"}, "output": output, "usage": usage})
@@ -556,7 +556,9 @@ fn echo_defaults_for_a_request_that_set_nothing() {
     let r = &events[0]["response"];
     assert_eq!(r["id"], "resp_x\"y");
     assert_eq!((&r["tool_choice"], &r["tools"]), (&json!("auto"), &json!([])));
-    assert_eq!((&r["instructions"], &r["temperature"], &r["metadata"]), (&Value::Null, &Value::Null, &Value::Null));
+    assert_eq!((&r["instructions"], &r["temperature"]), (&Value::Null, &Value::Null));
+    assert_eq!((&r["metadata"], &r["text"]), (&json!({}), &json!({"format": {"type": "text"}})));
+    assert_eq!(r["reasoning"], json!({"effort": null, "summary": null}));
     assert_eq!(events[2]["item"]["id"], "msg_x\"y_0");
 }
 
