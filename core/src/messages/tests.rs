@@ -532,3 +532,21 @@ fn string_contents_are_carried_as_sent_and_escapes_still_checked() {
     let deep = format!(r#"{{"model":"m","max_tokens":5,"messages":{}1{}}}"#, "[".repeat(200), "]".repeat(200));
     assert_eq!(refuse(deep.as_bytes()).status, 400);
 }
+
+#[test]
+fn many_keys_cost_no_square_and_a_repeat_among_them_is_found() {
+    // 60 000 top-level keys: a scan per key would be 1.8e9 compares.
+    let mut raw = String::from(r#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"hi""#);
+    for k in 0..60_000 {
+        raw.push_str(&format!(r#","x{k}":0"#));
+    }
+    raw.push_str("}],");
+    for k in 0..60_000 {
+        raw.push_str(&format!(r#""k{k}":0,"#));
+    }
+    let t = to_chat(format!("{raw}\"end\":1}}").as_bytes(), "target", &Limits::default()).unwrap();
+    // `end`, `k0`.., `message.x0`..
+    assert_eq!(t.dropped.len(), 1 + 60_000 + 60_000, "{:?}", &t.dropped[..3]);
+    let e = refuse(format!("{raw}\"k59999\":1}}").as_bytes());
+    assert_eq!((e.status, e.param.as_str()), (400, "k59999"), "{e}");
+}

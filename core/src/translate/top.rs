@@ -7,7 +7,7 @@
 //! tool's schema, the fields a response echoes) is copied once, as written,
 //! instead of being unescaped into a tree and escaped back out of it.
 
-use std::{borrow::Cow, fmt};
+use std::{borrow::Cow, collections::BTreeMap, fmt};
 
 use serde::de::{Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{value::RawValue, Map, Value};
@@ -174,9 +174,14 @@ impl<'de> Visitor<'de> for FieldsVisitor {
     }
 }
 
+/// Objects with more keys than this find a key given twice through an
+/// index, not by a scan (a body of many keys must not cost their square).
+const SCANNED_KEYS: usize = 16;
+
 /// An object's fields; with `refuse_twice`, the first key given twice.
 fn read_fields<'de, A: MapAccess<'de>>(mut access: A, refuse_twice: bool) -> Result<Read<'de>, A::Error> {
     let mut fields: Vec<(Cow<'de, str>, &'de RawValue)> = Vec::with_capacity(8);
+    let mut index: Option<BTreeMap<Cow<'de, str>, usize>> = None;
     let mut twice = None;
     while let Some(Key(key)) = access.next_key_seed(KeySeed)? {
         // After a duplicate the rest is only checked for syntax, so a
@@ -186,8 +191,20 @@ fn read_fields<'de, A: MapAccess<'de>>(mut access: A, refuse_twice: bool) -> Res
             continue;
         }
         let value: &'de RawValue = access.next_value()?;
-        match fields.iter_mut().find(|(k, _)| *k == key) {
-            None => fields.push((key, value)),
+        let at = match &index {
+            Some(index) => index.get(&key).copied(),
+            None => fields.iter().position(|(k, _)| *k == key),
+        };
+        match at.and_then(|i| fields.get_mut(i)) {
+            None => {
+                if let Some(index) = &mut index {
+                    index.insert(key.clone(), fields.len());
+                }
+                fields.push((key, value));
+                if index.is_none() && fields.len() > SCANNED_KEYS {
+                    index = Some(fields.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect());
+                }
+            }
             Some(_) if refuse_twice => twice = Some(key.into_owned()),
             Some(slot) => slot.1 = value,
         }

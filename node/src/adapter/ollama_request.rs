@@ -38,11 +38,14 @@
 //!
 //! Speed: a message that needs no translation (a `role` and a string
 //! `content`, nothing else) is copied as the client wrote it; only the rest
-//! is read as a JSON tree. A body the raw reading refuses is read again as a
-//! tree, so errors are the tree's (the `ollama_request` fuzz target holds
-//! both readings to the same answer).
+//! is read as a JSON tree. The other top-level fields stay raw until the
+//! translation takes them (most of the two dozen it asks for are absent),
+//! and the Ollama body is written member by member, not built as a tree
+//! first. A body the raw
+//! reading refuses is read again as a tree, so errors are the tree's (the
+//! `ollama_request` fuzz target holds both readings to the same answer).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use bytes::Bytes;
 use iop_core::exec::{codes, FailureSource, ProviderError, RunFailure};
@@ -91,21 +94,102 @@ fn take(m: &mut Map<String, Value>, key: &str) -> Option<Value> {
     m.remove(key).filter(|v| !v.is_null())
 }
 
-/// The value of `key` when it is a number.
-fn number(m: &mut Map<String, Value>, key: &str) -> Result<Option<Value>, RunFailure> {
-    match take(m, key) {
-        None => Ok(None),
-        Some(v @ Value::Number(_)) => Ok(Some(v)),
-        Some(_) => Err(invalid(format!("`{key}` must be a number"))),
+/// The client's top-level fields not read yet: raw, each read as a tree
+/// only when taken (most are absent; those present are few and small), or
+/// the whole body's tree.
+enum Req<'a> {
+    Raw(Vec<(&'a str, &'a RawValue)>),
+    Tree(Map<String, Value>),
+}
+
+impl Req<'_> {
+    /// Removes `key`; `null` counts as absent.
+    fn take(&mut self, key: &str) -> Result<Option<Value>, RunFailure> {
+        match self {
+            Self::Tree(m) => Ok(take(m, key)),
+            Self::Raw(m) => match m.iter().position(|(k, _)| *k == key).map(|at| m.swap_remove(at)) {
+                Some((_, raw)) if raw.get() != "null" => tree_of(raw).map(Some),
+                _ => Ok(None),
+            },
+        }
+    }
+
+    /// The value of `key` when it is a number.
+    fn number(&mut self, key: &str) -> Result<Option<Value>, RunFailure> {
+        match self.take(key)? {
+            None => Ok(None),
+            Some(v @ Value::Number(_)) => Ok(Some(v)),
+            Some(_) => Err(invalid(format!("`{key}` must be a number"))),
+        }
+    }
+
+    /// The value of `key` when it is a non-negative integer.
+    fn count(&mut self, key: &str) -> Result<Option<u64>, RunFailure> {
+        match self.take(key)? {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| invalid(format!("`{key}` must be a non-negative integer"))),
+        }
+    }
+
+    /// The fields left that go to Ollama as sent, into `out` (a key `out`
+    /// has already is not replaced). Every raw value left is read, dropped
+    /// ones too: one a tree cannot hold (a number out of range) must fail
+    /// as the tree's reading fails (see `chat_body`).
+    fn pass_rest(self, out: &mut Out) -> Result<(), RunFailure> {
+        let passed = |out: &Out, key: &str| !DROPPED.contains(&key) && !out.written.contains(&key);
+        match self {
+            Self::Tree(m) => {
+                for (key, value) in m {
+                    if passed(out, &key) {
+                        out.json.push(b',');
+                        let _ = serde_json::to_writer(&mut out.json, &key);
+                        out.json.push(b':');
+                        let _ = serde_json::to_writer(&mut out.json, &value);
+                    }
+                }
+            }
+            Self::Raw(m) => {
+                for (key, raw) in m {
+                    let value = tree_of(raw)?;
+                    if passed(out, key) {
+                        // A key read borrowed holds no escape. The value is
+                        // written as the tree's reading writes it (a long
+                        // float's text read and written again can differ
+                        // from the text sent in its last digit).
+                        out.json.extend_from_slice(b",\"");
+                        out.json.extend_from_slice(key.as_bytes());
+                        out.json.extend_from_slice(b"\":");
+                        let _ = serde_json::to_writer(&mut out.json, &value);
+                    }
+                }
+            }
+        }
+        Ok(())
     }
 }
 
-/// The value of `key` when it is a non-negative integer.
-fn count(m: &mut Map<String, Value>, key: &str) -> Result<Option<u64>, RunFailure> {
-    match take(m, key) {
-        None => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| invalid(format!("`{key}` must be a non-negative integer"))),
+/// The `/api/chat` body, written member by member after its messages.
+struct Out {
+    json: Vec<u8>,
+    /// The members written so far (a field passed as sent does not repeat one).
+    written: Vec<&'static str>,
+}
+
+impl Out {
+    fn member(&mut self, key: &'static str, value: &impl serde::Serialize) {
+        self.json.extend_from_slice(b",\"");
+        self.json.extend_from_slice(key.as_bytes());
+        self.json.extend_from_slice(b"\":");
+        // Writing into a Vec cannot fail.
+        let _ = serde_json::to_writer(&mut self.json, value);
+        self.written.push(key);
     }
+}
+
+/// A raw value as a tree; one a tree cannot hold sends the body to the
+/// tree's reading (see `chat_body`), never a silent null.
+fn tree_of(raw: &RawValue) -> Result<Value, RunFailure> {
+    serde_json::from_str(raw.get()).map_err(|_| needs_tree())
 }
 
 /// A `POST /api/chat` body and whether it asks for a stream.
@@ -133,44 +217,34 @@ pub(crate) fn chat_body_with(body: &[u8], target: &str, raw: bool) -> Result<Cha
     // tree, which also names what is wrong with it.
     let top = if raw { serde_json::from_slice::<RawTop<'_>>(body).ok() } else { None };
     let (mut req, raw_messages) = match top {
-        Some(RawTop(top)) => {
-            let mut req = Map::new();
-            let mut messages = None;
-            for (key, raw) in top {
-                if key == "messages" {
-                    messages = Some(raw);
-                    continue;
-                }
-                // A value the tree cannot hold (a number out of range):
-                // the tree's error (see `chat_body`), never a silent null.
-                let value = serde_json::from_str(raw.get()).map_err(|_| needs_tree())?;
-                req.insert(key.to_owned(), value);
-            }
-            (req, messages.filter(|m| m.get() != "null"))
+        Some(RawTop(mut top)) => {
+            let messages = top.iter().position(|(k, _)| *k == "messages").map(|at| top.swap_remove(at).1);
+            (Req::Raw(top), messages.filter(|m| m.get() != "null"))
         }
-        None => (object(body)?, None),
+        None => (Req::Tree(object(body)?), None),
     };
     refuse_unsupported(&mut req)?;
-    let mut out = Map::new();
-    out.insert("model".into(), Value::String(target.to_owned()));
-    let mut messages = Vec::with_capacity(body.len() + 16);
+    let mut out = Out { json: Vec::with_capacity(body.len() + 128), written: Vec::with_capacity(8) };
+    out.json.extend_from_slice(b"{\"messages\":");
+    let messages = &mut out.json;
     match raw_messages {
         Some(raw) => {
-            write_messages(raw, &mut messages)?;
+            write_messages(raw, messages)?;
         }
         None => {
-            let m = take(&mut req, "messages").ok_or_else(|| invalid("`messages` is required"))?;
-            let _ = serde_json::to_writer(&mut messages, &messages_of(m)?);
+            let m = req.take("messages")?.ok_or_else(|| invalid("`messages` is required"))?;
+            let _ = serde_json::to_writer(&mut *messages, &messages_of(m)?);
         }
     }
-    let stream = match take(&mut req, "stream") {
+    let stream = match req.take("stream")? {
         None => false,
         Some(Value::Bool(b)) => b,
         Some(_) => return Err(invalid("`stream` must be a boolean")),
     };
-    out.insert("stream".into(), Value::Bool(stream));
+    out.member("model", &target);
+    out.member("stream", &stream);
 
-    let tool_choice = take(&mut req, "tool_choice");
+    let tool_choice = req.take("tool_choice")?;
     let send_tools = match tool_choice.as_ref() {
         None => true,
         Some(Value::String(s)) if s == "auto" => true,
@@ -181,33 +255,33 @@ pub(crate) fn chat_body_with(body: &[u8], target: &str, raw: bool) -> Result<Cha
         Some(Value::Object(_)) => return Err(unsupported("tool_choice", "naming the function to call")),
         Some(_) => return Err(invalid("`tool_choice` must be \"none\", \"auto\", \"required\" or an object")),
     };
-    if let Some(tools) = take(&mut req, "tools") {
+    if let Some(tools) = req.take("tools")? {
         let tools = tools_of(tools)?;
         if send_tools && !tools.is_empty() {
-            out.insert("tools".into(), Value::Array(tools));
+            out.member("tools", &tools);
         }
     }
 
-    let native_format = take(&mut req, "format");
-    match take(&mut req, "response_format") {
+    let native_format = req.take("format")?;
+    match req.take("response_format")? {
         Some(rf) => {
             if let Some(format) = format_of(rf)? {
-                out.insert("format".into(), format);
+                out.member("format", &format);
             }
         }
         None => {
             if let Some(f) = native_format {
-                out.insert("format".into(), f);
+                out.member("format", &f);
             }
         }
     }
 
-    let mut options = match take(&mut req, "options") {
+    let mut options = match req.take("options")? {
         None => Map::new(),
         Some(Value::Object(o)) => o,
         Some(_) => return Err(invalid("`options` must be an object")),
     };
-    if let Some(stop) = take(&mut req, "stop") {
+    if let Some(stop) = req.take("stop")? {
         let list = match stop {
             Value::String(s) => vec![Value::String(s)],
             Value::Array(items) if items.iter().all(Value::is_string) => items,
@@ -217,7 +291,7 @@ pub(crate) fn chat_body_with(body: &[u8], target: &str, raw: bool) -> Result<Cha
             options.insert("stop".into(), Value::Array(list));
         }
     }
-    match take(&mut req, "seed") {
+    match req.take("seed")? {
         None => {}
         Some(v @ Value::Number(_)) if v.is_i64() || v.is_u64() => {
             options.insert("seed".into(), v);
@@ -227,47 +301,42 @@ pub(crate) fn chat_body_with(body: &[u8], target: &str, raw: bool) -> Result<Cha
     // `top_k`: an extension vLLM, llama.cpp and Ollama's /v1 take at the
     // top level; Ollama's own API reads it among the options.
     for key in ["temperature", "top_p", "top_k", "frequency_penalty", "presence_penalty"] {
-        if let Some(v) = number(&mut req, key)? {
+        if let Some(v) = req.number(key)? {
             options.insert(key.into(), v);
         }
     }
-    let max_tokens = count(&mut req, "max_tokens")?;
-    let max_completion_tokens = count(&mut req, "max_completion_tokens")?;
+    let max_tokens = req.count("max_tokens")?;
+    let max_completion_tokens = req.count("max_completion_tokens")?;
     if let Some(n) = max_completion_tokens.or(max_tokens) {
         options.insert("num_predict".into(), Value::from(n));
     }
     if !options.is_empty() {
-        out.insert("options".into(), Value::Object(options));
+        out.member("options", &options);
     }
 
-    let native_think = take(&mut req, "think");
-    let think = match take(&mut req, "reasoning_effort") {
+    let native_think = req.take("think")?;
+    let think = match req.take("reasoning_effort")? {
         Some(effort) => Some(think_of(&effort)?),
         None => native_think,
     };
     if let Some(t) = think {
-        out.insert("think".into(), t);
+        out.member("think", &t);
     }
 
-    for (key, value) in req {
-        if !DROPPED.contains(&key.as_str()) {
-            out.entry(key).or_insert(value);
-        }
-    }
-    // `{"messages":[..],` then the other fields (`model` is always one).
-    let rest = serde_json::to_vec(&Value::Object(out)).unwrap_or_default();
-    let mut json = Vec::with_capacity(messages.len() + rest.len() + 16);
-    json.extend_from_slice(b"{\"messages\":");
-    json.extend_from_slice(&messages);
-    json.push(b',');
-    json.extend_from_slice(rest.get(1..).unwrap_or_default());
-    Ok(ChatBody { body: Bytes::from(json), stream })
+    req.pass_rest(&mut out)?;
+    out.json.push(b'}');
+    Ok(ChatBody { body: Bytes::from(out.json), stream })
 }
 
 /// A body's top level, each value raw. A key given twice refuses it: the
 /// tree keeps the last value, and the value left out would go unread (a
 /// number out of range in it is the tree's error; found by the fuzz target).
-struct RawTop<'a>(BTreeMap<&'a str, &'a RawValue>);
+/// So does a body of more than [`RAW_KEYS`] keys (found by a scan: a body
+/// of many keys must not cost their square; the tree reads it).
+struct RawTop<'a>(Vec<(&'a str, &'a RawValue)>);
+
+/// The most top-level keys read raw (a chat request has about ten).
+const RAW_KEYS: usize = 32;
 
 impl<'de> serde::Deserialize<'de> for RawTop<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
@@ -278,11 +347,15 @@ impl<'de> serde::Deserialize<'de> for RawTop<'de> {
                 f.write_str("a JSON object")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut fields = BTreeMap::new();
+                let mut fields: Vec<(&str, &RawValue)> = Vec::with_capacity(8);
                 while let Some((key, value)) = map.next_entry::<&str, &RawValue>()? {
-                    if fields.insert(key, value).is_some() {
+                    if fields.len() == RAW_KEYS {
+                        return Err(serde::de::Error::custom("many keys"));
+                    }
+                    if fields.iter().any(|(k, _)| *k == key) {
                         return Err(serde::de::Error::custom("a key given twice"));
                     }
+                    fields.push((key, value));
                 }
                 Ok(RawTop(fields))
             }
@@ -352,8 +425,8 @@ fn copy_plain_message(m: &RawValue, out: &mut Vec<u8>) -> bool {
 
 /// Refuses the parameters Ollama cannot honour (removing the harmless
 /// values of them: `n: 1`, `logprobs: false`, ...).
-fn refuse_unsupported(req: &mut Map<String, Value>) -> Result<(), RunFailure> {
-    match take(req, "n") {
+fn refuse_unsupported(req: &mut Req<'_>) -> Result<(), RunFailure> {
+    match req.take("n")? {
         None => {}
         Some(v) => match v.as_u64() {
             Some(1) => {}
@@ -361,12 +434,12 @@ fn refuse_unsupported(req: &mut Map<String, Value>) -> Result<(), RunFailure> {
             _ => return Err(invalid("`n` must be a positive integer")),
         },
     }
-    match take(req, "logprobs") {
+    match req.take("logprobs")? {
         None | Some(Value::Bool(false)) => {}
         Some(Value::Bool(true)) => return Err(unsupported("logprobs", "returning log probabilities")),
         Some(_) => return Err(invalid("`logprobs` must be a boolean")),
     }
-    match take(req, "top_logprobs") {
+    match req.take("top_logprobs")? {
         None => {}
         Some(v) => match v.as_u64() {
             Some(0) => {}
@@ -374,20 +447,20 @@ fn refuse_unsupported(req: &mut Map<String, Value>) -> Result<(), RunFailure> {
             None => return Err(invalid("`top_logprobs` must be a non-negative integer")),
         },
     }
-    match take(req, "logit_bias") {
+    match req.take("logit_bias")? {
         None => {}
         Some(Value::Object(m)) if m.is_empty() => {}
         Some(_) => return Err(unsupported("logit_bias", "biasing tokens")),
     }
     for key in ["functions", "function_call"] {
-        if take(req, key).is_some() {
+        if req.take(key)?.is_some() {
             return Err(unsupported(key, "the deprecated function-calling API (use `tools`)"));
         }
     }
-    if take(req, "audio").is_some() {
+    if req.take("audio")?.is_some() {
         return Err(unsupported("audio", "audio output"));
     }
-    match take(req, "modalities") {
+    match req.take("modalities")? {
         None => {}
         Some(Value::Array(items)) if items.iter().all(|m| m == "text") => {}
         Some(_) => return Err(unsupported("modalities", "output other than text")),
@@ -700,6 +773,33 @@ mod tests {
 
     fn user(content: &str) -> Value {
         json!([{"role": "user", "content": content}])
+    }
+
+    #[test]
+    fn fields_read_raw_give_the_body_the_tree_gives() {
+        // Passed as sent: a long float (its text read and written again
+        // differs in the last digit), an escaped string, a nested object;
+        // `model` given by the client is not repeated.
+        let body = br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"x":[2239522223011222222e12],
+            "keep_alive":"5\u006d","format":{"type":"object"},"max_tokens":7,"user":"u","stream":false}"#;
+        let raw = chat_body_with(body, "t", true).unwrap();
+        let tree = chat_body_with(body, "t", false).unwrap();
+        let v: Value = serde_json::from_slice(&raw.body).unwrap();
+        assert_eq!(v, serde_json::from_slice::<Value>(&tree.body).unwrap());
+        assert_eq!(
+            (&v["model"], &v["keep_alive"], &v["options"]),
+            (&json!("t"), &json!("5m"), &json!({"num_predict": 7}))
+        );
+        assert!(v.get("user").is_none(), "{v}");
+        // More keys than are read raw: the tree reads the body, same answer.
+        let mut many = String::from(r#"{"model":"m","messages":[{"role":"user","content":"hi"}]"#);
+        for k in 0..40 {
+            many.push_str(&format!(r#","k{k}":{k}"#));
+        }
+        many.push('}');
+        let out = chat_body(many.as_bytes(), "t").unwrap();
+        let v: Value = serde_json::from_slice(&out.body).unwrap();
+        assert_eq!((&v["k0"], &v["k39"]), (&json!(0), &json!(39)));
     }
 
     #[test]
