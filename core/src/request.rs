@@ -6,7 +6,7 @@
 //! Everything else stays exactly as the client sent it (key order, spacing,
 //! numbers of any size, unknown fields).
 
-use std::ops::Range;
+use std::{borrow::Cow, ops::Range};
 
 use bytes::{Bytes, BytesMut};
 use serde::Deserialize;
@@ -31,6 +31,23 @@ pub struct Top {
     /// Where the values that may tie the request to a target's prompt
     /// cache sit (read in the same pass; see [`AffinitySpans`]).
     pub affinity: AffinitySpans,
+    /// Every top-level field's place, when read with [`Top::parse_keeping`].
+    pub fields: Option<TopFields>,
+}
+
+/// Where each top-level field sits in the body, in the order sent (a key
+/// given twice kept twice): what a translation of the request reads
+/// again without walking the body a second time (a prompt can be
+/// megabytes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TopFields(pub(crate) Vec<(FieldKey, Range<usize>)>);
+
+/// A top-level key: where it sits (without its quotes), or, when it was
+/// written with an escape, the key itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FieldKey {
+    At(Range<usize>),
+    Escaped(Box<str>),
 }
 
 /// Where the top-level values cache affinity reads sit in the body, each
@@ -69,7 +86,7 @@ impl<'de: 'a, 'a> Deserialize<'de> for Field<'a> {
     }
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, Default)]
 struct RawTop<'a> {
     #[serde(borrow, default)]
     model: Field<'a>,
@@ -122,6 +139,68 @@ impl Top {
             return Err("invalid request body: expected a JSON object".into());
         }
         let raw: RawTop = serde_json::from_slice(body).map_err(|e| format!("invalid request body: {e}"))?;
+        Self::read(body, raw)
+    }
+
+    /// [`Top::parse`], keeping every top-level field's place in
+    /// [`Top::fields`] (for a request the edge may translate).
+    pub fn parse_keeping(body: &[u8]) -> Result<Self, String> {
+        if body.is_empty() {
+            return Err("request body is empty; expected a JSON object".into());
+        }
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err("invalid request body: expected a JSON object".into());
+        }
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let all = crate::translate::top::all_fields(&mut de).map_err(|e| format!("invalid request body: {e}"))?;
+        de.end().map_err(|e| format!("invalid request body: {e}"))?;
+        let mut raw = RawTop::default();
+        for (key, value) in &all {
+            let slot = match key.as_ref() {
+                "model" => &mut raw.model,
+                "stream" => &mut raw.stream,
+                "stream_options" => &mut raw.stream_options,
+                "prompt_cache_key" => &mut raw.prompt_cache_key,
+                "user" => &mut raw.user,
+                "metadata" => &mut raw.metadata,
+                "system" => &mut raw.system,
+                "instructions" => &mut raw.instructions,
+                "messages" => &mut raw.messages,
+                "input" => &mut raw.input,
+                "prompt" => &mut raw.prompt,
+                "encoding_format" => {
+                    // As the derived reading reads it.
+                    if raw.encoding_format.is_some() {
+                        return Err("invalid request body: duplicate field `encoding_format`".into());
+                    }
+                    raw.encoding_format = serde_json::from_str::<Option<String>>(value.get())
+                        .map_err(|_| "invalid request body: `encoding_format` must be a string".to_owned())?;
+                    continue;
+                }
+                _ => continue,
+            };
+            if slot.0.is_some() {
+                return Err(format!("invalid request body: duplicate field `{key}`"));
+            }
+            slot.0 = Some(value);
+        }
+        let fields = all
+            .iter()
+            .map(|(key, value)| {
+                let key = match key {
+                    Cow::Borrowed(k) => FieldKey::At(span_in(body, k)),
+                    Cow::Owned(k) => FieldKey::Escaped(k.as_str().into()),
+                };
+                (key, span_in(body, value.get()))
+            })
+            .collect();
+        let mut top = Self::read(body, raw)?;
+        top.fields = Some(TopFields(fields));
+        Ok(top)
+    }
+
+    /// The fields the gateway reads, from the top level read raw.
+    fn read(body: &[u8], raw: RawTop<'_>) -> Result<Self, String> {
         let model_raw = raw.model.0.ok_or("`model` is required")?;
         let model: String = serde_json::from_str(model_raw.get()).map_err(|_| "`model` must be a string")?;
         if model.is_empty() {
@@ -163,7 +242,17 @@ impl Top {
             system: span(raw.system).or_else(|| span(raw.instructions)),
             conversation: span(raw.messages).or_else(|| span(raw.input)).or_else(|| span(raw.prompt)),
         };
-        Ok(Self { model, model_span, stream, stream_span, stream_options, end, encoding_base64, affinity })
+        Ok(Self {
+            model,
+            model_span,
+            stream,
+            stream_span,
+            stream_options,
+            end,
+            encoding_base64,
+            affinity,
+            fields: None,
+        })
     }
 
     /// Embeddings asked as base64 (`encoding_format`).
@@ -406,6 +495,36 @@ mod tests {
         ] {
             let e = Top::parse(body.as_bytes()).unwrap_err();
             assert!(e.contains(needle), "{body}: {e}");
+            let e = Top::parse_keeping(body.as_bytes()).unwrap_err();
+            assert!(e.contains(needle), "keeping {body}: {e}");
+        }
+    }
+
+    #[test]
+    fn keeping_the_places_reads_the_same_top() {
+        for body in [
+            r#"{"model":"m","stream":true,"stream_options":{"include_usage":false},"messages":[1],"user":"u"}"#,
+            r#" {"x":1,"x":2,"mod\u0065l":"m","instructions":"i","input":"q","encoding_format":"base64"} "#,
+            r#"{"model":"m","prompt_cache_key":"k","metadata":{"user_id":"a"},"system":"s","stream":null}"#,
+        ] {
+            let a = Top::parse(body.as_bytes()).unwrap();
+            let mut b = Top::parse_keeping(body.as_bytes()).unwrap();
+            let fields = b.fields.take().unwrap();
+            assert_eq!(format!("{a:?}"), format!("{b:?}"), "{body}");
+            // Every field, in order, a key given twice kept twice.
+            let keys: Vec<String> = fields
+                .0
+                .iter()
+                .map(|(k, _)| match k {
+                    FieldKey::At(r) => body[r.clone()].to_owned(),
+                    FieldKey::Escaped(k) => format!("({k})"),
+                })
+                .collect();
+            let values: Vec<&str> = fields.0.iter().map(|(_, v)| &body[v.clone()]).collect();
+            if body.contains("\"x\":1") {
+                assert_eq!(keys, ["x", "x", "(model)", "instructions", "input", "encoding_format"]);
+                assert_eq!(values, ["1", "2", "\"m\"", "\"i\"", "\"q\"", "\"base64\""]);
+            }
         }
     }
 }

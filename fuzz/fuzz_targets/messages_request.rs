@@ -3,18 +3,31 @@
 //!
 //! Input: the whole input is the client's body.
 //! Invariants: never panics; a refusal is a 400 or a 413 whose message
-//! starts with its param; a translation is a JSON object with `model` = the
+//! starts with its param; the places of the edge's first read
+//! (`Top::parse_keeping`), when it reads the body, translate it the same;
+//! a translation is a JSON object with `model` = the
 //! target, a non-empty `messages` array whose tool messages each answer a
 //! call of the assistant message before them, `stream` as reported, and
 //! `dropped` sorted without repeats.
 #![no_main]
 
-use iop_core::messages::to_chat;
+use iop_core::{
+    messages::{to_chat, to_chat_at},
+    request::Top,
+};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
 fuzz_target!(|input: &[u8]| {
-    let t = match to_chat(input, "m", &Default::default()) {
+    let whole = to_chat(input, "m", &Default::default());
+    if let Ok(top) = Top::parse_keeping(input) {
+        assert_eq!(
+            to_chat_at(input, top.fields.as_ref(), "m", &Default::default()),
+            whole,
+            "read at the first read's places"
+        );
+    }
+    let t = match whole {
         Ok(t) => t,
         Err(e) => {
             assert!(e.status == 400 || e.status == 413, "status {}", e.status);

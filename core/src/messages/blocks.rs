@@ -3,7 +3,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use serde_json::{json, value::RawValue, Map, Value};
+use serde_json::{json, Map, Value};
 
 use super::{
     read::{block, boolean, invalid, object, required, shown, string, take, Dropped, Path},
@@ -53,10 +53,10 @@ pub(super) struct Ctx<'l> {
 
 /// `system` as one leading system message, none when empty. A string is
 /// carried as it was sent.
-pub(super) fn system(raw: &RawValue, ctx: &mut Ctx<'_>, out: &mut Body) -> Result<(), Invalid> {
+pub(super) fn system(raw: &str, ctx: &mut Ctx<'_>, out: &mut Body) -> Result<(), Invalid> {
     let at = Path::top("system");
     if top::is_string(raw) {
-        if raw.get() != "\"\"" {
+        if raw != "\"\"" {
             text_message(out, "system", raw)?;
         }
         return Ok(());
@@ -82,7 +82,7 @@ pub(super) fn system(raw: &RawValue, ctx: &mut Ctx<'_>, out: &mut Body) -> Resul
 }
 
 /// A message whose content is a string, carried as it was sent.
-fn text_message(out: &mut Body, role: &str, content: &RawValue) -> Result<(), Invalid> {
+fn text_message(out: &mut Body, role: &str, content: &str) -> Result<(), Invalid> {
     out.element().bytes(b"{\"role\":\"");
     out.bytes(role.as_bytes());
     out.bytes(b"\",\"content\":");
@@ -96,7 +96,7 @@ fn text_message(out: &mut Body, role: &str, content: &RawValue) -> Result<(), In
 type Pending = HashMap<String, (usize, usize)>;
 
 /// `messages` written into the open array of `out` as OpenAI chat messages.
-pub(super) fn messages(raw: &RawValue, ctx: &mut Ctx<'_>, out: &mut Body) -> Result<(), Invalid> {
+pub(super) fn messages(raw: &str, ctx: &mut Ctx<'_>, out: &mut Body) -> Result<(), Invalid> {
     let at = Path::top("messages");
     if !top::is_array(raw) {
         return Err(invalid(at, "must be an array"));
@@ -156,7 +156,7 @@ pub(super) fn messages(raw: &RawValue, ctx: &mut Ctx<'_>, out: &mut Body) -> Res
 }
 
 /// A message's content that is not a string: its blocks.
-fn content_blocks(content: &RawValue, mat: Path<'_>) -> Result<Vec<Value>, Invalid> {
+fn content_blocks(content: &str, mat: Path<'_>) -> Result<Vec<Value>, Invalid> {
     match top::tree(content)? {
         Value::Array(blocks) => Ok(blocks),
         _ => Err(invalid(mat.key("content"), "must be a string or an array of content blocks")),

@@ -73,4 +73,4 @@ mod tools;
 #[cfg(test)]
 mod tests;
 
-pub use request::{to_chat, Invalid, Limits, Translated};
+pub use request::{to_chat, to_chat_at, Invalid, Limits, Translated};

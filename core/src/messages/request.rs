@@ -8,8 +8,11 @@ use super::{
     read::{array, boolean, count, invalid, number, object, required, shown, string, take, Dropped, Path},
     tools,
 };
-use crate::translate::top::{Body, Fields};
 pub use crate::translate::Invalid;
+use crate::{
+    request::TopFields,
+    translate::top::{Body, Fields},
+};
 
 /// A Messages request translated onto an OpenAI chat-completions body.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,7 +54,19 @@ const SERVER_ONLY: &[&str] = &["context_management", "container", "mcp_servers",
 /// The OpenAI chat-completions body for the Messages request `body`, with
 /// `model` = `target_model`.
 pub fn to_chat(body: &[u8], target_model: &str, limits: &Limits) -> Result<Translated, Invalid> {
-    let mut top = Fields::top(body)?;
+    to_chat_at(body, None, target_model, limits)
+}
+
+/// [`to_chat`], with the places of the body's top-level fields when a
+/// first read kept them ([`crate::request::Top::parse_keeping`]): the
+/// body is then not walked again.
+pub fn to_chat_at(
+    body: &[u8],
+    places: Option<&TopFields>,
+    target_model: &str,
+    limits: &Limits,
+) -> Result<Translated, Invalid> {
+    let mut top = Fields::of(body, places)?;
     let mut ctx = Ctx { limits, dropped: Dropped::default() };
     // The messages are most of the body and are written as they were sent.
     let mut out = Body::new(body.len() + 128);

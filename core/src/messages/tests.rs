@@ -550,3 +550,21 @@ fn many_keys_cost_no_square_and_a_repeat_among_them_is_found() {
     let e = refuse(format!("{raw}\"k59999\":1}}").as_bytes());
     assert_eq!((e.status, e.param.as_str()), (400, "k59999"), "{e}");
 }
+
+#[test]
+fn the_places_of_a_first_read_translate_as_the_body_does() {
+    for raw in [
+        &br#"{"model":"m","max_tokens":5,"system":"s","messages":[{"role":"user","content":"hi"}],"x":1}"#[..],
+        br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"a"}],"k":1,"\u006b":2}"#,
+        br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":"a"}],"max_tokens":6}"#,
+        br#"{"model":"m","max_tokens":5,"messages":[{"role":"user","content":[{"type":"text","text":"t"}]}]}"#,
+    ] {
+        let Ok(top) = crate::request::Top::parse_keeping(raw) else {
+            // A known key given twice: the first read refuses it either way.
+            assert!(crate::request::Top::parse(raw).is_err(), "{}", String::from_utf8_lossy(raw));
+            continue;
+        };
+        let at = to_chat_at(raw, top.fields.as_ref(), "target", &Limits::default());
+        assert_eq!(at, to_chat(raw, "target", &Limits::default()), "{}", String::from_utf8_lossy(raw));
+    }
+}

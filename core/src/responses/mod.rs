@@ -78,7 +78,7 @@ mod tests;
 use serde_json::Value;
 
 pub use crate::translate::Invalid;
-pub use request::{to_chat, Echo, Options, Translated};
+pub use request::{to_chat, to_chat_at, Echo, Options, Translated};
 
 /// The chat messages `t`'s own `input` gave (instructions and
 /// [`Options::history`] excluded): with the answer's messages after them,

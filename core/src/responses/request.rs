@@ -2,13 +2,16 @@
 //! (duplicate keys refused), the fields that tune the answer, and what the
 //! response echoes.
 
-use serde_json::{json, value::RawValue, Map, Value};
+use serde_json::{json, Map, Value};
 
 use super::{items, names::Names, tools, tune};
-use crate::translate::{
-    read::{array, boolean, count, invalid, number, object, shown, string, Dropped, Path},
-    top::{self, Body, Fields},
-    Invalid,
+use crate::{
+    request::TopFields,
+    translate::{
+        read::{array, boolean, count, invalid, number, object, shown, string, Dropped, Path},
+        top::{self, Body, Fields},
+        Invalid,
+    },
 };
 
 /// A Responses request translated onto an OpenAI chat-completions body.
@@ -96,7 +99,19 @@ const SERVICE_ONLY: &[&str] =
 /// The OpenAI chat-completions body for the Responses request `body`, with
 /// `model` = `target_model`.
 pub fn to_chat(body: &[u8], target_model: &str, opts: &Options) -> Result<Translated, Invalid> {
-    let mut top = Fields::top(body)?;
+    to_chat_at(body, None, target_model, opts)
+}
+
+/// [`to_chat`], with the places of the body's top-level fields when a
+/// first read kept them ([`crate::request::Top::parse_keeping`]): the
+/// body is then not walked again.
+pub fn to_chat_at(
+    body: &[u8],
+    places: Option<&TopFields>,
+    target_model: &str,
+    opts: &Options,
+) -> Result<Translated, Invalid> {
+    let mut top = Fields::of(body, places)?;
     // The input is most of the body; a string is written as it was sent.
     let mut body_out = Body::new(body.len() + 128);
     // The fields that tune the answer, few and small: a tree.
@@ -271,7 +286,7 @@ fn opt_string(top: &mut Fields<'_>, key: &str) -> Result<Option<String>, Invalid
 }
 
 /// `"messages":[..]`: those translated, then the input when it was a string.
-fn write_messages(out: &mut Body, messages: &[Value], text_input: Option<&RawValue>) -> Result<(), Invalid> {
+fn write_messages(out: &mut Body, messages: &[Value], text_input: Option<&str>) -> Result<(), Invalid> {
     out.key("messages").open_array();
     for m in messages {
         out.element().value(m);

@@ -604,3 +604,20 @@ fn a_string_input_is_carried_as_sent_after_the_instructions() {
     let e = to_chat(br#"{"model":"m","input":"\udc00"}"#, "target", &Options::default()).unwrap_err();
     assert_eq!((e.status, e.param.as_str()), (400, ""), "{e}");
 }
+
+#[test]
+fn the_places_of_a_first_read_translate_as_the_body_does() {
+    for raw in [
+        &br#"{"model":"m","instructions":"i","input":"q","store":false,"x":null,"y":2}"#[..],
+        br#"{"model":"m","input":[{"role":"user","content":"q"}],"\u0069nput":"r"}"#,
+        br#"{"model":"m","input":"q","tools":[{"type":"function","name":"f","parameters":{}}],"tool_choice":"auto"}"#,
+    ] {
+        let Ok(top) = crate::request::Top::parse_keeping(raw) else {
+            // A known key given twice: the first read refuses it either way.
+            assert!(crate::request::Top::parse(raw).is_err(), "{}", String::from_utf8_lossy(raw));
+            continue;
+        };
+        let at = to_chat_at(raw, top.fields.as_ref(), "target", &Options::default());
+        assert_eq!(at, to_chat(raw, "target", &Options::default()), "{}", String::from_utf8_lossy(raw));
+    }
+}

@@ -7,12 +7,13 @@
 //! tool's schema, the fields a response echoes) is copied once, as written,
 //! instead of being unescaped into a tree and escaped back out of it.
 
-use std::{borrow::Cow, collections::BTreeMap, fmt};
+use std::{borrow::Cow, collections::BTreeMap, fmt, ops::Range};
 
 use serde::de::{Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{value::RawValue, Map, Value};
 
 use super::{read::shown, Invalid};
+use crate::request::{FieldKey, TopFields};
 
 /// The refusal of the body as a whole.
 pub(crate) fn bad_body(what: impl fmt::Display) -> Invalid {
@@ -20,7 +21,7 @@ pub(crate) fn bad_body(what: impl fmt::Display) -> Invalid {
 }
 
 /// An object's fields in the order sent, values unread.
-pub(crate) struct Fields<'a>(Vec<(Cow<'a, str>, &'a RawValue)>);
+pub(crate) struct Fields<'a>(Vec<(Cow<'a, str>, &'a str)>);
 
 impl<'a> Fields<'a> {
     /// The request's top-level object; a key given twice is refused (which
@@ -37,18 +38,45 @@ impl<'a> Fields<'a> {
         de.end().map_err(bad_body)?;
         match twice {
             None => Ok(Self(fields)),
-            Some(key) => {
-                let param = shown(&key).to_owned();
-                Err(Invalid { status: 400, message: format!("{param}: given twice"), param })
-            }
+            Some(key) => Err(given_twice(&key)),
         }
     }
 
+    /// The top-level fields: at their `places` when a first read kept
+    /// them, else read from `body`.
+    pub(crate) fn of(body: &'a [u8], places: Option<&'a TopFields>) -> Result<Self, Invalid> {
+        match places {
+            Some(places) => Self::at(body, places),
+            None => Self::top(body),
+        }
+    }
+
+    /// The top-level fields at the places a first read of `body` found
+    /// them ([`Top::parse_keeping`](crate::request::Top::parse_keeping)):
+    /// the same as [`Fields::top`] without walking the body again.
+    pub(crate) fn at(body: &'a [u8], places: &'a TopFields) -> Result<Self, Invalid> {
+        // One check for the whole body (a first read that kept places read
+        // it all as JSON, so it is UTF-8), not one per key and value.
+        let body = std::str::from_utf8(body).map_err(bad_body)?;
+        let text = |r: &Range<usize>| body.get(r.clone()).ok_or_else(|| bad_body("a field out of place"));
+        let mut fields = Collect::default();
+        for (key, value) in &places.0 {
+            let key = match key {
+                FieldKey::At(r) => Cow::Borrowed(text(r)?),
+                FieldKey::Escaped(k) => Cow::Borrowed(&**k),
+            };
+            if let Some(key) = fields.add(key, text(value)?, true) {
+                return Err(given_twice(&key));
+            }
+        }
+        Ok(Self(fields.fields))
+    }
+
     /// Takes `key` out, as written; `null` counts as absent.
-    pub(crate) fn take_raw(&mut self, key: &str) -> Option<&'a RawValue> {
+    pub(crate) fn take_raw(&mut self, key: &str) -> Option<&'a str> {
         let at = self.0.iter().position(|(k, _)| k == key)?;
         let (_, v) = self.0.swap_remove(at);
-        (v.get() != "null").then_some(v)
+        (v != "null").then_some(v)
     }
 
     /// Takes `key` out, read as a JSON tree; `null` counts as absent.
@@ -58,30 +86,30 @@ impl<'a> Fields<'a> {
 
     /// The keys left with a non-null value (the known ones were taken out).
     pub(crate) fn rest(self) -> impl Iterator<Item = Cow<'a, str>> {
-        self.0.into_iter().filter(|(_, v)| v.get() != "null").map(|(k, _)| k)
+        self.0.into_iter().filter(|(_, v)| *v != "null").map(|(k, _)| k)
     }
 }
 
 /// `raw` read as a JSON tree. It was read once already, so only what the
 /// first read does not check (the nesting limit) can refuse it.
-pub(crate) fn tree(raw: &RawValue) -> Result<Value, Invalid> {
-    serde_json::from_str(raw.get()).map_err(bad_body)
+pub(crate) fn tree(raw: &str) -> Result<Value, Invalid> {
+    serde_json::from_str(raw).map_err(bad_body)
 }
 
 /// Whether `raw` is a JSON string.
-pub(crate) fn is_string(raw: &RawValue) -> bool {
-    raw.get().starts_with('"')
+pub(crate) fn is_string(raw: &str) -> bool {
+    raw.starts_with('"')
 }
 
 /// Whether `raw` is a JSON array.
-pub(crate) fn is_array(raw: &RawValue) -> bool {
-    raw.get().starts_with('[')
+pub(crate) fn is_array(raw: &str) -> bool {
+    raw.starts_with('[')
 }
 
 /// The elements of `raw`, a JSON array, each read as an object's fields
 /// in the same pass (`None`: an element that is not an object).
-pub(crate) fn objects(raw: &RawValue) -> Result<Vec<Option<Fields<'_>>>, Invalid> {
-    let mut de = serde_json::Deserializer::from_str(raw.get());
+pub(crate) fn objects(raw: &str) -> Result<Vec<Option<Fields<'_>>>, Invalid> {
+    let mut de = serde_json::Deserializer::from_str(raw);
     de.deserialize_seq(ObjectsVisitor).map_err(bad_body)
 }
 
@@ -160,7 +188,7 @@ struct FieldsVisitor {
     refuse_twice: bool,
 }
 
-type Read<'a> = (Vec<(Cow<'a, str>, &'a RawValue)>, Option<String>);
+type Read<'a> = (Vec<(Cow<'a, str>, &'a str)>, Option<String>);
 
 impl<'de> Visitor<'de> for FieldsVisitor {
     type Value = Read<'de>;
@@ -180,8 +208,7 @@ const SCANNED_KEYS: usize = 16;
 
 /// An object's fields; with `refuse_twice`, the first key given twice.
 fn read_fields<'de, A: MapAccess<'de>>(mut access: A, refuse_twice: bool) -> Result<Read<'de>, A::Error> {
-    let mut fields: Vec<(Cow<'de, str>, &'de RawValue)> = Vec::with_capacity(8);
-    let mut index: Option<BTreeMap<Cow<'de, str>, usize>> = None;
+    let mut fields = Collect::default();
     let mut twice = None;
     while let Some(Key(key)) = access.next_key_seed(KeySeed)? {
         // After a duplicate the rest is only checked for syntax, so a
@@ -190,26 +217,75 @@ fn read_fields<'de, A: MapAccess<'de>>(mut access: A, refuse_twice: bool) -> Res
             access.next_value::<IgnoredAny>()?;
             continue;
         }
-        let value: &'de RawValue = access.next_value()?;
-        let at = match &index {
+        let value = access.next_value::<&'de RawValue>()?.get();
+        twice = fields.add(key, value, refuse_twice).map(Cow::into_owned);
+    }
+    Ok((fields.fields, twice))
+}
+
+/// Fields gathered in order, a key given twice found by a scan while they
+/// are few and through an index past [`SCANNED_KEYS`].
+#[derive(Default)]
+struct Collect<'a> {
+    fields: Vec<(Cow<'a, str>, &'a str)>,
+    index: Option<BTreeMap<Cow<'a, str>, usize>>,
+}
+
+impl<'a> Collect<'a> {
+    /// Adds a field. A key there already: with `refuse_twice`, returned
+    /// (and not added); else its value is replaced (the last one counts,
+    /// as in a JSON tree).
+    fn add(&mut self, key: Cow<'a, str>, value: &'a str, refuse_twice: bool) -> Option<Cow<'a, str>> {
+        let at = match &self.index {
             Some(index) => index.get(&key).copied(),
-            None => fields.iter().position(|(k, _)| *k == key),
+            None => self.fields.iter().position(|(k, _)| *k == key),
         };
-        match at.and_then(|i| fields.get_mut(i)) {
+        match at.and_then(|i| self.fields.get_mut(i)) {
             None => {
-                if let Some(index) = &mut index {
-                    index.insert(key.clone(), fields.len());
+                if let Some(index) = &mut self.index {
+                    index.insert(key.clone(), self.fields.len());
                 }
-                fields.push((key, value));
-                if index.is_none() && fields.len() > SCANNED_KEYS {
-                    index = Some(fields.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect());
+                self.fields.push((key, value));
+                if self.index.is_none() && self.fields.len() > SCANNED_KEYS {
+                    self.index = Some(self.fields.iter().enumerate().map(|(i, (k, _))| (k.clone(), i)).collect());
                 }
+                None
             }
-            Some(_) if refuse_twice => twice = Some(key.into_owned()),
-            Some(slot) => slot.1 = value,
+            Some(_) if refuse_twice => Some(key),
+            Some(slot) => {
+                slot.1 = value;
+                None
+            }
         }
     }
-    Ok((fields, twice))
+}
+
+/// The refusal of a top-level key given twice.
+fn given_twice(key: &str) -> Invalid {
+    let param = shown(key).to_owned();
+    Invalid { status: 400, message: format!("{param}: given twice"), param }
+}
+
+/// Every field of the object `d` holds, in order, a key given twice kept
+/// twice ([`Top::parse_keeping`](crate::request::Top::parse_keeping)).
+pub(crate) fn all_fields<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(Cow<'de, str>, &'de RawValue)>, D::Error> {
+    struct All;
+    impl<'de> Visitor<'de> for All {
+        type Value = Vec<(Cow<'de, str>, &'de RawValue)>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a JSON object")
+        }
+
+        fn visit_map<A: MapAccess<'de>>(self, mut access: A) -> Result<Self::Value, A::Error> {
+            let mut fields = Vec::with_capacity(8);
+            while let Some(Key(key)) = access.next_key_seed(KeySeed)? {
+                fields.push((key, access.next_value::<&'de RawValue>()?));
+            }
+            Ok(fields)
+        }
+    }
+    d.deserialize_map(All)
 }
 
 /// A key, borrowed from the body unless it holds an escape.
@@ -296,12 +372,12 @@ impl Body {
 
     /// A JSON string as it was sent. One with a `\u` escape is read first:
     /// a lone surrogate there would be refused by a JSON tree, and is here.
-    pub(crate) fn raw_string(&mut self, raw: &RawValue) -> Result<(), Invalid> {
-        if raw.get().contains("\\u") {
-            let s: String = serde_json::from_str(raw.get()).map_err(bad_body)?;
+    pub(crate) fn raw_string(&mut self, raw: &str) -> Result<(), Invalid> {
+        if raw.contains("\\u") {
+            let s: String = serde_json::from_str(raw).map_err(bad_body)?;
             self.str(&s);
         } else {
-            self.buf.extend_from_slice(raw.get().as_bytes());
+            self.buf.extend_from_slice(raw.as_bytes());
         }
         Ok(())
     }

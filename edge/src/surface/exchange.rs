@@ -124,7 +124,13 @@ pub async fn admit(
     // The body's share of the core's budget is held until the request is
     // handed to its node (queueing included).
     let (bytes, permit) = body.into_parts();
-    let top = match iop_core::request::Top::parse(&bytes) {
+    // A request the edge may translate keeps its fields' places: the
+    // translation then reads them without walking the body again.
+    let parse = match route {
+        Route::Messages | Route::Responses => iop_core::request::Top::parse_keeping,
+        _ => iop_core::request::Top::parse,
+    };
+    let top = match parse(&bytes) {
         Ok(t) => t,
         Err(msg) => return Err(reply::error(&mut conn.responder(), d, 400, &msg, "invalid_request", keep).await),
     };

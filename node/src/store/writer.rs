@@ -151,7 +151,11 @@ impl Writer {
     }
 
     fn insert(&mut self, batch: &[RunRow]) -> rusqlite::Result<()> {
-        let tx = self.conn.transaction()?;
+        // The write lock taken at BEGIN, waiting (busy timeout) for another
+        // writer: a deferred transaction reads first (a route's id) and,
+        // had another writer committed while it waited to write, would
+        // fail at once (its snapshot stale) and lose the batch.
+        let tx = self.conn.transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)?;
         {
             // Rows bound in place, [`PACK`] to a statement: a statement's
             // own work (its cursor, its start and end) is then paid once

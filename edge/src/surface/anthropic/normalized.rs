@@ -38,7 +38,8 @@ pub fn answer<'a>(
     let keep = parts.head.keep_alive;
     let target = admitted.target.upstream_model.clone();
     let estimate = estimated_tokens(parts.bytes.len());
-    let mut submitted = messages::to_chat(&parts.bytes, &target, &messages::Limits::default())
+    let places = parts.top.fields.as_ref();
+    let mut submitted = messages::to_chat_at(&parts.bytes, places, &target, &messages::Limits::default())
         .and_then(|t| translated::refuse_if_strict(&parts.group, &t.dropped).map(|()| t))
         .map(|t| {
             let s = translated::submit(worker, conn, &parts.group.name, admitted, t.body, t.stream, &t.dropped);

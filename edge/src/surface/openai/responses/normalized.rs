@@ -40,7 +40,8 @@ pub fn answer<'a>(
     let target = admitted.target.upstream_model.clone();
     // Over HTTP there is no earlier response to chain onto: the
     // translation refuses `previous_response_id` and `store: true`.
-    let mut submitted = responses::to_chat(&parts.bytes, &target, &responses::Options::default())
+    let places = parts.top.fields.as_ref();
+    let mut submitted = responses::to_chat_at(&parts.bytes, places, &target, &responses::Options::default())
         .and_then(|t| translated::refuse_if_strict(&parts.group, &t.dropped).map(|()| t))
         .map(|t| {
             let s = translated::submit(worker, conn, &parts.group.name, admitted, t.body, t.stream, &t.dropped);
