@@ -518,6 +518,8 @@ fn string_contents_are_carried_as_sent_and_escapes_still_checked() {
         let raw = format!(r#"{{"model":"m","max_tokens":5,"messages":[{{"role":"user","content":{content}}}]}}"#);
         let e = refuse(raw.as_bytes());
         assert_eq!((e.status, e.param.as_str()), (400, ""), "{content}: {e}");
+        // No position: one counted from the string's start would mislead.
+        assert!(e.message.starts_with("invalid request body: ") && !e.message.contains(" column "), "{e}");
     }
     // A raw control character or invalid UTF-8 in a string is refused.
     for content in [&b"\"a\nb\""[..], b"\"a\xffb\""] {
@@ -526,6 +528,9 @@ fn string_contents_are_carried_as_sent_and_escapes_still_checked() {
         raw.extend_from_slice(b"}]}");
         assert_eq!(refuse(&raw).status, 400, "{}", String::from_utf8_lossy(content));
     }
+    // A number a tree cannot hold, read only when taken, is refused as before.
+    let e = refuse(br#"{"model":"m","max_tokens":5,"temperature":1e999,"messages":[{"role":"user","content":"a"}]}"#);
+    assert_eq!(e.message, "invalid request body: number out of range");
     // An empty system string adds no message; nesting too deep is refused.
     let t = body(&req(json!({"system": ""})));
     assert_eq!(t["messages"].as_array().unwrap().len(), 1);

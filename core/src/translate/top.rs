@@ -93,7 +93,14 @@ impl<'a> Fields<'a> {
 /// `raw` read as a JSON tree. It was read once already, so only what the
 /// first read does not check (the nesting limit) can refuse it.
 pub(crate) fn tree(raw: &str) -> Result<Value, Invalid> {
-    serde_json::from_str(raw).map_err(bad_body)
+    serde_json::from_str(raw).map_err(bad_part)
+}
+
+/// The refusal of a part of the body read again: serde's position would
+/// count from the part's start, not the body's, so it is left out.
+fn bad_part(e: serde_json::Error) -> Invalid {
+    let text = e.to_string();
+    bad_body(text.rsplit_once(" at line ").map_or(text.as_str(), |(what, _)| what))
 }
 
 /// Whether `raw` is a JSON string.
@@ -110,7 +117,7 @@ pub(crate) fn is_array(raw: &str) -> bool {
 /// in the same pass (`None`: an element that is not an object).
 pub(crate) fn objects(raw: &str) -> Result<Vec<Option<Fields<'_>>>, Invalid> {
     let mut de = serde_json::Deserializer::from_str(raw);
-    de.deserialize_seq(ObjectsVisitor).map_err(bad_body)
+    de.deserialize_seq(ObjectsVisitor).map_err(bad_part)
 }
 
 struct ObjectsVisitor;
@@ -374,7 +381,7 @@ impl Body {
     /// a lone surrogate there would be refused by a JSON tree, and is here.
     pub(crate) fn raw_string(&mut self, raw: &str) -> Result<(), Invalid> {
         if raw.contains("\\u") {
-            let s: String = serde_json::from_str(raw).map_err(bad_body)?;
+            let s: String = serde_json::from_str(raw).map_err(bad_part)?;
             self.str(&s);
         } else {
             self.buf.extend_from_slice(raw.as_bytes());
