@@ -91,7 +91,8 @@ impl<'a> Fields<'a> {
 }
 
 /// `raw` read as a JSON tree. It was read once already, so only what the
-/// first read does not check (the nesting limit) can refuse it.
+/// first read does not check (the nesting limit, a number too large for a
+/// float) can refuse it.
 pub(crate) fn tree(raw: &str) -> Result<Value, Invalid> {
     serde_json::from_str(raw).map_err(bad_part)
 }
