@@ -120,6 +120,18 @@ struct RawStreamOptions<'a> {
     include_usage: Option<&'a RawValue>,
 }
 
+/// Refuses a body that is empty or does not start as an object (serde
+/// would also read a struct from an array, by position).
+fn an_object(body: &[u8]) -> Result<(), String> {
+    if body.is_empty() {
+        return Err("request body is empty; expected a JSON object".into());
+    }
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err("invalid request body: expected a JSON object".into());
+    }
+    Ok(())
+}
+
 /// Where `inner` (a sub-slice of `outer`) lies in `outer`.
 fn span_in(outer: &[u8], inner: &str) -> Range<usize> {
     let start = (inner.as_ptr() as usize).saturating_sub(outer.as_ptr() as usize);
@@ -131,13 +143,7 @@ impl Top {
     /// Duplicate top-level keys are refused (the provider might read the
     /// other one).
     pub fn parse(body: &[u8]) -> Result<Self, String> {
-        if body.is_empty() {
-            return Err("request body is empty; expected a JSON object".into());
-        }
-        // serde would also read a struct from an array, by position.
-        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err("invalid request body: expected a JSON object".into());
-        }
+        an_object(body)?;
         let raw: RawTop = serde_json::from_slice(body).map_err(|e| format!("invalid request body: {e}"))?;
         Self::read(body, raw)
     }
@@ -145,12 +151,7 @@ impl Top {
     /// [`Top::parse`], keeping every top-level field's place in
     /// [`Top::fields`] (for a request the edge may translate).
     pub fn parse_keeping(body: &[u8]) -> Result<Self, String> {
-        if body.is_empty() {
-            return Err("request body is empty; expected a JSON object".into());
-        }
-        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err("invalid request body: expected a JSON object".into());
-        }
+        an_object(body)?;
         let mut de = serde_json::Deserializer::from_slice(body);
         let all = crate::translate::top::all_fields(&mut de).map_err(|e| format!("invalid request body: {e}"))?;
         de.end().map_err(|e| format!("invalid request body: {e}"))?;

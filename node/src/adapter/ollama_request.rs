@@ -141,10 +141,7 @@ impl Req<'_> {
             Self::Tree(m) => {
                 for (key, value) in m {
                     if passed(out, &key) {
-                        out.json.push(b',');
-                        let _ = serde_json::to_writer(&mut out.json, &key);
-                        out.json.push(b':');
-                        let _ = serde_json::to_writer(&mut out.json, &value);
+                        out.pass(&key, &value);
                     }
                 }
             }
@@ -152,14 +149,10 @@ impl Req<'_> {
                 for (key, raw) in m {
                     let value = tree_of(raw)?;
                     if passed(out, key) {
-                        // A key read borrowed holds no escape. The value is
-                        // written as the tree's reading writes it (a long
+                        // Written as the tree's reading writes it (a long
                         // float's text read and written again can differ
                         // from the text sent in its last digit).
-                        out.json.extend_from_slice(b",\"");
-                        out.json.extend_from_slice(key.as_bytes());
-                        out.json.extend_from_slice(b"\":");
-                        let _ = serde_json::to_writer(&mut out.json, &value);
+                        out.pass(key, &value);
                     }
                 }
             }
@@ -183,6 +176,14 @@ impl Out {
         // Writing into a Vec cannot fail.
         let _ = serde_json::to_writer(&mut self.json, value);
         self.written.push(key);
+    }
+
+    /// A client's field passed to Ollama as sent (its key escaped as needed).
+    fn pass(&mut self, key: &str, value: &Value) {
+        self.json.push(b',');
+        let _ = serde_json::to_writer(&mut self.json, key);
+        self.json.push(b':');
+        let _ = serde_json::to_writer(&mut self.json, value);
     }
 }
 

@@ -144,9 +144,7 @@ fn echo_json(e: &Echo) -> Vec<u8> {
 
 /// Appends `,"<key>":<value>`.
 fn member(out: &mut Vec<u8>, key: &str, value: &impl serde::Serialize) {
-    out.extend_from_slice(b",\"");
-    out.extend_from_slice(key.as_bytes());
-    out.extend_from_slice(b"\":");
+    member_key(out, key);
     // Writing to a Vec cannot fail; a non-finite float is null.
     let _ = serde_json::to_writer(&mut *out, value);
 }
@@ -154,13 +152,18 @@ fn member(out: &mut Vec<u8>, key: &str, value: &impl serde::Serialize) {
 /// Appends `,"<key>":<value>`, `default` when `value` is null.
 fn or_default(out: &mut Vec<u8>, key: &str, value: &serde_json::Value, default: &[u8]) {
     if value.is_null() {
-        out.extend_from_slice(b",\"");
-        out.extend_from_slice(key.as_bytes());
-        out.extend_from_slice(b"\":");
+        member_key(out, key);
         out.extend_from_slice(default);
     } else {
         member(out, key, value);
     }
+}
+
+/// Appends `,"<key>":` (our keys need no escaping).
+fn member_key(out: &mut Vec<u8>, key: &str) {
+    out.extend_from_slice(b",\"");
+    out.extend_from_slice(key.as_bytes());
+    out.extend_from_slice(b"\":");
 }
 
 /// What a piece of text is.
