@@ -3,6 +3,7 @@
 
     python3 loadtest/bench/run.py run [--quick] [--rounds N] [--duration SEC] [--systems ...] [--scenarios ...]
     python3 loadtest/bench/run.py compare [RESULTS.json] [--markdown] [--html OUT.html]
+    python3 loadtest/bench/run.py paths [--quick] [--rounds N] [--shapes S1,S2] [--markdown]
 
 `run` starts every system fresh for every run (the mock directly, one nginx,
 two chained nginx, iop edge + node on the tunnel and on the normalized
@@ -29,6 +30,7 @@ sys.path.insert(0, HERE)
 sys.dont_write_bytecode = True
 
 import compare  # noqa: E402
+import paths  # noqa: E402
 import procs  # noqa: E402
 import scenarios  # noqa: E402
 import systems  # noqa: E402
@@ -67,6 +69,7 @@ def parse_args(argv):
     c.add_argument("--html", help="also write the runs as charts, the systems side by side, to this HTML file")
     c.add_argument("--bin-dir", help="where iop-loadtest is, which draws the charts (default: $CARGO_TARGET_DIR/release "
                                      "or target/release, else the results' own)")
+    paths.add_args(sub)
     return ap.parse_args(argv)
 
 
@@ -292,6 +295,8 @@ def main(argv):
     a = parse_args(argv)
     if a.cmd == "run":
         cmd_run(a)
+    elif a.cmd == "paths":
+        paths.cmd_paths(a, os.path.abspath(a.bin_dir or default_bin_dir()), HERE)
     else:
         cmd_compare(a)
 

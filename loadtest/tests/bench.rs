@@ -10,6 +10,9 @@
 //!   iop-node binaries, which `cargo test -p iop-loadtest` does not build):
 //!   a short `--quick` run through one and two nginx and both iop paths,
 //!   then one of S2 beside the Messages and Responses scenarios (M2, R4).
+//! - `quick_paths_...` (ignored, as the one above): `run.py paths --quick`,
+//!   every path (chat, Messages, Responses; tunnel, native, translated)
+//!   in one edge and node.
 //!
 //! ```sh
 //! cargo test -p iop-loadtest --test bench
@@ -289,3 +292,49 @@ fn quick_run_nginx_and_iop() {
 /// native, translated (against the chat tunnel and chat normalized) and
 /// rate rows, R4's memory rows.
 const DIALECT_TARGETS: usize = 3 + 5 + 2;
+
+#[test]
+#[ignore = "needs iop-edge + iop-node beside this test (cargo build -p iop-edge -p iop-node) or in IOP_BENCH_BIN_DIR"]
+fn quick_paths_measures_every_path_in_one_edge_and_node() {
+    let _one = LOAD.lock().unwrap_or_else(|e| e.into_inner());
+    let bin_dir = std::env::var_os("IOP_BENCH_BIN_DIR").map_or_else(own_bin_dir, PathBuf::from);
+    let dir = scratch("paths");
+    let results = dir.join("paths.json");
+    let (ok, stdout, stderr) = python(&[
+        "paths",
+        "--quick",
+        "--bin-dir",
+        bin_dir.to_str().unwrap(),
+        "--out",
+        results.to_str().unwrap(),
+        "--markdown",
+    ]);
+    assert!(ok, "run.py paths failed:\n{stderr}\n{stdout}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
+    for shape in ["S1", "S2"] {
+        let rows = r["shapes"][shape]["rows"].as_array().unwrap_or_else(|| panic!("no {shape} rows:\n{stdout}"));
+        let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str().unwrap()).collect();
+        assert_eq!(
+            paths,
+            [
+                "chat tunnel",
+                "chat normalized",
+                "Messages native",
+                "Messages translated",
+                "Responses native",
+                "Responses translated"
+            ],
+            "{stdout}"
+        );
+        for row in rows {
+            // Both processes did work on every path, and the base is 1.
+            for key in ["edge_us", "node_us"] {
+                assert!(row[key].as_f64().unwrap() > 0.0, "{shape} {}: {key} is 0:\n{stdout}", row["path"]);
+            }
+            assert!(row["ratio"].as_f64().unwrap() > 0.0, "{stdout}");
+        }
+        assert_eq!(rows[0]["ratio"].as_f64(), Some(1.0), "{stdout}");
+    }
+    assert!(stdout.contains("| Messages translated |") && stdout.contains("≤ 1.10×"), "{stdout}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -218,10 +218,8 @@ pub(crate) fn chat_body_with(body: &[u8], target: &str, raw: bool) -> Result<Cha
     // tree, which also names what is wrong with it.
     let top = if raw { serde_json::from_slice::<RawTop<'_>>(body).ok() } else { None };
     let (mut req, raw_messages) = match top {
-        Some(RawTop(mut top)) => {
-            let messages = top.iter().position(|(k, _)| *k == "messages").map(|at| top.swap_remove(at).1);
-            (Req::Raw(top), messages.filter(|m| m.get() != "null"))
-        }
+        // A `null` list counts as absent, as the tree's `take` has it.
+        Some(RawTop { fields, messages }) => (Req::Raw(fields), messages.flatten()),
         None => (Req::Tree(object(body)?), None),
     };
     refuse_unsupported(&mut req)?;
@@ -329,36 +327,82 @@ pub(crate) fn chat_body_with(body: &[u8], target: &str, raw: bool) -> Result<Cha
     Ok(ChatBody { body: Bytes::from(out.json), stream })
 }
 
-/// A body's top level, each value raw. A key given twice refuses it: the
-/// tree keeps the last value, and the value left out would go unread (a
-/// number out of range in it is the tree's error; found by the fuzz target).
-/// So does a body of more than [`RAW_KEYS`] keys (found by a scan: a body
-/// of many keys must not cost their square; the tree reads it).
-struct RawTop<'a>(Vec<(&'a str, &'a RawValue)>);
+/// A body's top level, each value raw but the messages, whose fields are
+/// read in the same pass (a prompt, most of a body, is scanned once). A
+/// key given twice refuses it, at either level: the tree keeps the last
+/// value, and the value left out would go unread (a number out of range in
+/// it is the tree's error; found by the fuzz target). So does an object of
+/// more than [`RAW_KEYS`] keys (found by a scan: a body of many keys must
+/// not cost their square; the tree reads it), and a `messages` that is not
+/// a list of objects (the tree names what is wrong with it).
+struct RawTop<'a> {
+    fields: Vec<(&'a str, &'a RawValue)>,
+    /// `messages`: absent, `null`, or each message's fields.
+    messages: Option<Option<Vec<RawFields<'a>>>>,
+}
 
-/// The most top-level keys read raw (a chat request has about ten).
+/// An object's members, each value raw.
+struct RawFields<'a>(Vec<(&'a str, &'a RawValue)>);
+
+/// The most keys an object read raw may have (a chat request has about ten).
 const RAW_KEYS: usize = 32;
+
+/// Adds `key`'s `value` to `fields`, refusing a key given twice or one too many.
+fn add_field<'a, E: serde::de::Error>(
+    fields: &mut Vec<(&'a str, &'a RawValue)>,
+    key: &'a str,
+    value: &'a RawValue,
+) -> Result<(), E> {
+    if fields.len() == RAW_KEYS {
+        return Err(E::custom("many keys"));
+    }
+    if fields.iter().any(|(k, _)| *k == key) {
+        return Err(E::custom("a key given twice"));
+    }
+    fields.push((key, value));
+    Ok(())
+}
 
 impl<'de> serde::Deserialize<'de> for RawTop<'de> {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct Fields;
-        impl<'de> serde::de::Visitor<'de> for Fields {
+        struct Top;
+        impl<'de> serde::de::Visitor<'de> for Top {
             type Value = RawTop<'de>;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a JSON object")
             }
             fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
-                let mut fields: Vec<(&str, &RawValue)> = Vec::with_capacity(8);
-                while let Some((key, value)) = map.next_entry::<&str, &RawValue>()? {
-                    if fields.len() == RAW_KEYS {
-                        return Err(serde::de::Error::custom("many keys"));
-                    }
-                    if fields.iter().any(|(k, _)| *k == key) {
+                let mut top = RawTop { fields: Vec::with_capacity(8), messages: None };
+                while let Some(key) = map.next_key::<&str>()? {
+                    if key != "messages" {
+                        add_field(&mut top.fields, key, map.next_value()?)?;
+                    } else if top.messages.is_some() {
                         return Err(serde::de::Error::custom("a key given twice"));
+                    } else {
+                        top.messages = Some(map.next_value()?);
                     }
-                    fields.push((key, value));
                 }
-                Ok(RawTop(fields))
+                Ok(top)
+            }
+        }
+        d.deserialize_map(Top)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for RawFields<'de> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = RawFields<'de>;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut fields = Vec::with_capacity(2);
+                while let Some((key, value)) = map.next_entry::<&str, &RawValue>()? {
+                    add_field(&mut fields, key, value)?;
+                }
+                Ok(RawFields(fields))
             }
         }
         d.deserialize_map(Fields)
@@ -369,20 +413,22 @@ impl<'de> serde::Deserialize<'de> for RawTop<'de> {
 /// (`user`, `system`, `developer`, `assistant`) and a string `content` is
 /// copied as the client wrote it (its role renamed for `developer`); any
 /// other is translated by [`message_of`].
-fn write_messages(raw: &RawValue, out: &mut Vec<u8>) -> Result<(), RunFailure> {
-    let list = serde_json::from_str::<Vec<&RawValue>>(raw.get()).map_err(|_| needs_tree())?;
+fn write_messages(list: Vec<RawFields<'_>>, out: &mut Vec<u8>) -> Result<(), RunFailure> {
     if list.is_empty() {
         return Err(invalid("`messages` must not be empty"));
     }
     let mut call_names: HashMap<String, String> = HashMap::new();
     out.push(b'[');
-    for (i, m) in list.into_iter().enumerate() {
+    for (i, RawFields(m)) in list.into_iter().enumerate() {
         if i > 0 {
             out.push(b',');
         }
-        if !copy_plain_message(m, out) {
-            let m = serde_json::from_str(m.get()).map_err(|_| needs_tree())?;
-            let _ = serde_json::to_writer(&mut *out, &message_of(m, i, &mut call_names)?);
+        if !copy_plain_message(&m, out) {
+            let mut tree = Map::new();
+            for (key, raw) in m {
+                tree.insert(key.to_owned(), tree_of(raw)?);
+            }
+            let _ = serde_json::to_writer(&mut *out, &message_of(Value::Object(tree), i, &mut call_names)?);
         }
     }
     out.push(b']');
@@ -396,30 +442,25 @@ fn needs_tree() -> RunFailure {
 }
 
 /// Copies a message that needs no translation; false when it needs one.
-fn copy_plain_message(m: &RawValue, out: &mut Vec<u8>) -> bool {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Plain<'a> {
-        #[serde(borrow)]
-        role: &'a RawValue,
-        #[serde(borrow)]
-        content: &'a RawValue,
-    }
-    let Ok(plain) = serde_json::from_str::<Plain<'_>>(m.get()) else { return false };
-    let role = match plain.role.get() {
-        r#""user""# | r#""system""# | r#""assistant""# => plain.role.get(),
+fn copy_plain_message(m: &[(&str, &RawValue)], out: &mut Vec<u8>) -> bool {
+    let (role, content) = match m {
+        [("role", role), ("content", content)] | [("content", content), ("role", role)] => (role.get(), content.get()),
+        _ => return false,
+    };
+    let role = match role {
+        r#""user""# | r#""system""# | r#""assistant""# => role,
         r#""developer""# => r#""system""#,
         _ => return false,
     };
     // A JSON tree refuses a lone surrogate escape: so does the copy (the
     // tree then names it).
-    if !plain.content.get().starts_with('"') || !surrogates_paired(plain.content.get().as_bytes()) {
+    if !content.starts_with('"') || !surrogates_paired(content.as_bytes()) {
         return false;
     }
     out.extend_from_slice(b"{\"role\":");
     out.extend_from_slice(role.as_bytes());
     out.extend_from_slice(b",\"content\":");
-    out.extend_from_slice(plain.content.get().as_bytes());
+    out.extend_from_slice(content.as_bytes());
     out.push(b'}');
     true
 }
@@ -801,6 +842,39 @@ mod tests {
         let out = chat_body(many.as_bytes(), "t").unwrap();
         let v: Value = serde_json::from_slice(&out.body).unwrap();
         assert_eq!((&v["k0"], &v["k39"]), (&json!(0), &json!(39)));
+    }
+
+    #[test]
+    fn messages_read_in_the_top_levels_pass_answer_as_the_tree_does() {
+        let same = |body: &str| {
+            let raw = chat_body(body.as_bytes(), "t").map(|b| serde_json::from_slice::<Value>(&b.body).unwrap());
+            let tree =
+                chat_body_with(body.as_bytes(), "t", false).map(|b| serde_json::from_slice::<Value>(&b.body).unwrap());
+            match (raw, tree) {
+                (Ok(a), Ok(b)) => {
+                    assert_eq!(a, b, "{body}");
+                    a
+                }
+                (a, b) => {
+                    assert_eq!(a.err().map(|e| e.message), b.err().map(|e| e.message), "{body}");
+                    Value::Null
+                }
+            }
+        };
+        // Content first, a role given twice (the tree keeps the last), a
+        // message that is not an object, `messages` twice, null, empty.
+        let v = same(r#"{"messages":[{"content":"a\nb","role":"developer"}]}"#);
+        assert_eq!(v["messages"], json!([{"role": "system", "content": "a\nb"}]));
+        let v = same(r#"{"messages":[{"role":"user","role":"assistant","content":"x"}]}"#);
+        assert_eq!(v["messages"][0]["role"], json!("assistant"));
+        same(r#"{"messages":["hi"]}"#);
+        same(r#"{"messages":[{"role":"user","content":"x"}],"messages":[{"role":"user","content":"y"}]}"#);
+        same(r#"{"messages":null}"#);
+        same(r#"{"messages":[]}"#);
+        same(r#"{"messages":{"role":"user"}}"#);
+        // A message with a third field is translated, the others copied.
+        let v = same(r#"{"messages":[{"role":"user","content":"x","name":"n"},{"role":"user","content":"y"}]}"#);
+        assert_eq!(v["messages"][1], json!({"role": "user", "content": "y"}));
     }
 
     #[test]
