@@ -15,7 +15,7 @@ use std::{
 };
 
 use iop_core::config::StoreSettings;
-use iop_node::store::{Path, RunRow, Status, Store};
+use iop_node::store::{Names, Path, RunRow, Status, Store};
 
 /// Set in the child: the database path.
 const CHILD_ENV: &str = "IOP_STORE_KILL_CHILD";
@@ -29,10 +29,7 @@ fn settings(path: &str) -> StoreSettings {
 
 fn row(batch: &str, n: u64) -> Box<RunRow> {
     Box::new(RunRow {
-        run_id: format!("{batch}-{n}"),
-        session_id: batch.to_owned(),
-        adapter: "p".into(),
-        target: "m".into(),
+        names: Names::new(&format!("{batch}-{n}"), batch, "p", "m"),
         path: Path::Normalized,
         operation: None,
         background: false,

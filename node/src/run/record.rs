@@ -8,19 +8,17 @@ use iop_core::{
 };
 use monoio::time::Instant;
 
-use crate::store::{row, Path, RunRow, Status, Store};
+use crate::store::{Names, Path, RunRow, Status, Store};
 
 /// One stream's row in the making. While the stream runs it holds its
 /// names in one allocation and its times inline; the row is built at its
-/// terminal (or drop) and goes to the store's thread as it is. (A row
-/// boxed from the start, with a string per name, was about 0.3 KiB of
-/// every open stream's memory.)
+/// terminal (or drop), the names moved into it, and goes to the store's
+/// thread as it is. (A row boxed from the start, with a string per name,
+/// was about 0.3 KiB of every open stream's memory.)
 pub struct Record {
     store: Store,
-    /// The run id, session id, adapter and target, one after the other.
-    names: Box<str>,
-    /// Where the run id, the session id and the adapter end in `names`.
-    ends: [usize; 3],
+    /// Moved into the row when it is built.
+    names: Option<Names>,
     path: Path,
     operation: Option<super::Operation>,
     /// The provider's status, noted before the terminal (a tunnel's start).
@@ -56,15 +54,9 @@ pub(crate) struct Origin {
 impl Record {
     /// A stream that arrived now.
     pub(crate) fn new(store: Store, o: Origin) -> Self {
-        let session = row::clip(o.session_id, row::MAX_SESSION_ID);
-        let names = [o.run_id.as_str(), &session, &o.adapter, &o.target].concat().into_boxed_str();
-        let e0 = o.run_id.len();
-        let e1 = e0 + session.len();
-        let ends = [e0, e1, e1 + o.adapter.len()];
         Self {
             store,
-            names,
-            ends,
+            names: Some(Names::new(&o.run_id, &o.session_id, &o.adapter, &o.target)),
             path: o.path,
             operation: o.operation,
             code: None,
@@ -83,21 +75,16 @@ impl Record {
         if self.discarded {
             return None;
         }
-        if self.row.is_none() {
-            self.row = Some(Box::new(self.build()));
+        if let Some(names) = self.names.take() {
+            self.row = Some(Box::new(self.build(names)));
         }
         self.row.as_deref_mut()
     }
 
-    fn build(&self) -> RunRow {
-        let [e0, e1, e2] = self.ends;
-        let name = |from: usize, to: usize| self.names.get(from..to).unwrap_or_default().to_owned();
+    fn build(&self, names: Names) -> RunRow {
         let offset = |ms: u32| (ms != NOT_YET).then_some(u64::from(ms));
         RunRow {
-            run_id: name(0, e0),
-            session_id: name(e0, e1),
-            adapter: name(e1, e2),
-            target: name(e2, self.names.len()),
+            names,
             path: self.path,
             operation: self.operation,
             background: false,

@@ -40,7 +40,7 @@ use iop_core::{
 };
 
 pub use query::{Query, DEFAULT_LIMIT, MAX_LIMIT};
-pub use row::{Path, RunRow, Status};
+pub use row::{Names, Path, RunRow, Status};
 
 /// Why the store could not start.
 #[derive(Debug, thiserror::Error)]

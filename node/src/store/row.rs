@@ -89,14 +89,8 @@ pub(crate) fn kind_names(kind: i64) -> (&'static str, Option<&'static str>, bool
 /// milliseconds on the monotonic clock.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunRow {
-    /// The edge's run or tunnel id.
-    pub run_id: String,
-    /// The client's opaque session id; empty: none.
-    pub session_id: String,
-    /// The provider (adapter instance) id on this node.
-    pub adapter: String,
-    /// The upstream model name.
-    pub target: String,
+    /// Its run id, session id, adapter and target.
+    pub names: Names,
     /// Normalized run or tunnel.
     pub path: Path,
     /// A normalized run's operation (none for a tunnel).
@@ -129,13 +123,55 @@ pub struct RunRow {
 pub const MAX_SESSION_ID: usize = 256;
 
 /// `s` cut to at most `max` bytes at a character boundary.
-pub(crate) fn clip(mut s: String, max: usize) -> String {
-    if s.len() > max {
-        let mut at = max;
-        while !s.is_char_boundary(at) {
-            at -= 1;
-        }
-        s.truncate(at);
+pub(crate) fn clip(s: &str, max: usize) -> &str {
+    if s.len() <= max {
+        return s;
     }
-    s
+    let mut at = max;
+    while !s.is_char_boundary(at) {
+        at -= 1;
+    }
+    s.get(..at).unwrap_or_default()
+}
+
+/// A row's names, one after the other in one allocation: made when the
+/// stream arrives (a running stream's only allocation for the store) and
+/// moved into its row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    all: Box<str>,
+    /// Where the run id, the session id and the adapter end in `all`.
+    ends: [usize; 3],
+}
+
+impl Names {
+    /// The names of a stream; a session id longer than [`MAX_SESSION_ID`]
+    /// is cut at a character boundary (empty: none).
+    pub fn new(run_id: &str, session_id: &str, adapter: &str, target: &str) -> Self {
+        let session_id = clip(session_id, MAX_SESSION_ID);
+        let e0 = run_id.len();
+        let e1 = e0 + session_id.len();
+        let ends = [e0, e1, e1 + adapter.len()];
+        Self { all: [run_id, session_id, adapter, target].concat().into_boxed_str(), ends }
+    }
+
+    /// The edge's run or tunnel id.
+    pub fn run_id(&self) -> &str {
+        self.all.get(..self.ends[0]).unwrap_or_default()
+    }
+
+    /// The client's opaque session id; empty: none.
+    pub fn session_id(&self) -> &str {
+        self.all.get(self.ends[0]..self.ends[1]).unwrap_or_default()
+    }
+
+    /// The provider (adapter instance) id on this node.
+    pub fn adapter(&self) -> &str {
+        self.all.get(self.ends[1]..self.ends[2]).unwrap_or_default()
+    }
+
+    /// The upstream model name.
+    pub fn target(&self) -> &str {
+        self.all.get(self.ends[2]..).unwrap_or_default()
+    }
 }

@@ -7,7 +7,7 @@ use rusqlite::Connection;
 use serde_json::{json, Value};
 
 use super::{
-    row::{Path, RunRow, Status},
+    row::{Names, Path, RunRow, Status},
     schema, Query, QueryError, Store, StoreError, Tuning,
 };
 use crate::run::Operation;
@@ -41,10 +41,12 @@ fn now() -> u64 {
 fn row(n: u64, ended_ago_ms: u64) -> Box<RunRow> {
     let now = now();
     Box::new(RunRow {
-        run_id: format!("5f3a9c1e-{}-{n}", n % 2),
-        session_id: if n.is_multiple_of(3) { format!("sess-{}", n / 3) } else { String::new() },
-        adapter: format!("vllm-{}", n % 2),
-        target: "Qwen/Qwen2.5-7B-Instruct".into(),
+        names: Names::new(
+            &format!("5f3a9c1e-{}-{n}", n % 2),
+            &if n.is_multiple_of(3) { format!("sess-{}", n / 3) } else { String::new() },
+            &format!("vllm-{}", n % 2),
+            "Qwen/Qwen2.5-7B-Instruct",
+        ),
         path: if n.is_multiple_of(4) { Path::Tunnel } else { Path::Normalized },
         operation: (!n.is_multiple_of(4)).then_some(Operation::Chat),
         background: false,
@@ -163,7 +165,7 @@ fn retention_by_age_and_count_deletes_the_oldest_and_gives_the_space_back() {
     assert_eq!(count(&d), 3000);
     let c = Connection::open(d.join("iop.db")).unwrap();
     let oldest: String = c.query_row("SELECT run_id FROM runs ORDER BY id LIMIT 1", [], |r| r.get(0)).unwrap();
-    assert_eq!(oldest, row(42_000, 0).run_id);
+    assert_eq!(oldest, row(42_000, 0).names.run_id().to_owned());
     let free: i64 = c.pragma_query_value(None, "freelist_count", |r| r.get(0)).unwrap();
     assert_eq!(free, 0, "every freed page was handed back");
     drop(c);
@@ -255,37 +257,44 @@ fn queries_answer_newest_first_filtered_and_bounded() {
         v["runs"].as_array().unwrap().iter().map(|r| r["run_id"].as_str().unwrap().to_owned()).collect()
     };
     let all = query(&store, Query::Runs { limit: 3, status: None }).unwrap();
-    assert_eq!(ids(&all), [row(31, 0).run_id, row(30, 0).run_id, row(29, 0).run_id]);
+    assert_eq!(
+        ids(&all),
+        [
+            row(31, 0).names.run_id().to_owned(),
+            row(30, 0).names.run_id().to_owned(),
+            row(29, 0).names.run_id().to_owned()
+        ]
+    );
     let errors = query(&store, Query::Runs { limit: 50, status: Some(Status::Error) }).unwrap();
-    assert_eq!(ids(&errors), [row(30, 0).run_id]);
+    assert_eq!(ids(&errors), [row(30, 0).names.run_id().to_owned()]);
     let complete = query(&store, Query::Runs { limit: 500, status: Some(Status::Complete) }).unwrap();
     assert_eq!(ids(&complete).len(), 30);
     let cancelled = query(&store, Query::Runs { limit: 50, status: Some(Status::Cancelled) }).unwrap();
-    assert_eq!(ids(&cancelled), [row(31, 0).run_id]);
+    assert_eq!(ids(&cancelled), [row(31, 0).names.run_id().to_owned()]);
     // A limit beyond the bound is clamped; every row, in order.
     let many = query(&store, Query::Runs { limit: 10_000, status: None }).unwrap();
-    assert_eq!(ids(&many), (0..32).rev().map(|n| row(n, 0).run_id).collect::<Vec<_>>());
+    assert_eq!(ids(&many), (0..32).rev().map(|n| row(n, 0).names.run_id().to_owned()).collect::<Vec<_>>());
 
     // Every field, as the edge receives it.
     let r = row(30, 0);
-    let v = query(&store, Query::Run { run_id: r.run_id.clone() }).unwrap();
+    let v = query(&store, Query::Run { run_id: r.names.run_id().to_owned() }).unwrap();
     let queued = r.queued_at_ms as i64;
     assert_eq!(
         v,
         json!({
-            "run_id": r.run_id, "session_id": "sess-10", "adapter": "vllm-0", "target": "Qwen/Qwen2.5-7B-Instruct",
+            "run_id": r.names.run_id(), "session_id": "sess-10", "adapter": "vllm-0", "target": "Qwen/Qwen2.5-7B-Instruct",
             "path": "normalized", "operation": "chat", "background": false, "status": "error", "code": 429,
             "queued_at_ms": queued, "started_at_ms": null, "first_byte_at_ms": null, "ended_at_ms": queued + 1500,
             "usage": null, "error_class": "capacity",
         })
     );
     let r = row(0, 0);
-    let v = query(&store, Query::Run { run_id: r.run_id.clone() }).unwrap();
+    let v = query(&store, Query::Run { run_id: r.names.run_id().to_owned() }).unwrap();
     let queued = r.queued_at_ms as i64;
     assert_eq!(
         v,
         json!({
-            "run_id": r.run_id, "session_id": "sess-0", "adapter": "vllm-0", "target": "Qwen/Qwen2.5-7B-Instruct",
+            "run_id": r.names.run_id(), "session_id": "sess-0", "adapter": "vllm-0", "target": "Qwen/Qwen2.5-7B-Instruct",
             "path": "tunnel", "operation": null, "background": false, "status": "complete", "code": 200,
             "queued_at_ms": queued, "started_at_ms": queued + 1, "first_byte_at_ms": queued + 180,
             "ended_at_ms": queued + 1500, "usage": {"input": 900, "output": 200, "reasoning": null, "cached": 512},
@@ -325,10 +334,10 @@ fn a_uri_path_and_a_session_id_too_long_are_handled() {
     let uri = format!("file:{}?cache=shared&mode=rwc", d.join("iop.db").to_str().unwrap());
     let store = Store::open_with(&StoreSettings { path: uri, ..StoreSettings::default() }, tuning()).unwrap();
     let mut r = row(1, 0);
-    r.session_id = super::row::clip("é".repeat(200), super::row::MAX_SESSION_ID);
+    r.names = Names::new(r.names.run_id(), &"é".repeat(200), r.names.adapter(), r.names.target());
     store.record(r);
     store.flush().unwrap();
-    let v = query(&store, Query::Run { run_id: row(1, 0).run_id }).unwrap();
+    let v = query(&store, Query::Run { run_id: row(1, 0).names.run_id().to_owned() }).unwrap();
     assert_eq!(v["session_id"].as_str().unwrap().len(), 256);
     store.close();
     assert_eq!(count(&d), 1);

@@ -164,14 +164,14 @@ impl Writer {
             let mut stmt = tx.prepare_cached(&self.insert_packed)?;
             for pack in &mut packs {
                 for (i, r) in pack.iter().enumerate() {
-                    let route = self.routes.id(&tx, &r.adapter, &r.target)?;
+                    let route = self.routes.id(&tx, r.names.adapter(), r.names.target())?;
                     bind_row(&mut stmt, i * COLUMNS, r, route)?;
                 }
                 stmt.raw_execute()?;
             }
             let mut stmt = tx.prepare_cached(INSERT)?;
             for r in packs.remainder() {
-                let route = self.routes.id(&tx, &r.adapter, &r.target)?;
+                let route = self.routes.id(&tx, r.names.adapter(), r.names.target())?;
                 bind_row(&mut stmt, 0, r, route)?;
                 stmt.raw_execute()?;
             }
@@ -337,8 +337,8 @@ fn packed_insert(rows: usize) -> String {
 /// Binds row `r` to the parameters after `at` (the row's first is `at + 1`).
 fn bind_row(stmt: &mut rusqlite::CachedStatement<'_>, at: usize, r: &RunRow, route: i64) -> rusqlite::Result<()> {
     let usage = r.usage.as_ref();
-    stmt.raw_bind_parameter(at + 1, r.run_id.as_str())?;
-    stmt.raw_bind_parameter(at + 2, (!r.session_id.is_empty()).then_some(r.session_id.as_str()))?;
+    stmt.raw_bind_parameter(at + 1, r.names.run_id())?;
+    stmt.raw_bind_parameter(at + 2, Some(r.names.session_id()).filter(|s| !s.is_empty()))?;
     stmt.raw_bind_parameter(at + 3, route)?;
     stmt.raw_bind_parameter(at + 4, row::kind_code(r.path, r.operation, r.background))?;
     stmt.raw_bind_parameter(at + 5, r.status.code())?;
