@@ -12,7 +12,8 @@
 //!   then one of S2 beside the Messages and Responses scenarios (M2, R4).
 //! - `quick_paths_...` (ignored, as the one above): `run.py paths --quick`,
 //!   every path (chat, Messages, Responses; tunnel, native, translated)
-//!   in one edge and node.
+//!   in one edge and node, then `--store` (the run store on and off, in
+//!   two nodes).
 //!
 //! ```sh
 //! cargo test -p iop-loadtest --test bench
@@ -335,6 +336,31 @@ fn quick_paths_measures_every_path_in_one_edge_and_node() {
         }
         assert_eq!(rows[0]["ratio"].as_f64(), Some(1.0), "{stdout}");
     }
-    assert!(stdout.contains("| Messages translated |") && stdout.contains("≤ 1.10×"), "{stdout}");
+    assert!(stdout.contains("| Messages translated |") && stdout.contains("≤ 1.10× chat tunnel"), "{stdout}");
+    // The run store on against off, in two nodes: every request on the
+    // store's node written.
+    let results = dir.join("store.json");
+    let (ok, stdout, stderr) = python(&[
+        "paths",
+        "--quick",
+        "--store",
+        "--shapes",
+        "S1",
+        "--bin-dir",
+        bin_dir.to_str().unwrap(),
+        "--out",
+        results.to_str().unwrap(),
+    ]);
+    assert!(ok, "run.py paths --store failed:\n{stderr}\n{stdout}");
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(&results).unwrap()).unwrap();
+    let rows = r["shapes"]["S1"]["rows"].as_array().unwrap();
+    let paths: Vec<&str> = rows.iter().map(|row| row["path"].as_str().unwrap()).collect();
+    assert_eq!(
+        paths,
+        ["chat tunnel, store off", "chat tunnel, store on", "chat normalized, store off", "chat normalized, store on"],
+        "{stdout}"
+    );
+    assert!(r["shapes"]["S1"]["store_rows"]["written"].as_u64().unwrap() >= 80, "{stdout}");
+    assert!(stdout.contains("≤ 1.03× chat normalized, store off"), "{stdout}");
     std::fs::remove_dir_all(&dir).ok();
 }
