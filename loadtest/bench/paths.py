@@ -82,12 +82,17 @@ def add_args(sub):
                                                           "on the tunnel and the normalized path")
 
 
-def task_cpu_ns(pid):
-    """Run time of every thread of `pid` so far, in ns (schedstat's first field)."""
+def task_cpu_ns(pid, comm=None):
+    """Run time of every thread of `pid` so far (of those named `comm`, when
+    given), in ns (schedstat's first field)."""
     total = 0
-    for path in glob.glob("/proc/%d/task/*/schedstat" % pid):
+    for task in glob.glob("/proc/%d/task/*" % pid):
         try:
-            with open(path) as f:
+            if comm is not None:
+                with open(task + "/comm") as f:
+                    if f.read().strip() != comm:
+                        continue
+            with open(task + "/schedstat") as f:
                 total += int(f.read().split()[0])
         except (OSError, ValueError, IndexError):
             pass  # a thread that ended between the listing and the read
@@ -199,6 +204,8 @@ def run_shape(ctx, sid, shape, plan, store, rounds, requests, prompt_bytes, log_
                 if rows.get("written", 0) >= served or time.time() > deadline:
                     break
                 time.sleep(0.1)
+            # Its writer thread's CPU, every row it wrote (warm-ups too).
+            rows["writer_cpu_sec"] = task_cpu_ns(pids["on"], "iop-node-store") / 1e9
             if rows.get("written", 0) < served or rows.get("dropped", 0):
                 raise SystemExit("the run store wrote %s rows for %d requests: %s" % (rows.get("written"), served, rows))
         return costs, rows
@@ -261,6 +268,14 @@ def render(results, md):
             widths = [max(len(x) for x in col) for col in zip(head, *lines)]
             for line in [head] + lines:
                 out.append("  ".join(x.ljust(w) for x, w in zip(line, widths)).rstrip())
+        rows_info = shape.get("store_rows")
+        if rows_info and rows_info.get("written"):
+            per_row = rows_info["writer_cpu_sec"] / rows_info["written"] * 1e6
+            bases = [r["total_us"] for r in rows if r.get("target") is None]
+            share = ", ".join("%.1f%%" % (per_row / b * 100) for b in bases if b)
+            out.append("")
+            out.append("The store's writer thread: %.2f µs of CPU a row (%d rows); of a request without the store: %s." % (
+                per_row, rows_info["written"], share))
         out.append("")
     return "\n".join(out)
 

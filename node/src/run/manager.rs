@@ -169,7 +169,7 @@ impl RunManager {
     }
 
     /// A stream's record, when the store is on.
-    fn record(&self, origin: impl FnOnce() -> Origin) -> Option<Record> {
+    fn record<'a>(&self, origin: impl FnOnce() -> Origin<'a>) -> Option<Record> {
         self.store.get().map(|s| Record::new(s.clone(), origin()))
     }
 
@@ -287,13 +287,13 @@ impl RunManager {
     }
 
     /// Starts `req`, or answers it at once with an error terminal.
-    pub fn start(self: &Rc<Self>, mut req: pb::RunRequest) {
+    pub fn start(self: &Rc<Self>, req: pb::RunRequest) {
         let run_id = req.run_id.clone();
         let mut record = self.record(|| Origin {
-            run_id: run_id.clone(),
-            session_id: std::mem::take(&mut req.session_id),
-            adapter: req.adapter.clone(),
-            target: req.target.clone(),
+            run_id: &run_id,
+            session_id: &req.session_id,
+            adapter: &req.adapter,
+            target: &req.target,
             path: Path::Normalized,
             operation: Some(req.operation.into()),
         });
@@ -352,13 +352,13 @@ impl RunManager {
     /// Starts a provider tunnel, or answers it at once with an error. It
     /// takes its slot from the same per-provider gate as runs, so tunnels
     /// and runs together never exceed the provider's concurrency.
-    pub fn start_tunnel(self: &Rc<Self>, mut req: pb::ProviderTunnelRequest) {
+    pub fn start_tunnel(self: &Rc<Self>, req: pb::ProviderTunnelRequest) {
         let id = req.tunnel_id.clone();
         let mut record = self.record(|| Origin {
-            run_id: id.clone(),
-            session_id: std::mem::take(&mut req.session_id),
-            adapter: req.adapter.clone(),
-            target: req.target.clone(),
+            run_id: &id,
+            session_id: &req.session_id,
+            adapter: &req.adapter,
+            target: &req.target,
             path: Path::Tunnel,
             operation: None,
         });

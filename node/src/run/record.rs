@@ -41,22 +41,23 @@ pub struct Record {
 /// An offset not reached.
 const NOT_YET: u32 = u32::MAX;
 
-/// Who a stream is, as its request said.
-pub(crate) struct Origin {
-    pub run_id: String,
-    pub session_id: String,
-    pub adapter: String,
-    pub target: String,
+/// Who a stream is, as its request said (borrowed: the record copies the
+/// names into one allocation).
+pub(crate) struct Origin<'a> {
+    pub run_id: &'a str,
+    pub session_id: &'a str,
+    pub adapter: &'a str,
+    pub target: &'a str,
     pub path: Path,
     pub operation: Option<super::Operation>,
 }
 
 impl Record {
     /// A stream that arrived now.
-    pub(crate) fn new(store: Store, o: Origin) -> Self {
+    pub(crate) fn new(store: Store, o: Origin<'_>) -> Self {
         Self {
             store,
-            names: Some(Names::new(&o.run_id, &o.session_id, &o.adapter, &o.target)),
+            names: Some(Names::new(o.run_id, o.session_id, o.adapter, o.target)),
             path: o.path,
             operation: o.operation,
             code: None,

@@ -142,15 +142,8 @@ fn runs_are_recorded_at_their_end_complete_refused_or_cancelled() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn origin(id: &str) -> Origin {
-    Origin {
-        run_id: id.into(),
-        session_id: String::new(),
-        adapter: "p".into(),
-        target: "m".into(),
-        path: Path::Tunnel,
-        operation: None,
-    }
+fn origin(id: &str) -> Origin<'_> {
+    Origin { run_id: id, session_id: "", adapter: "p", target: "m", path: Path::Tunnel, operation: None }
 }
 
 #[test]
