@@ -100,12 +100,13 @@ impl Record {
         }
     }
 
-    /// Milliseconds since the request arrived (saturating below [`NOT_YET`]).
+    /// Milliseconds since the request arrived.
     fn since_queued(&self) -> u64 {
         let d = iop_core::rt::clock::now().saturating_duration_since(self.queued);
         u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
     }
 
+    /// [`Self::since_queued`] as an offset (saturating below [`NOT_YET`]).
     fn offset_now(&self) -> u32 {
         u32::try_from(self.since_queued()).unwrap_or(NOT_YET - 1).min(NOT_YET - 1)
     }
