@@ -32,6 +32,7 @@ import time
 import procs
 import systems
 
+
 class Path:
     """One way through: a label, the API asked, the model (which names the
     node and provider), the label of the path its ratio divides by, and the
@@ -67,6 +68,7 @@ SHAPES = {
     "S1": {"tokens": 16, "stream": False, "requests": 20000, "title": "not streamed, 16 tokens"},
     "S2": {"tokens": 256, "stream": True, "requests": 2000, "title": "streamed, 256 tokens unpaced"},
 }
+
 
 def add_args(sub):
     p = sub.add_parser("paths", help="CPU per request of every path (chat, Messages, Responses; tunnel, native, "
