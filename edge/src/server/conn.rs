@@ -171,78 +171,125 @@ struct Logging {
     session_header: Option<String>,
 }
 
-/// Serves one client connection until it closes or must be closed. `_slot`
-/// counts it against `http.max_connections` while it lives; `tls_ticket`
-/// counts its TLS handshake against its address until the handshake ends.
-pub async fn serve<H: Handler>(
+/// What a connection is served with, read from the config at accept.
+struct Setup {
+    limits: Limits,
+    timeouts: Timeouts,
+    logging: Logging,
+    /// The first head is timed from accept: a connection that never sends
+    /// a byte does not hold its slot for a whole idle timeout.
+    accepted: Instant,
+}
+
+impl Setup {
+    fn of(worker: &Ctx) -> Self {
+        let cfg = worker.config.borrow();
+        let h = &cfg.http;
+        Self {
+            limits: Limits {
+                max_head_bytes: h.max_header_bytes,
+                max_body_bytes: h.max_body_bytes,
+                ..Limits::default()
+            },
+            timeouts: Timeouts {
+                idle: h.idle_timeout,
+                header: h.header_timeout,
+                body: h.body_timeout,
+                read: h.read_timeout,
+            },
+            logging: Logging { access_log: h.access_log, session_header: h.session_header.clone() },
+            accepted: Instant::now(),
+        }
+    }
+}
+
+impl Conn {
+    fn new(stream: Stream, peer: std::net::SocketAddr) -> Self {
+        let (rd, wr) = stream.into_split();
+        Self {
+            rd: ReadSide::new(rd),
+            wr,
+            buf: BytesMut::new(),
+            out: BytesMut::new(),
+            head_only: false,
+            stream_framing: StreamFraming::Chunked,
+            peer,
+            exchange: super::Exchange::default(),
+        }
+    }
+}
+
+/// Serves one plain-TCP client connection until it closes or must be
+/// closed. `slot` counts it against `http.max_connections` while it lives.
+///
+/// The connection is built before the task's future: an async fn's
+/// argument moved into a local is held twice by its state, and every open
+/// connection (every open stream's) holds this state all its life.
+pub fn serve<H: Handler>(
     worker: Rc<Ctx>,
     handler: H,
     tcp: TcpStream,
     peer: std::net::SocketAddr,
-    _slot: SlotGuard,
-    tls_ticket: Option<TlsTicket>,
+    slot: SlotGuard,
+) -> impl std::future::Future<Output = ()> {
+    let _ = tcp.set_nodelay(true);
+    let setup = Setup::of(&worker);
+    served(worker, handler, Conn::new(Stream::Plain(tcp), peer), setup, slot, false)
+}
+
+/// [`serve`] for a connection that begins with a TLS handshake;
+/// `tls_ticket` counts the handshake against its address until it ends.
+pub async fn serve_tls<H: Handler>(
+    worker: Rc<Ctx>,
+    handler: H,
+    tcp: TcpStream,
+    peer: std::net::SocketAddr,
+    slot: SlotGuard,
+    tls_ticket: TlsTicket,
 ) {
     let _ = tcp.set_nodelay(true);
-    let (limits, timeouts, access_log, session_header) = {
-        let cfg = worker.config.borrow();
-        let limits = Limits {
-            max_head_bytes: cfg.http.max_header_bytes,
-            max_body_bytes: cfg.http.max_body_bytes,
-            ..Limits::default()
-        };
-        let h = &cfg.http;
-        (
-            limits,
-            Timeouts { idle: h.idle_timeout, header: h.header_timeout, body: h.body_timeout, read: h.read_timeout },
-            h.access_log,
-            h.session_header.clone(),
-        )
-    };
-    // The first head is timed from accept: a connection that never sends a
-    // byte does not hold its slot for a whole idle timeout.
-    let accepted = Instant::now();
+    let setup = Setup::of(&worker);
     let stream = match &worker.shared.http_tls {
         None => Stream::Plain(tcp),
         // The handshake counts against the first head's deadline.
-        Some(tls) => match iop_core::rt::time::timeout(timeouts.header, Box::pin(tls.accept(tcp))).await {
+        Some(tls) => match iop_core::rt::time::timeout(setup.timeouts.header, Box::pin(tls.accept(tcp))).await {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return handshake_failed(peer, &e.to_string()),
             Err(_) => return handshake_failed(peer, "timed out"),
         },
     };
     drop(tls_ticket);
-    let (rd, wr) = stream.into_split();
-    let mut conn = Conn {
-        rd: ReadSide::new(rd),
-        wr,
-        buf: BytesMut::new(),
-        out: BytesMut::new(),
-        head_only: false,
-        stream_framing: StreamFraming::Chunked,
-        peer,
-        exchange: super::Exchange::default(),
-    };
-    let tls = worker.shared.http_tls.is_some();
-    let logging = Logging { access_log, session_header };
-    requests(&worker, &handler, &mut conn, &limits, &timeouts, &logging, accepted).await;
-    if tls {
-        // The client learns the close was meant (close_notify), not a cut.
-        let _ = iop_core::rt::time::timeout(LINGER_TIME, Box::pin(conn.wr.shutdown())).await;
+    let tls = matches!(stream, Stream::Tls(_));
+    served(worker, handler, Conn::new(stream, peer), setup, slot, tls).await
+}
+
+/// Answers the connection's requests, then closes it (with TLS's
+/// `close_notify`). An async block, not an async fn: an async fn's state
+/// holds each argument twice (the connection among them).
+#[allow(clippy::manual_async_fn)]
+fn served<H: Handler>(
+    worker: Rc<Ctx>,
+    handler: H,
+    mut conn: Conn,
+    setup: Setup,
+    slot: SlotGuard,
+    tls: bool,
+) -> impl std::future::Future<Output = ()> {
+    async move {
+        let _slot = slot;
+        requests(&worker, &handler, &mut conn, &setup).await;
+        if tls {
+            // The client learns the close was meant (close_notify), not a cut.
+            let _ = iop_core::rt::time::timeout(LINGER_TIME, Box::pin(conn.wr.shutdown())).await;
+        }
     }
 }
 
 /// Reads and answers requests until the connection must close.
-async fn requests<H: Handler>(
-    worker: &Rc<Ctx>,
-    handler: &H,
-    conn: &mut Conn,
-    limits: &Limits,
-    timeouts: &Timeouts,
-    logging: &Logging,
-    accepted: Instant,
-) {
+async fn requests<H: Handler>(worker: &Rc<Ctx>, handler: &H, conn: &mut Conn, setup: &Setup) {
+    let Setup { limits, timeouts, logging, accepted } = setup;
     let access_log = logging.access_log;
-    let mut accepted = Some(accepted);
+    let mut accepted = Some(*accepted);
     loop {
         let (head, read_deadline) = match read_head(conn, limits, timeouts, accepted.take()).await {
             Ok(Some(head)) => head,

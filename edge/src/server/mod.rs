@@ -72,8 +72,13 @@ pub async fn accept_loop<H: Handler>(worker: Rc<Ctx>, listener: monoio::net::Tcp
         };
         Ok((slot, tls))
     };
-    let serve = |stream, peer, (slot, tls)| {
-        monoio::spawn(conn::serve(worker.clone(), handler.clone(), stream, peer, slot, tls));
+    let serve = |stream, peer, (slot, tls)| match tls {
+        None => {
+            monoio::spawn(conn::serve(worker.clone(), handler.clone(), stream, peer, slot));
+        }
+        Some(ticket) => {
+            monoio::spawn(conn::serve_tls(worker.clone(), handler.clone(), stream, peer, slot, ticket));
+        }
     };
     crate::accept::accept_loop(listener, Some(&worker.stop), &gate, admit, serve).await;
 }

@@ -39,27 +39,32 @@ pub struct Admission {
 /// Admits, answers and (before any byte reached the client) replays one
 /// request on a model route; resolves to whether the connection may be
 /// kept.
-pub async fn run(
-    worker: &Rc<Ctx>,
-    conn: &mut Conn,
+#[allow(clippy::manual_async_fn)]
+pub fn run<'a>(
+    worker: &'a Rc<Ctx>,
+    conn: &'a mut Conn,
     head: RequestHead,
     body: Body,
     route: Route,
     key: Option<Arc<pool::keys::KeyState>>,
-) -> bool {
-    // Boxed: an idle keep-alive connection's task holds only its reading
-    // state, a busy one that of its stage (admission, then the answer),
-    // never the largest of all.
-    let admission = match Box::pin(admit(worker, conn, &head, body, route, key)).await {
-        Ok(a) => a,
-        Err(keep) => return keep,
-    };
-    let mut chance = ReplayChance::for_route(route);
-    let kept = answer(worker, conn, head, route, admission, &mut chance).await;
-    // Failed before any byte reached the client: once more, elsewhere.
-    match chance.take() {
-        Some((parts, failed)) => Box::pin(replay::replay(worker, conn, route, *parts, failed)).await,
-        None => kept,
+) -> impl Future<Output = bool> + 'a {
+    // An async block, not an async fn: an async fn's state holds each
+    // argument twice (as given and as its local), a stream's all its life.
+    async move {
+        // Boxed: an idle keep-alive connection's task holds only its reading
+        // state, a busy one that of its stage (admission, then the answer),
+        // never the largest of all.
+        let admission = match Box::pin(admit(worker, conn, &head, body, route, key)).await {
+            Ok(a) => a,
+            Err(keep) => return keep,
+        };
+        let mut chance = ReplayChance::for_route(route);
+        let kept = answer(worker, conn, head, route, admission, &mut chance).await;
+        // Failed before any byte reached the client: once more, elsewhere.
+        match chance.take() {
+            Some((parts, failed)) => Box::pin(replay::replay(worker, conn, route, *parts, failed)).await,
+            None => kept,
+        }
     }
 }
 

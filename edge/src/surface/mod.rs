@@ -61,27 +61,37 @@ pub const ALLOW_GET: (&str, &str) = ("allow", "GET, HEAD");
 /// `HEAD` is served as `GET` with the body left out (`Conn::head_only`).
 /// The head is owned so it can go once the request is on its way: an open
 /// stream does not keep it.
-pub async fn handle(worker: &Rc<Ctx>, conn: &mut Conn, head: RequestHead, body: Body) -> bool {
-    let keep = head.keep_alive;
-    let route = Route::from_path(head.path());
-    let key = if head.path().starts_with("/v1/") {
-        match api_keys::authenticate(worker, conn, &head, keep).await {
-            Ok(k) => k,
-            Err(kept) => return kept,
+#[allow(clippy::manual_async_fn)]
+pub fn handle<'a>(
+    worker: &'a Rc<Ctx>,
+    conn: &'a mut Conn,
+    head: RequestHead,
+    body: Body,
+) -> impl std::future::Future<Output = bool> + 'a {
+    // An async block, not an async fn: an async fn's state holds each
+    // argument twice (as given and as its local), a stream's all its life.
+    async move {
+        let keep = head.keep_alive;
+        let route = Route::from_path(head.path());
+        let key = if head.path().starts_with("/v1/") {
+            match api_keys::authenticate(worker, conn, &head, keep).await {
+                Ok(k) => k,
+                Err(kept) => return kept,
+            }
+        } else {
+            None
+        };
+        if route == Some(Route::Responses) && head.method == "GET" && openai::responses::socket::wants_upgrade(&head) {
+            return Box::pin(openai::responses::socket::serve(worker, conn, head, key)).await;
         }
-    } else {
-        None
-    };
-    if route == Some(Route::Responses) && head.method == "GET" && openai::responses::socket::wants_upgrade(&head) {
-        return Box::pin(openai::responses::socket::serve(worker, conn, head, key)).await;
+        if let (Some(route), "POST") = (route, head.method.as_str()) {
+            conn.exchange.set_surface(route.label());
+            return exchange::run(worker, conn, head, body, route, key).await;
+        }
+        // Boxed: the other routes' states stay out of every connection's task
+        // (an open stream's included).
+        Box::pin(other(worker, conn, head, body, route.is_some(), key)).await
     }
-    if let (Some(route), "POST") = (route, head.method.as_str()) {
-        conn.exchange.set_surface(route.label());
-        return exchange::run(worker, conn, head, body, route, key).await;
-    }
-    // Boxed: the other routes' states stay out of every connection's task
-    // (an open stream's included).
-    Box::pin(other(worker, conn, head, body, route.is_some(), key)).await
 }
 
 /// The routes other than a model's `POST`: admin, models, health, metrics

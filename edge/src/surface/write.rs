@@ -75,9 +75,14 @@ impl Room {
 
 /// Streams the run as server-sent events, each rendered by the encoder
 /// `make` builds from the model the provider's start reported (empty when
-/// it named none), its head carrying the `extra` headers. Errors before the first byte become a plain HTTP error
-/// in the dialect `d`, with the mapped status; after it, the encoder's
-/// error event.
+/// it named none), its head carrying the `extra` headers. Errors before the
+/// first byte become a plain HTTP error in the dialect `d`, with the mapped
+/// status; after it, the encoder's error event.
+///
+/// In three parts (the wait for the first event, the head, the body) so
+/// that a stream's future holds the larger of the two waits' states, never
+/// both, nor the first event or the head's pieces while it streams: an
+/// open stream holds this future all its life.
 #[allow(clippy::too_many_arguments)] // the stream's parts, each used once
 pub async fn stream<E: EventEncoder>(
     conn: &mut Conn,
@@ -91,39 +96,97 @@ pub async fn stream<E: EventEncoder>(
 ) -> bool {
     // What a client has not read stays within the stream's window.
     run.credit_on_write();
-    let framing = conn.stream_framing;
-    let Conn { rd, wr, buf, out, exchange, .. } = conn;
-    let first = match with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, std::pin::pin!(run.next())).await {
-        // The client is gone (dropping `run` cancels it on the node), or the run ended.
-        None | Some(None) => return false,
-        // Before any byte: maybe held back for a replay elsewhere.
-        Some(Some(ExecEvent::Error(f))) => match chance.hold(f) {
-            Some(f) => return reply::failure(&mut conn.responder(), d, &f, keep).await,
-            None => return false,
-        },
-        Some(Some(ev)) => ev,
+    let first = match first_event(conn, run, d, keep, chance).await {
+        Ok(ev) => ev,
+        Err(kept) => return kept,
     };
     // The head goes out now: no replay from here.
     chance.commit();
+    let begun = begin(conn, run, d, extra, make, keep, first);
+    body(conn, run, begun, write_timeout).await
+}
+
+/// The run's first event, watching the client; `Err` holds whether the
+/// connection may be kept (the client left, the run ended, or a failure
+/// was answered or held back for a replay elsewhere).
+async fn first_event(
+    conn: &mut Conn,
+    run: &mut RunStream,
+    d: Dialect,
+    keep: bool,
+    chance: &mut ReplayChance,
+) -> Result<ExecEvent, bool> {
+    let Conn { rd, buf, .. } = conn;
+    match with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, std::pin::pin!(run.next())).await {
+        // The client is gone (dropping `run` cancels it on the node), or the run ended.
+        None | Some(None) => Err(false),
+        // Before any byte: maybe held back for a replay elsewhere.
+        Some(Some(ExecEvent::Error(f))) => match chance.hold(f) {
+            Some(f) => Err(reply::failure(&mut conn.responder(), d, &f, keep).await),
+            None => Err(false),
+        },
+        Some(Some(ev)) => Ok(ev),
+    }
+}
+
+/// A stream whose head and first event are in the connection's buffer.
+struct Begun<E> {
+    render: E,
+    framing: StreamFraming,
+    /// Where the open chunk begins in the buffer.
+    chunk: usize,
+    /// The first event ended the stream.
+    ended: bool,
+    keep: bool,
+}
+
+/// Writes the head and renders the first event into the buffer.
+fn begin<E: EventEncoder>(
+    conn: &mut Conn,
+    run: &RunStream,
+    d: Dialect,
+    extra: &[(&str, &str)],
+    make: impl FnOnce(&str) -> E,
+    keep: bool,
+    first: ExecEvent,
+) -> Begun<E> {
+    let framing = conn.stream_framing;
     let keep = framing.keep_alive(keep);
     let id = run.run_id();
     let mut headers = vec![("content-type", "text/event-stream"), ("cache-control", "no-cache"), ("x-request-id", id)];
     headers.extend(d.request_id_header().map(|h| (h, id)));
     headers.extend_from_slice(extra);
-    http::write_response_head(out, 200, &headers, framing.framing(), keep);
-    drop(headers);
-    exchange.status(200);
+    http::write_response_head(&mut conn.out, 200, &headers, framing.framing(), keep);
+    conn.exchange.status(200);
     let reported = if let ExecEvent::Start { model } = &first { model.as_str() } else { "" };
     let mut render = make(reported);
     // The first event is rendered here, so the body's state holds no event.
-    let chunk = framing.begin(out);
-    reserve_for(out, &first);
-    let ended = render.event(out, first);
-    let mut clock = WriteClock::new(&mut exchange.first_byte, Some(crate::metrics::Path::Normalized));
-    let body = std::pin::pin!(stream_body(wr, out, run, &mut render, framing, chunk, ended, write_timeout, &mut clock));
-    match with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, body).await {
-        Some(Ok(())) => keep,
-        _ => false,
+    let chunk = framing.begin(&mut conn.out);
+    reserve_for(&mut conn.out, &first);
+    let ended = render.event(&mut conn.out, first);
+    Begun { render, framing, chunk, ended, keep }
+}
+
+/// The rest of the stream, watching the client; resolves to whether the
+/// connection may be kept. An async block, not an async fn: an async fn's
+/// state holds each argument twice (the encoder among them).
+#[allow(clippy::manual_async_fn)]
+fn body<'a, E: EventEncoder + 'a>(
+    conn: &'a mut Conn,
+    run: &'a mut RunStream,
+    mut begun: Begun<E>,
+    write_timeout: std::time::Duration,
+) -> impl std::future::Future<Output = bool> + 'a {
+    async move {
+        let Conn { rd, wr, buf, out, exchange, .. } = conn;
+        let mut clock = WriteClock::new(&mut exchange.first_byte, Some(crate::metrics::Path::Normalized));
+        let Begun { render, framing, chunk, ended, keep } = &mut begun;
+        let body =
+            std::pin::pin!(stream_body(wr, out, run, render, *framing, *chunk, *ended, write_timeout, &mut clock));
+        match with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, body).await {
+            Some(Ok(())) => *keep,
+            _ => false,
+        }
     }
 }
 
