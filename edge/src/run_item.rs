@@ -3,6 +3,8 @@
 //! form ([`TextRun`]). A burst's tokens then cross the channel as one item
 //! and are read where they are written, their text borrowed from the
 //! frame: no string is made per token, and the channel's work is per frame.
+//! A lone token (a frame's last, or one before an event of another kind)
+//! is a run of one, held inline.
 
 use bytes::Bytes;
 use iop_core::{
@@ -10,6 +12,7 @@ use iop_core::{
     flow,
     wire::short_text_parts,
 };
+use smallvec::SmallVec;
 
 use crate::stream::{Failing, Queued};
 
@@ -18,7 +21,9 @@ use crate::stream::{Failing, Queued};
 /// be UTF-8 when it is read).
 #[derive(Debug, Default, Clone, PartialEq)]
 pub struct TextRun {
-    raw: Vec<Bytes>,
+    /// One token held inline: a run of one (a frame's lone token) costs no
+    /// allocation on its way through.
+    raw: SmallVec<[Bytes; 1]>,
     /// Their texts' bytes.
     bytes: usize,
     /// Their cost against the window, each counted as its own event.
@@ -31,7 +36,7 @@ pub struct TextRun {
 impl TextRun {
     /// A run with room for `tokens` tokens.
     pub fn with_capacity(tokens: usize) -> Self {
-        Self { raw: Vec::with_capacity(tokens), ..Self::default() }
+        Self { raw: SmallVec::with_capacity(tokens), ..Self::default() }
     }
 
     /// Appends a token's event, whose text is `text_len` bytes.

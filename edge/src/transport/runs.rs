@@ -100,18 +100,20 @@ impl<I: Iterator<Item = bytes::Bytes>> Iterator for FrameItems<I> {
     fn next(&mut self) -> Option<Self::Item> {
         let raw = self.raw.next()?;
         if let Some(len) = Self::token_len(&raw) {
-            if let Some(next_len) = self.raw.peek().and_then(|next| Self::token_len(next)) {
-                // Room for the rest of the frame at most (one allocation).
-                let mut run = TextRun::with_capacity(1 + self.raw.size_hint().0);
-                run.push(raw, len);
-                let mut len = Some(next_len);
-                while let Some(l) = len {
-                    let Some(next) = self.raw.next() else { break };
-                    run.push(next, l);
-                    len = self.raw.peek().and_then(|next| Self::token_len(next));
-                }
-                return Some(Ok(RunItem::Texts(run)));
+            let mut next_len = self.raw.peek().and_then(|next| Self::token_len(next));
+            // One token is held inline (no allocation); more get room for
+            // the rest of the frame at most (one allocation).
+            let mut run = match next_len {
+                None => TextRun::default(),
+                Some(_) => TextRun::with_capacity(1 + self.raw.size_hint().0),
+            };
+            run.push(raw, len);
+            while let Some(l) = next_len {
+                let Some(next) = self.raw.next() else { break };
+                run.push(next, l);
+                next_len = self.raw.peek().and_then(|next| Self::token_len(next));
             }
+            return Some(Ok(RunItem::Texts(run)));
         }
         // One event decoded here (a slice of the frame).
         let why = match iop_core::wire::decode_event(raw) {
@@ -432,10 +434,11 @@ mod tests {
     use crate::stream::{channel, StreamRx};
     use iop_core::flow::WINDOW_BYTES;
 
-    /// An item that must be one event, as that event.
+    /// An item that must be one event (or a run of one token), as that event.
     fn ev(item: Option<RunItem>) -> Option<ExecEvent> {
         match item? {
             RunItem::Event(ev) => Some(ev),
+            RunItem::Texts(t) if t.len() == 1 => t.event(0),
             RunItem::Texts(t) => panic!("a run of {} tokens where one event was due", t.len()),
         }
     }
