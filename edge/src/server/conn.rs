@@ -287,57 +287,89 @@ fn served<H: Handler>(
 
 /// Reads and answers requests until the connection must close.
 async fn requests<H: Handler>(worker: &Rc<Ctx>, handler: &H, conn: &mut Conn, setup: &Setup) {
-    let Setup { limits, timeouts, logging, accepted } = setup;
-    let access_log = logging.access_log;
-    let mut accepted = Some(*accepted);
+    let mut accepted = Some(setup.accepted);
     loop {
-        let (head, read_deadline) = match read_head(conn, limits, timeouts, accepted.take()).await {
-            Ok(Some(head)) => head,
-            Ok(None) => return,
-            Err(e) => {
-                conn.exchange.begin_unread();
-                return fail(conn, handler, e, 0, access_log).await;
-            }
+        // Read in a function of its own: what reading needs (and the head's
+        // storage, which a borrow would keep) is not held beside the
+        // answer's state.
+        let Some((head, body)) = read_request(worker, handler, conn, setup, accepted.take()).await else {
+            return;
         };
-        conn.head_only = head.method == "HEAD";
-        conn.stream_framing = StreamFraming::for_version(head.version);
-        conn.exchange.begin(&head, logging.session_header.as_deref());
-        let declared = match head.body {
-            BodyKind::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
-            _ => 0,
-        };
-        let permit = match reserve_body(worker, &head) {
-            Ok(p) => p,
-            // Not read; drained so the client sees the 503.
-            Err(e) => return fail(conn, handler, e, declared, access_log).await,
-        };
-        // Never set for HTTP/1.0, which must not get a 100 (RFC 9110 §10.1.1).
-        if head.expect_continue && head.body != BodyKind::Empty {
-            conn.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-            if conn.flush().await.is_err() {
-                return;
-            }
-        }
-        let body = match read_body(conn, worker, &head, limits, permit, timeouts, read_deadline).await {
-            Ok(body) => body,
-            Err(e) => return fail(conn, handler, e, 0, access_log).await,
-        };
-        if conn.buf.is_empty() {
-            // The request is read: its read buffer is not kept for the
-            // (maybe long) response. A next request gets a fresh one.
-            conn.buf = BytesMut::new();
-        }
         let asked_keep_alive = head.keep_alive;
         let keep_alive = {
             let _active = ActiveRequest::new(&worker.shared);
             handler.handle(worker, conn, head, body).await
         };
-        conn.exchange.done(access_log);
+        conn.exchange.done(setup.logging.access_log);
         if !keep_alive || !asked_keep_alive || worker.shared.draining.load(Ordering::Acquire) {
             return;
         }
         conn.shrink();
     }
+}
+
+/// Reads the next request whole: its head, a `100 Continue` when asked, its
+/// body. `None`: the connection must close (what could be answered was).
+/// `accepted`: when the connection was, for its first head.
+async fn read_request<H: Handler>(
+    worker: &Rc<Ctx>,
+    handler: &H,
+    conn: &mut Conn,
+    setup: &Setup,
+    accepted: Option<Instant>,
+) -> Option<(RequestHead, Body)> {
+    let Setup { limits, timeouts, logging, .. } = setup;
+    let access_log = logging.access_log;
+    let (head, read_deadline) = match read_head(conn, limits, timeouts, accepted).await {
+        Ok(Some(head)) => head,
+        Ok(None) => return None,
+        Err(e) => {
+            conn.exchange.begin_unread();
+            Box::pin(fail(conn, handler, e, 0, access_log)).await;
+            return None;
+        }
+    };
+    conn.head_only = head.method == "HEAD";
+    conn.stream_framing = StreamFraming::for_version(head.version);
+    conn.exchange.begin(&head, logging.session_header.as_deref());
+    let declared = match head.body {
+        BodyKind::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
+        _ => 0,
+    };
+    let permit = match reserve_body(worker, &head) {
+        Ok(p) => p,
+        // Not read; drained so the client sees the 503.
+        Err(e) => {
+            Box::pin(fail(conn, handler, e, declared, access_log)).await;
+            return None;
+        }
+    };
+    // Never set for HTTP/1.0, which must not get a 100 (RFC 9110 §10.1.1).
+    if head.expect_continue && head.body != BodyKind::Empty {
+        conn.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+        if conn.flush().await.is_err() {
+            return None;
+        }
+    }
+    let read = match body_at_hand(conn, &head, permit) {
+        Ok(body) => Ok(body),
+        // Boxed: a body still to come is rarer than one read with its head,
+        // and the wait's state would size every reading's.
+        Err(permit) => Box::pin(read_body(conn, worker, &head, limits, permit, timeouts, read_deadline)).await,
+    };
+    let body = match read {
+        Ok(body) => body,
+        Err(e) => {
+            Box::pin(fail(conn, handler, e, 0, access_log)).await;
+            return None;
+        }
+    };
+    if conn.buf.is_empty() {
+        // The request is read: its read buffer is not kept for the
+        // (maybe long) response. A next request gets a fresh one.
+        conn.buf = BytesMut::new();
+    }
+    Some((head, body))
 }
 
 /// A client whose TLS handshake failed (plain HTTP on a TLS port among
@@ -481,6 +513,19 @@ async fn read_more(conn: &mut Conn, reserve: usize, t: &Timeouts, read_deadline:
         Ok(Ok(n)) => Ok(n),
         Ok(Err(_)) => Err(ConnError::Io),
     }
+}
+
+/// The body when it needs no read: none, or a `Content-Length` body that
+/// came with the head. `Err` gives the permit back for [`read_body`].
+fn body_at_hand(conn: &mut Conn, head: &RequestHead, permit: Option<BodyPermit>) -> Result<Body, Option<BodyPermit>> {
+    let Some(permit) = permit else { return Ok(Body::new(bytes::Bytes::new(), None)) };
+    if let BodyKind::Length(n) = head.body {
+        let n = usize::try_from(n).unwrap_or(usize::MAX);
+        if conn.buf.len() >= n {
+            return Ok(Body::new(conn.buf.split_to(n).freeze(), Some(permit)));
+        }
+    }
+    Err(Some(permit))
 }
 
 async fn read_body(
