@@ -410,7 +410,7 @@ def _section_s4(agg, w, sid, section, results):
         groups = sorted({k[4:] for m in agg.rounds(sid, s, w).values() for k in m if k.startswith("rss_")})
         rows.append([s, ", ".join("%s %s" % (g, cell(agg, sid, s, w, "rss_" + g)) for g in groups),
                      fmt(agg.value(sid, s, w, "completed"), 0), fmt(agg.value(sid, s, w, "errors"), 0)])
-    section(sid, ["system", "RSS KiB per stream (VmRSS with all open − before, ÷ streams)", "streams done", "errors"], rows)
+    section(sid, ["system", "RSS KiB per stream (VmRSS with all open − before, ÷ streams; the median reading)", "streams done", "errors"], rows)
 
 
 def _section_s5(agg, w, sid, section, results):

@@ -149,7 +149,7 @@ def describe(sid, p):
         mock += " of %d bytes" % p["token_bytes"]
     if sid == "S4":
         api = " (--api %s)" % p["api"] if p.get("api") else ""
-        return "%s; %d streams at once%s, RSS sampled one token interval after all are open" % (mock, p["streams"], api)
+        return "%s; %d streams at once%s, RSS read each second while all are open (the median reading)" % (mock, p["streams"], api)
     if sid == "S5":
         return "%s; load: %s, each stream cut after %d tokens" % (mock, " ".join(map(str, p["load"])), p["disconnect_after"])
     if sid == "A1":
