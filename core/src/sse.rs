@@ -141,6 +141,26 @@ impl SseParser {
         self.buf.extend_from_slice(data);
     }
 
+    /// Gives the memory of `data`, an event's data read and done with,
+    /// for the next event's (when the parser holds none): a stream's
+    /// events then take no allocation each.
+    pub fn reuse(&mut self, data: String) {
+        if self.pending.data.capacity() == 0 {
+            let mut data = data.into_bytes();
+            data.clear();
+            self.pending.data = data;
+        }
+    }
+
+    /// The memory held for the next event's data, when no event is in
+    /// progress (for a stream about to wait long: it then holds none).
+    pub fn idle_buffer(&mut self) -> Option<String> {
+        if self.pending.has_data || self.pending.data.capacity() == 0 {
+            return None;
+        }
+        String::from_utf8(std::mem::take(&mut self.pending.data)).ok()
+    }
+
     /// Bytes pushed but not yet consumed.
     pub fn buffered(&self) -> usize {
         self.buf.len()
@@ -277,6 +297,29 @@ mod tests {
             ev("x\n y"),
             ev("[DONE]"),
         ]
+    }
+
+    #[test]
+    fn an_events_memory_holds_the_next_and_goes_when_idle() {
+        let mut p = SseParser::new(1024);
+        p.push(b"data: one\n\ndata: two\n\n");
+        let one = p.next_event().unwrap().unwrap();
+        let at = one.data.as_ptr();
+        p.reuse(one.data);
+        let two = p.next_event().unwrap().unwrap();
+        assert_eq!((two.data.as_str(), two.data.as_ptr()), ("two", at));
+        p.reuse(two.data);
+        // Mid-event the buffer stays; between events it may go.
+        p.push(b"data: three\n");
+        assert_eq!(p.next_event(), Ok(None));
+        assert_eq!(p.idle_buffer(), None);
+        p.push(b"\n");
+        let three = p.next_event().unwrap().unwrap();
+        assert_eq!(three.data, "three");
+        p.reuse(three.data);
+        let idle = p.idle_buffer().unwrap();
+        assert!(idle.is_empty() && idle.capacity() > 0);
+        assert_eq!(p.idle_buffer(), None, "none held now");
     }
 
     #[test]

@@ -91,7 +91,17 @@ impl From<ExecEvent> for RunItem {
     }
 }
 
+// See the spares of `stream.rs`.
+thread_local! {
+    static SPARES: iop_core::rt::mailbox::Spares<RunItem> = const { iop_core::rt::mailbox::Spares::new() };
+}
+
 impl Queued for RunItem {
+    fn spares() -> iop_core::rt::mailbox::SpareSlots<Self> {
+        use iop_core::rt::mailbox::{SpareSlots, Spares};
+        SpareSlots::new(|| Spares::take(&SPARES), |b| Spares::give(&SPARES, b))
+    }
+
     fn payload_bytes(&self) -> usize {
         match self {
             RunItem::Event(ev) => ev.payload_bytes(),

@@ -117,6 +117,18 @@ pub trait Queued {
     fn events(&self) -> usize {
         1
     }
+    /// Where its channels' queue buffers come from and go back to.
+    fn spares() -> mailbox::SpareSlots<Self>
+    where
+        Self: Sized;
+}
+
+// A stream channel's queue is emptied and its buffer given back before the
+// client waits (a paced stream holds none meanwhile); kept per core
+// instead of freed, the next item of any stream here takes one again
+// without an allocation.
+thread_local! {
+    static SPARE_TUNNEL: mailbox::Spares<TunnelItem> = const { mailbox::Spares::new() };
 }
 
 /// `parts` as one piece in memory of its own (one allocation for all).
@@ -134,6 +146,10 @@ fn compacted(b: &mut Bytes) {
 impl Queued for TunnelItem {
     fn payload_bytes(&self) -> usize {
         TunnelItem::payload_bytes(self)
+    }
+
+    fn spares() -> mailbox::SpareSlots<Self> {
+        mailbox::SpareSlots::new(|| mailbox::Spares::take(&SPARE_TUNNEL), |b| mailbox::Spares::give(&SPARE_TUNNEL, b))
     }
 
     fn is_terminal(&self) -> bool {
@@ -178,8 +194,8 @@ pub struct StreamRx<T> {
 }
 
 /// A stream's channel.
-pub fn channel<T>() -> (StreamTx<T>, StreamRx<T>) {
-    let (tx, rx) = mailbox::stream_mailbox(RUN_EVENT_CAPACITY);
+pub fn channel<T: Queued>() -> (StreamTx<T>, StreamRx<T>) {
+    let (tx, rx) = mailbox::stream_mailbox_with(RUN_EVENT_CAPACITY, T::spares());
     let shared = Arc::new(Shared::default());
     (StreamTx { tx, shared: shared.clone() }, StreamRx { rx, shared, taken: VecDeque::new(), handed: 0 })
 }
@@ -351,7 +367,7 @@ impl<T: Queued> StreamRx<T> {
     pub fn shrink(&mut self) {
         self.rx.shrink();
         if self.taken.is_empty() {
-            self.taken = VecDeque::new();
+            self.rx.give_back(std::mem::take(&mut self.taken));
         }
     }
 

@@ -14,7 +14,11 @@
 #![no_main]
 
 use bytes::{Bytes, BytesMut};
-use iop_core::wire::{decode, encode, pb::Envelope, run_events_by_hand, WireError, DEFAULT_MAX_FRAME_BYTES};
+use iop_core::wire::{
+    decode, encode,
+    pb::{envelope::Body, Envelope},
+    run_frame_by_hand, WireError, DEFAULT_MAX_FRAME_BYTES,
+};
 use prost::Message;
 use iop_fuzz::{chunks, params};
 use libfuzzer_sys::fuzz_target;
@@ -95,7 +99,16 @@ fuzz_target!(|input: &[u8]| {
     let split = run(&chunks(split, data), max);
     assert_eq!(whole, split, "chunked feeding changed the result");
     let payload = Bytes::copy_from_slice(data);
-    if let Some(env) = run_events_by_hand(&payload) {
+    if let Some(run) = run_frame_by_hand(&payload) {
+        // The slices handed out are the events prost decodes, in order.
+        let sliced: Vec<Bytes> = run.events().collect();
+        assert_eq!(sliced.len(), run.len());
+        let env = run.into_envelope();
+        match &env.body {
+            Some(Body::RunEvents(b)) => assert_eq!(b.events, sliced),
+            Some(Body::RunEvent(_)) => assert_eq!(sliced.len(), 1),
+            other => panic!("a run frame became {other:?}"),
+        }
         assert_eq!(Envelope::decode(payload).ok(), Some(env), "the hand decoder and prost differ");
     }
 });

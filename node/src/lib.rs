@@ -23,6 +23,7 @@ pub mod process;
 pub mod run;
 pub mod session;
 pub mod share;
+pub mod spare;
 pub mod store;
 pub mod supervisor;
 pub mod tunnel;

@@ -139,11 +139,17 @@ impl<R: CancelableAsyncReadRent> FrameReader<R> {
 
     /// Next frame; `Ok(None)` on a clean end of stream between frames.
     pub async fn next(&mut self) -> Result<Option<Envelope>, ReadError> {
+        Ok(self.next_frame().await?.map(wire::Frame::into_envelope))
+    }
+
+    /// [`Self::next`], a run's events left as slices of their frame (see
+    /// [`wire::decode_frame`]).
+    pub async fn next_frame(&mut self) -> Result<Option<wire::Frame>, ReadError> {
         loop {
             let before = self.buf.len();
-            if let Some(env) = wire::decode(&mut self.buf, self.max_frame)? {
+            if let Some(frame) = wire::decode_frame(&mut self.buf, self.max_frame)? {
                 self.decoded += (before - self.buf.len()) as u64;
-                return Ok(Some(env));
+                return Ok(Some(frame));
             }
             if self.stop.get() {
                 return Err(ReadError::Cancelled);

@@ -8,9 +8,13 @@
 //! [`stream_mailbox`] is a short-held lock around a `VecDeque` whose memory
 //! follows what is queued and is given back once drained, for the one every
 //! open stream has: a segment queue keeps a 31-slot block per queue even
-//! when empty, which was most of an idle stream's memory.
+//! when empty, which was most of an idle stream's memory. A stream queue
+//! may draw its buffer from, and give it back to, a few empty ones kept
+//! per thread ([`Spares`]): a paced stream, emptied and given back before
+//! every wait, then takes no allocation per item.
 
 use std::{
+    cell::RefCell,
     collections::VecDeque,
     future::Future,
     pin::Pin,
@@ -35,20 +39,102 @@ const KEEP_SLOTS: usize = 16;
 /// buffers instead of growing one from nothing per burst.
 const KEEP_SWAPPED_SLOTS: usize = 128;
 
+/// Empty stream-queue buffers kept on one thread, for the next queue that
+/// needs one there (declare one per item type with `thread_local!`). At
+/// most [`SPARE_BUFFERS`] of at most [`KEEP_SLOTS`] slots each: a bounded
+/// few per core, not per stream.
+pub struct Spares<T>(RefCell<Vec<VecDeque<T>>>);
+
+impl<T> Spares<T> {
+    /// None kept yet.
+    pub const fn new() -> Self {
+        Self(RefCell::new(Vec::new()))
+    }
+}
+
+impl<T> Default for Spares<T> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Empty buffers a thread keeps at most.
+pub const SPARE_BUFFERS: usize = 32;
+
+impl<T: 'static> Spares<T> {
+    /// An empty buffer from this thread's spares `key`, if one is kept.
+    pub fn take(key: &'static std::thread::LocalKey<Self>) -> Option<VecDeque<T>> {
+        key.try_with(|s| s.0.try_borrow_mut().ok()?.pop()).ok().flatten()
+    }
+
+    /// Keeps the empty buffer `buf` in this thread's spares `key` if it is
+    /// small and there is room; frees it otherwise.
+    pub fn give(key: &'static std::thread::LocalKey<Self>, buf: VecDeque<T>) {
+        if buf.capacity() == 0 || buf.capacity() > KEEP_SLOTS || !buf.is_empty() {
+            return;
+        }
+        let mut buf = Some(buf);
+        let _ = key.try_with(|s| {
+            if let Ok(mut spares) = s.0.try_borrow_mut() {
+                if spares.len() < SPARE_BUFFERS {
+                    spares.extend(buf.take());
+                }
+            }
+        });
+    }
+}
+
+/// Where a stream queue takes its buffers from and gives them back to:
+/// the calling thread's [`Spares`] of its item type (functions, so a queue
+/// of any item type can hold them).
+pub struct SpareSlots<T> {
+    take: fn() -> Option<VecDeque<T>>,
+    give: fn(VecDeque<T>),
+}
+
+impl<T> SpareSlots<T> {
+    /// Buffers taken with `take` and given back with `give` (usually
+    /// [`Spares::take`] and [`Spares::give`] of one `thread_local!`).
+    pub const fn new(take: fn() -> Option<VecDeque<T>>, give: fn(VecDeque<T>)) -> Self {
+        Self { take, give }
+    }
+}
+
+impl<T> Clone for SpareSlots<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for SpareSlots<T> {}
+
+/// An empty buffer from `spares`, if there are any and one is kept.
+fn take_spare<T>(spares: Option<SpareSlots<T>>) -> Option<VecDeque<T>> {
+    (spares?.take)()
+}
+
+/// Gives `buf` back to `spares`, if there are any (else frees it).
+fn give_spare<T>(spares: Option<SpareSlots<T>>, buf: VecDeque<T>) {
+    if let Some(s) = spares {
+        (s.give)(buf);
+    }
+}
+
 enum Queue<T> {
     /// Boxed: its two cache-padded ends would make every stream's mailbox
     /// a quarter KiB larger.
     Segments(Box<SegQueue<T>>),
-    Deque(Mutex<VecDeque<T>>),
+    /// With the thread-local spares its buffers come from and go back to.
+    Deque(Mutex<VecDeque<T>>, Option<SpareSlots<T>>),
 }
 
 impl<T> Queue<T> {
     /// Gives back an empty deque's slots.
     fn shrink(&self) {
-        if let Queue::Deque(q) = self {
+        if let Queue::Deque(q, spares) = self {
             let mut q = q.lock();
             if q.is_empty() && q.capacity() > 0 {
-                *q = VecDeque::new();
+                give_spare(*spares, std::mem::take(&mut *q));
             }
         }
     }
@@ -56,7 +142,15 @@ impl<T> Queue<T> {
     fn push(&self, msg: T) {
         match self {
             Queue::Segments(q) => q.push(msg),
-            Queue::Deque(q) => q.lock().push_back(msg),
+            Queue::Deque(q, spares) => {
+                let mut q = q.lock();
+                if q.capacity() == 0 {
+                    if let Some(buf) = take_spare(*spares) {
+                        *q = buf;
+                    }
+                }
+                q.push_back(msg);
+            }
         }
     }
 
@@ -64,7 +158,23 @@ impl<T> Queue<T> {
     fn push_all(&self, msgs: &mut Vec<T>) {
         match self {
             Queue::Segments(q) => msgs.drain(..).for_each(|m| q.push(m)),
-            Queue::Deque(q) => q.lock().extend(msgs.drain(..)),
+            Queue::Deque(q, spares) => {
+                let mut q = q.lock();
+                if q.capacity() == 0 {
+                    if let Some(buf) = take_spare(*spares) {
+                        *q = buf;
+                    }
+                }
+                q.extend(msgs.drain(..));
+            }
+        }
+    }
+
+    /// The spares this queue's buffers go back to.
+    fn spares(&self) -> Option<SpareSlots<T>> {
+        match self {
+            Queue::Segments(_) => None,
+            Queue::Deque(_, spares) => *spares,
         }
     }
 
@@ -78,7 +188,7 @@ impl<T> Queue<T> {
                     into.push_back(m);
                 }
             }
-            Queue::Deque(q) => {
+            Queue::Deque(q, _) => {
                 let mut q = q.lock();
                 if into.is_empty() {
                     std::mem::swap(&mut *q, into);
@@ -96,7 +206,7 @@ impl<T> Queue<T> {
     fn pop(&self) -> Option<T> {
         match self {
             Queue::Segments(q) => q.pop(),
-            Queue::Deque(q) => {
+            Queue::Deque(q, _) => {
                 let mut q = q.lock();
                 let msg = q.pop_front();
                 if q.is_empty() && q.capacity() > KEEP_SLOTS {
@@ -110,7 +220,7 @@ impl<T> Queue<T> {
     fn clear(&self) {
         match self {
             Queue::Segments(q) => while q.pop().is_some() {},
-            Queue::Deque(q) => {
+            Queue::Deque(q, _) => {
                 let queued = std::mem::take(&mut *q.lock());
                 drop(queued); // outside the lock
             }
@@ -166,7 +276,13 @@ pub fn mailbox<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
 /// A mailbox holding at most `capacity` messages whose memory follows what
 /// is queued (see the module docs).
 pub fn stream_mailbox<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
-    with_queue(Queue::Deque(Mutex::new(VecDeque::new())), capacity)
+    with_queue(Queue::Deque(Mutex::new(VecDeque::new()), None), capacity)
+}
+
+/// [`stream_mailbox`] whose buffers come from and go back to `spares`
+/// (the sending and the receiving thread's own).
+pub fn stream_mailbox_with<T>(capacity: usize, spares: SpareSlots<T>) -> (Sender<T>, Receiver<T>) {
+    with_queue(Queue::Deque(Mutex::new(VecDeque::new()), Some(spares)), capacity)
 }
 
 fn with_queue<T>(queue: Queue<T>, capacity: usize) -> (Sender<T>, Receiver<T>) {
@@ -283,6 +399,12 @@ impl<T> Receiver<T> {
         self.inner.queue.shrink();
     }
 
+    /// Gives back the memory of `buf`, an emptied buffer the receiver held
+    /// (to this thread's spares, if the queue draws on them).
+    pub fn give_back(&self, buf: VecDeque<T>) {
+        give_spare(self.inner.queue.spares(), buf);
+    }
+
     /// Messages waiting (including sends in progress).
     pub fn len(&self) -> usize {
         self.inner.len.load(Ordering::Acquire)
@@ -395,7 +517,7 @@ mod tests {
     fn stream_queue_gives_back_a_drained_burst() {
         let (tx, rx) = stream_mailbox::<u64>(1024);
         let capacity = |rx: &Receiver<u64>| match &rx.inner.queue {
-            Queue::Deque(q) => q.lock().capacity(),
+            Queue::Deque(q, _) => q.lock().capacity(),
             Queue::Segments(_) => unreachable!(),
         };
         for i in 0..500 {
@@ -409,6 +531,50 @@ mod tests {
         tx.try_send(7).unwrap();
         assert_eq!(rx.try_recv(), Some(7));
         assert!(capacity(&rx) <= KEEP_SLOTS, "a trickle keeps a few slots");
+    }
+
+    thread_local! {
+        static SPARES: Spares<u64> = const { Spares::new() };
+    }
+
+    fn spares_kept() -> usize {
+        SPARES.with(|s| s.0.borrow().len())
+    }
+
+    #[test]
+    fn a_paced_stream_reuses_its_threads_spare_buffers() {
+        let slots = SpareSlots::new(|| Spares::take(&SPARES), |b| Spares::give(&SPARES, b));
+        let (tx, rx) = stream_mailbox_with::<u64>(1024, slots);
+        let mut taken = VecDeque::new();
+        tx.try_send(1).unwrap();
+        let first = match &rx.inner.queue {
+            Queue::Deque(q, _) => q.lock().as_slices().0.as_ptr(),
+            Queue::Segments(_) => unreachable!(),
+        };
+        for i in 2..10 {
+            assert_eq!(rx.take_all(&mut taken), 1);
+            assert_eq!(taken.pop_front(), Some(i - 1));
+            // About to wait: both buffers given back, none freed.
+            rx.shrink();
+            rx.give_back(std::mem::take(&mut taken));
+            assert_eq!(spares_kept(), 1, "one buffer went round");
+            tx.try_send(i).unwrap();
+            assert_eq!(spares_kept(), 0, "and was taken again");
+            let now = match &rx.inner.queue {
+                Queue::Deque(q, _) => q.lock().as_slices().0.as_ptr(),
+                Queue::Segments(_) => unreachable!(),
+            };
+            // (The ring's head moves on within it.)
+            let within = (0..4).any(|k| first.wrapping_add(k) == now);
+            assert!(within, "the same memory");
+        }
+        // A large buffer is freed, not kept; the spares stay bounded.
+        let big = VecDeque::<u64>::with_capacity(4 * KEEP_SLOTS);
+        Spares::give(&SPARES, big);
+        for _ in 0..2 * SPARE_BUFFERS {
+            Spares::give(&SPARES, VecDeque::with_capacity(4));
+        }
+        assert_eq!(spares_kept(), SPARE_BUFFERS);
     }
 
     #[test]
@@ -441,7 +607,7 @@ mod tests {
     fn a_swapped_buffer_is_reused_up_to_a_bound() {
         let (tx, rx) = stream_mailbox::<u64>(1024);
         let capacity = |rx: &Receiver<u64>| match &rx.inner.queue {
-            Queue::Deque(q) => q.lock().capacity(),
+            Queue::Deque(q, _) => q.lock().capacity(),
             Queue::Segments(_) => unreachable!(),
         };
         let mut local = VecDeque::with_capacity(64);

@@ -8,7 +8,7 @@
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use prost::Message;
 
-use super::pb::Envelope;
+use super::{pb::Envelope, run_events::RunFrame};
 use crate::http::HeaderName;
 
 /// Default maximum frame size (payload bytes, excluding the 4-byte prefix).
@@ -456,6 +456,28 @@ fn put_header_pairs<'h>(b: &mut BytesMut, tag: u32, headers: impl Iterator<Item 
     }
 }
 
+/// A frame as [`decode_frame`] reads it.
+// Returned and matched at once, one at a time: boxing the envelope would
+// cost every other frame (a tunnel's body chunks) an allocation.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Frame {
+    /// Decoded by prost.
+    Envelope(Envelope),
+    /// A run's events, sliced from the frame (see [`RunFrame`]).
+    Run(RunFrame),
+}
+
+impl Frame {
+    /// The envelope prost decodes from the same frame.
+    pub fn into_envelope(self) -> Envelope {
+        match self {
+            Frame::Envelope(env) => env,
+            Frame::Run(run) => run.into_envelope(),
+        }
+    }
+}
+
 /// Decodes one frame from the front of `buf`: `Ok(None)` (buf untouched) when
 /// more bytes are needed; on success the frame's bytes are removed from `buf`.
 ///
@@ -463,6 +485,12 @@ fn put_header_pairs<'h>(b: &mut BytesMut, tag: u32, headers: impl Iterator<Item 
 /// `Malformed`/`EmptyEnvelope` the offending frame has been consumed; on
 /// `FrameTooLarge` nothing is consumed. Either way the session should close.
 pub fn decode(buf: &mut BytesMut, max_frame_bytes: usize) -> Result<Option<Envelope>, WireError> {
+    Ok(decode_frame(buf, max_frame_bytes)?.map(Frame::into_envelope))
+}
+
+/// [`decode`], a run's events left as slices of their frame (nothing
+/// allocated per event: a reader that routes them one by one).
+pub fn decode_frame(buf: &mut BytesMut, max_frame_bytes: usize) -> Result<Option<Frame>, WireError> {
     let Some(prefix) = buf.get(..PREFIX_LEN) else {
         return Ok(None);
     };
@@ -482,15 +510,15 @@ pub fn decode(buf: &mut BytesMut, max_frame_bytes: usize) -> Result<Option<Envel
     }
     let mut frame = buf.split_to(frame_len).freeze();
     frame.advance(PREFIX_LEN);
-    if let Some(envelope) = super::run_events::run_events_by_hand(&frame) {
-        return Ok(Some(envelope));
+    if let Some(run) = super::run_events::run_frame_by_hand(&frame) {
+        return Ok(Some(Frame::Run(run)));
     }
     // Decoding from `Bytes` makes prost slice bytes fields instead of copying.
     let envelope = Envelope::decode(frame)?;
     if envelope.body.is_none() {
         return Err(WireError::EmptyEnvelope);
     }
-    Ok(Some(envelope))
+    Ok(Some(Frame::Envelope(envelope)))
 }
 
 #[cfg(test)]

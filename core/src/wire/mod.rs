@@ -6,11 +6,12 @@ mod run_events;
 mod workspace;
 
 pub use codec::{
-    decode, encode, encode_run_event, encode_run_events, encode_run_request, encode_tunnel_body, encode_tunnel_request,
-    encode_tunnel_start, encode_tunnel_whole, TunnelHead, WireError, DEFAULT_MAX_FRAME_BYTES,
+    decode, decode_frame, encode, encode_run_event, encode_run_events, encode_run_request, encode_tunnel_body,
+    encode_tunnel_request, encode_tunnel_start, encode_tunnel_whole, Frame, TunnelHead, WireError,
+    DEFAULT_MAX_FRAME_BYTES,
 };
 pub use event::{decode_event, short_text_parts};
-pub use run_events::run_events_by_hand;
+pub use run_events::{run_events_by_hand, run_frame_by_hand, Events, RunFrame};
 pub use workspace::{WorkspaceAnswer, WorkspaceCall};
 
 /// Generated from `proto/iop/runtime.proto`.

@@ -215,7 +215,7 @@ impl RunTable {
     /// in order (one frame of them, found once); the first that ends the
     /// run on this side ends the frame. An event without a kind fails the
     /// run.
-    pub fn route_batch(&mut self, run_id: &str, seq: u64, events: Vec<bytes::Bytes>) -> Routed {
+    pub fn route_batch(&mut self, run_id: &str, seq: u64, events: impl IntoIterator<Item = bytes::Bytes>) -> Routed {
         self.route_items(run_id, seq, FrameItems { raw: events.into_iter().peekable() })
     }
 
@@ -700,7 +700,7 @@ mod tests {
         // Six quarters of the window in one frame: four fit (the fifth
         // finds the window full), then the reason, nothing after it.
         let quarter = "x".repeat(window / 4);
-        let frame = (0..6).map(|_| wire(&quarter)).collect();
+        let frame: Vec<_> = (0..6).map(|_| wire(&quarter)).collect();
         assert_eq!(t.route_batch("r", 0, frame), Routed::CancelOnNode("slow_consumer"));
         assert_eq!(t.len(), 0);
         let got = drain(&mut rx);
@@ -743,7 +743,7 @@ mod tests {
         let (tx, mut rx) = channel();
         t.insert("r".into(), tx, None);
         let quarter = "x".repeat(WINDOW_BYTES as usize / 4);
-        let frame = (0..4).map(|_| wire(&quarter)).collect();
+        let frame: Vec<_> = (0..4).map(|_| wire(&quarter)).collect();
         assert_eq!(t.route_batch("r", 0, frame), Routed::Done);
         assert!(rx.try_recv().is_some());
         // Written: what was handed out is settled before its credit goes back.

@@ -11,7 +11,10 @@ use iop_core::{
         mailbox,
         signal::LocalCancel,
     },
-    wire::pb::{self, envelope::Body},
+    wire::{
+        pb::{self, envelope::Body},
+        Frame, RunFrame,
+    },
 };
 
 use super::{
@@ -211,8 +214,8 @@ impl Session {
             });
         }
         loop {
-            let env = match reader.next().await {
-                Ok(Some(env)) => env,
+            let frame = match reader.next_frame().await {
+                Ok(Some(frame)) => frame,
                 Ok(None) => return "closed_by_node".into(),
                 Err(ReadError::Cancelled) => {
                     return self.stop_reason.borrow_mut().take().unwrap_or_else(|| "stopped".into())
@@ -232,6 +235,17 @@ impl Session {
                 yielded_at = reader.decoded_bytes();
                 iop_core::rt::yield_now().await;
             }
+            let env = match frame {
+                Frame::Envelope(env) => env,
+                Frame::Run(run) if ready => {
+                    self.on_run_frame(&run);
+                    if self.writer.is_closed() {
+                        return "write_failed".into();
+                    }
+                    continue;
+                }
+                Frame::Run(_) => return "protocol_violation: unexpected run events before ready".into(),
+            };
             let cid = env.correlation_id;
             match env.body {
                 Some(Body::NodeReadyRequest(req)) => {
@@ -417,6 +431,19 @@ impl Session {
             return;
         };
         let routed = self.runs.borrow_mut().route_batch(run_id, batch.seq, batch.events);
+        if let Routed::CancelOnNode(reason) = routed {
+            send_cancel(&self.writer, run_id.to_owned(), reason);
+        }
+    }
+
+    /// A run's events as their frame brought them (the common shapes):
+    /// routed as slices of it, nothing decoded or allocated first.
+    fn on_run_frame(&self, run: &RunFrame) {
+        let Ok(run_id) = std::str::from_utf8(&run.run_id) else {
+            tracing::warn!(node = %self.node_id, "run events with a malformed run id ignored");
+            return;
+        };
+        let routed = self.runs.borrow_mut().route_batch(run_id, run.seq, run.events());
         if let Routed::CancelOnNode(reason) = routed {
             send_cancel(&self.writer, run_id.to_owned(), reason);
         }

@@ -83,6 +83,21 @@ fn fast_line_agrees(line: &[u8]) {
     }
 }
 
+/// Maps `data` as one SSE event's data of an OpenAI chat-completion
+/// stream; panics when the hand scanner reads it differently from serde
+/// (or takes what serde refuses). The events it maps to.
+pub fn openai_chunk(data: &[u8]) -> Vec<ExecEvent> {
+    let Ok(text) = std::str::from_utf8(data) else { return Vec::new() };
+    if let Some(fast) = super::openai_line::parse(text) {
+        let slow = serde_json::from_str::<super::openai_stream::CompletionJson>(text);
+        assert_eq!(Ok(format!("{fast:?}")), slow.map(|l| format!("{l:?}")).map_err(|e| e.to_string()), "fast path");
+    }
+    let mut state = super::openai_stream::StreamState::new("target");
+    let mut events = Vec::new();
+    state.on_data(text, &mut events);
+    events
+}
+
 /// Relays `pieces` of a tunnel's body of `content_type` through the usage
 /// watch as the tunnel does (all of them: the watch must hold up past a
 /// terminal event too); the relayed bytes, the usage found and whether the

@@ -21,12 +21,14 @@
 #[doc(hidden)]
 pub mod fuzzing;
 mod health;
+mod json_scan;
 pub mod mock;
 pub mod ollama;
 mod ollama_line;
 mod ollama_request;
 mod ollama_stream;
 pub mod openai_compat;
+mod openai_line;
 mod openai_stream;
 mod openai_tunnel;
 mod tokenize;

@@ -156,8 +156,9 @@ impl OllamaAdapter {
         }
         let mut lines = LineSplitter::new(MAX_LINE_BYTES);
         loop {
-            // Emitted: the events' room goes back while the provider thinks.
-            out = Vec::new();
+            // Emitted: the events' room goes back while the provider thinks
+            // (kept by this core for the next read of any stream).
+            crate::spare::keep_events(std::mem::take(&mut out));
             let eof = match resp.chunk().await {
                 Ok(Some(bytes)) => {
                     lines.push(&bytes);
@@ -166,6 +167,7 @@ impl OllamaAdapter {
                 Ok(None) => true,
                 Err(e) => return Err(Halt::Fail(protocol(format!("upstream stream broke: {e}")))),
             };
+            out = crate::spare::events();
             let flow = emit_read(sink, &mut out, |out| {
                 let line = if eof { lines.finish() } else { lines.next_line() };
                 line.map(|line| line.map(|line| state.on_line(&line, out)))

@@ -192,9 +192,16 @@ impl OpenAiCompatAdapter {
         }
         let mut parser = iop_core::sse::SseParser::new(MAX_SSE_EVENT);
         loop {
-            // Emitted: the events' room goes back while the provider thinks.
-            out = Vec::new();
-            match resp.chunk().await {
+            // Emitted: the events' room goes back while the provider thinks
+            // (kept by this core for the next read of any stream).
+            crate::spare::keep_events(std::mem::take(&mut out));
+            if let Some(data) = parser.idle_buffer() {
+                crate::spare::keep(data);
+            }
+            let chunk = resp.chunk().await;
+            out = crate::spare::events();
+            parser.reuse(crate::spare::text(""));
+            match chunk {
                 Ok(Some(bytes)) => parser.push(&bytes),
                 Ok(None) => {
                     state.on_eof(&mut out);
@@ -203,7 +210,14 @@ impl OpenAiCompatAdapter {
                 Err(e) => return Err(Halt::Fail(protocol(format!("upstream stream broke: {e}")))),
             }
             let flow = emit_read(sink, &mut out, |out| {
-                parser.next_event().map(|ev| ev.map(|ev| state.on_data(&ev.data, out)))
+                parser.next_event().map(|ev| {
+                    ev.map(|ev| {
+                        let flow = state.on_data(&ev.data, out);
+                        // Its memory holds the next event's data.
+                        parser.reuse(ev.data);
+                        flow
+                    })
+                })
             })
             .await?;
             if flow == Flow::Done {

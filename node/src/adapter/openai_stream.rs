@@ -1,10 +1,13 @@
 //! Sans-IO mapping of OpenAI chat-completion responses (SSE chunks or one
 //! JSON object) to run events, and of error bodies to failures.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use iop_core::exec::{codes, Delta, ExecEvent, FailureSource, Part, ProviderError, RunFailure, ToolCallDelta, Usage};
 use serde::Deserialize;
 use serde_json::{value::RawValue, Value};
+use smallvec::SmallVec;
 
 /// Longest error message passed on, in characters.
 const MAX_MESSAGE_CHARS: usize = 512;
@@ -13,26 +16,28 @@ const MAX_MESSAGE_CHARS: usize = 512;
 /// partial shapes from other servers still parse.
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct CompletionJson<'a> {
-    model: Option<String>,
+pub(super) struct CompletionJson<'a> {
     #[serde(borrow)]
-    choices: Option<Vec<ChoiceJson<'a>>>,
+    pub(super) model: Option<Cow<'a, str>>,
+    /// One choice (the usual) held inline.
+    #[serde(borrow)]
+    pub(super) choices: Option<SmallVec<[ChoiceJson<'a>; 1]>>,
     usage: Option<UsageJson>,
     error: Option<Value>,
 }
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct ChoiceJson<'a> {
-    index: Option<u32>,
+pub(super) struct ChoiceJson<'a> {
+    pub(super) index: Option<u32>,
     /// Streaming chunks.
-    delta: Option<MessageJson>,
+    pub(super) delta: Option<MessageJson>,
     /// Non-streaming completions.
-    message: Option<MessageJson>,
-    finish_reason: Option<String>,
+    pub(super) message: Option<MessageJson>,
+    pub(super) finish_reason: Option<String>,
     /// vLLM: the stop string that ended the choice (a token id, or null,
     /// otherwise: only a string names a stop sequence).
-    stop_reason: Option<Value>,
+    pub(super) stop_reason: Option<Value>,
     /// Passed on as sent.
     #[serde(borrow)]
     logprobs: Option<&'a RawValue>,
@@ -40,12 +45,12 @@ struct ChoiceJson<'a> {
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(default)]
-struct MessageJson {
+pub(super) struct MessageJson {
     // `Value` because some servers send content parts or null here.
-    content: Option<Value>,
-    reasoning_content: Option<Value>,
-    reasoning: Option<Value>,
-    refusal: Option<Value>,
+    pub(super) content: Option<Value>,
+    pub(super) reasoning_content: Option<Value>,
+    pub(super) reasoning: Option<Value>,
+    pub(super) refusal: Option<Value>,
     tool_calls: Option<Vec<ToolCallJson>>,
 }
 
@@ -135,7 +140,9 @@ impl StreamState {
             self.complete(out);
             return Flow::Done;
         }
-        let chunk: CompletionJson = match serde_json::from_str(data) {
+        // The common chunk by hand; anything else (and every error) by serde.
+        let chunk: CompletionJson = match super::openai_line::parse(data).map_or_else(|| serde_json::from_str(data), Ok)
+        {
             Ok(c) => c,
             Err(e) => {
                 out.push(ExecEvent::Error(protocol(format!("malformed stream chunk: {e}"))));
@@ -265,6 +272,11 @@ fn push_message(m: MessageJson, choice: u32, logprobs: &mut Option<Bytes>, out: 
 fn text(v: Option<Value>) -> Option<String> {
     match v? {
         Value::String(s) if !s.is_empty() => Some(s),
+        // An empty text's memory holds the next token.
+        Value::String(s) => {
+            crate::spare::keep(s);
+            None
+        }
         _ => None,
     }
 }

@@ -51,7 +51,11 @@ impl Outgoing for ExecEvent {
     }
 
     fn queue(self, writer: &FrameWriter, id: &str, seq: u64) -> Result<(), SendError> {
-        writer.send_run_event(id, &self.into_wire_unnamed(seq))
+        let mut wire = self.into_wire_unnamed(seq);
+        let sent = writer.send_run_event(id, &wire);
+        // Its text's memory holds the next token.
+        crate::spare::keep_wire_text(&mut wire);
+        sent
     }
 }
 
@@ -337,7 +341,7 @@ impl Emitter<ExecEvent> {
         }
         // Encoded straight from the events (no wire message built first).
         self.writer.send_run_events(&self.id, self.seq, &evs[..n]).map_err(|_| SinkClosed)?;
-        evs.drain(..n);
+        evs.drain(..n).for_each(crate::spare::keep_event_text);
         self.sent(n as u64, terminal);
         Ok(true)
     }
