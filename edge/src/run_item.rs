@@ -99,7 +99,7 @@ thread_local! {
 impl Queued for RunItem {
     fn spares() -> iop_core::rt::mailbox::SpareSlots<Self> {
         use iop_core::rt::mailbox::{SpareSlots, Spares};
-        SpareSlots::new(|| Spares::take(&SPARES), |b| Spares::give(&SPARES, b))
+        SpareSlots::new(|b| Spares::slots(&SPARES, b))
     }
 
     fn payload_bytes(&self) -> usize {

@@ -149,7 +149,7 @@ impl Queued for TunnelItem {
     }
 
     fn spares() -> mailbox::SpareSlots<Self> {
-        mailbox::SpareSlots::new(|| mailbox::Spares::take(&SPARE_TUNNEL), |b| mailbox::Spares::give(&SPARE_TUNNEL, b))
+        mailbox::SpareSlots::new(|b| mailbox::Spares::slots(&SPARE_TUNNEL, b))
     }
 
     fn is_terminal(&self) -> bool {

@@ -85,18 +85,31 @@ impl<T: 'static> Spares<T> {
 }
 
 /// Where a stream queue takes its buffers from and gives them back to:
-/// the calling thread's [`Spares`] of its item type (functions, so a queue
-/// of any item type can hold them).
-pub struct SpareSlots<T> {
-    take: fn() -> Option<VecDeque<T>>,
-    give: fn(VecDeque<T>),
-}
+/// the calling thread's [`Spares`] of its item type, through one function
+/// (so a queue of any item type can hold it, in one word: every stream
+/// has a queue). Given `Some` empty buffer it keeps (or frees) it and
+/// answers `None`; given `None` it answers a kept buffer, if any.
+pub struct SpareSlots<T>(fn(Option<VecDeque<T>>) -> Option<VecDeque<T>>);
 
 impl<T> SpareSlots<T> {
-    /// Buffers taken with `take` and given back with `give` (usually
-    /// [`Spares::take`] and [`Spares::give`] of one `thread_local!`).
-    pub const fn new(take: fn() -> Option<VecDeque<T>>, give: fn(VecDeque<T>)) -> Self {
-        Self { take, give }
+    /// Buffers taken and given back by `f` (usually [`Spares::slots`] of
+    /// one `thread_local!`).
+    pub const fn new(f: fn(Option<VecDeque<T>>) -> Option<VecDeque<T>>) -> Self {
+        Self(f)
+    }
+}
+
+impl<T: 'static> Spares<T> {
+    /// What [`SpareSlots::new`] takes, for the spares `key`: a kept buffer
+    /// for `None`, and `Some` buffer kept.
+    pub fn slots(key: &'static std::thread::LocalKey<Self>, buf: Option<VecDeque<T>>) -> Option<VecDeque<T>> {
+        match buf {
+            None => Self::take(key),
+            Some(buf) => {
+                Self::give(key, buf);
+                None
+            }
+        }
     }
 }
 
@@ -108,16 +121,21 @@ impl<T> Clone for SpareSlots<T> {
 
 impl<T> Copy for SpareSlots<T> {}
 
-/// An empty buffer from `spares`, if there are any and one is kept.
-fn take_spare<T>(spares: Option<SpareSlots<T>>) -> Option<VecDeque<T>> {
-    (spares?.take)()
+impl<T> SpareSlots<T> {
+    /// No spares: nothing kept, every buffer freed.
+    fn none() -> Self {
+        Self(|_| None)
+    }
 }
 
-/// Gives `buf` back to `spares`, if there are any (else frees it).
-fn give_spare<T>(spares: Option<SpareSlots<T>>, buf: VecDeque<T>) {
-    if let Some(s) = spares {
-        (s.give)(buf);
-    }
+/// An empty buffer from `spares`, if one is kept.
+fn take_spare<T>(spares: SpareSlots<T>) -> Option<VecDeque<T>> {
+    (spares.0)(None)
+}
+
+/// Gives `buf` back to `spares` (or frees it).
+fn give_spare<T>(spares: SpareSlots<T>, buf: VecDeque<T>) {
+    (spares.0)(Some(buf));
 }
 
 enum Queue<T> {
@@ -125,7 +143,7 @@ enum Queue<T> {
     /// a quarter KiB larger.
     Segments(Box<SegQueue<T>>),
     /// With the thread-local spares its buffers come from and go back to.
-    Deque(Mutex<VecDeque<T>>, Option<SpareSlots<T>>),
+    Deque(Mutex<VecDeque<T>>, SpareSlots<T>),
 }
 
 impl<T> Queue<T> {
@@ -171,9 +189,9 @@ impl<T> Queue<T> {
     }
 
     /// The spares this queue's buffers go back to.
-    fn spares(&self) -> Option<SpareSlots<T>> {
+    fn spares(&self) -> SpareSlots<T> {
         match self {
-            Queue::Segments(_) => None,
+            Queue::Segments(_) => SpareSlots::none(),
             Queue::Deque(_, spares) => *spares,
         }
     }
@@ -276,13 +294,13 @@ pub fn mailbox<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
 /// A mailbox holding at most `capacity` messages whose memory follows what
 /// is queued (see the module docs).
 pub fn stream_mailbox<T>(capacity: usize) -> (Sender<T>, Receiver<T>) {
-    with_queue(Queue::Deque(Mutex::new(VecDeque::new()), None), capacity)
+    with_queue(Queue::Deque(Mutex::new(VecDeque::new()), SpareSlots::none()), capacity)
 }
 
 /// [`stream_mailbox`] whose buffers come from and go back to `spares`
 /// (the sending and the receiving thread's own).
 pub fn stream_mailbox_with<T>(capacity: usize, spares: SpareSlots<T>) -> (Sender<T>, Receiver<T>) {
-    with_queue(Queue::Deque(Mutex::new(VecDeque::new()), Some(spares)), capacity)
+    with_queue(Queue::Deque(Mutex::new(VecDeque::new()), spares), capacity)
 }
 
 fn with_queue<T>(queue: Queue<T>, capacity: usize) -> (Sender<T>, Receiver<T>) {
@@ -497,6 +515,14 @@ mod tests {
     }
 
     #[test]
+    fn a_stream_queue_is_no_larger_for_its_spares() {
+        // Every open stream has one: the spares' function fits in what the
+        // queue's layout had room for.
+        assert_eq!(std::mem::size_of::<Queue<u64>>(), 48);
+        assert_eq!(std::mem::size_of::<Inner<u64>>(), 136);
+    }
+
+    #[test]
     fn full_and_closed() {
         for make in both() {
             full_and_closed_with(make);
@@ -543,7 +569,7 @@ mod tests {
 
     #[test]
     fn a_paced_stream_reuses_its_threads_spare_buffers() {
-        let slots = SpareSlots::new(|| Spares::take(&SPARES), |b| Spares::give(&SPARES, b));
+        let slots = SpareSlots::new(|b| Spares::slots(&SPARES, b));
         let (tx, rx) = stream_mailbox_with::<u64>(1024, slots);
         let mut taken = VecDeque::new();
         tx.try_send(1).unwrap();
