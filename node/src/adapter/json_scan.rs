@@ -81,26 +81,58 @@ impl<'a> Cursor<'a> {
         self.b[self.i..].starts_with(w).then(|| self.i += w.len())
     }
 
-    /// `{ "key": value, … }`, each value read by `field` after its key.
-    pub(super) fn object(&mut self, mut field: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
-        self.eat(b'{')?;
-        if self.peek()? == b'}' {
+    /// `open item, … close`, each item read by `item` (none: `open close`).
+    fn list(&mut self, open: u8, close: u8, mut item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.eat(open)?;
+        if self.peek()? == close {
             self.i += 1;
             return Some(());
         }
         loop {
-            let key = self.plain_str()?;
-            self.eat(b':')?;
-            field(self, key)?;
+            item(self)?;
             match self.peek()? {
                 b',' => self.i += 1,
-                b'}' => {
+                b if b == close => {
                     self.i += 1;
                     return Some(());
                 }
                 _ => return None,
             }
         }
+    }
+
+    /// `{ "key": value, … }`, each value read by `field` after its key.
+    pub(super) fn object(&mut self, mut field: impl FnMut(&mut Self, &'a str) -> Option<()>) -> Option<()> {
+        self.list(b'{', b'}', |c| {
+            let key = c.plain_str()?;
+            c.eat(b':')?;
+            field(c, key)
+        })
+    }
+
+    /// `[ value, … ]`, each value read by `item`.
+    pub(super) fn array(&mut self, item: impl FnMut(&mut Self) -> Option<()>) -> Option<()> {
+        self.list(b'[', b']', item)
+    }
+
+    /// `{ … }` as serde's derive reads a struct: the value of each of
+    /// `keys` read by `field` (given the key's index) at most once (serde
+    /// refuses a repeated field), any other key's value skipped.
+    pub(super) fn fields(
+        &mut self,
+        keys: &[&str],
+        mut field: impl FnMut(&mut Self, usize) -> Option<()>,
+    ) -> Option<()> {
+        let mut seen = 0u64;
+        self.object(|c, key| {
+            let Some(i) = keys.iter().position(|k| *k == key) else { return c.skip_value() };
+            let bit = 1u64.checked_shl(u32::try_from(i).ok()?)?;
+            if seen & bit != 0 {
+                return None;
+            }
+            seen |= bit;
+            field(c, i)
+        })
     }
 
     /// `null` as `None`, else the value `read` reads.
@@ -155,7 +187,7 @@ impl<'a> Cursor<'a> {
             b'f' => self.word(b"false"),
             b'n' => self.word(b"null"),
             b'-' | b'0'..=b'9' => self.number(),
-            b'[' => self.nested(Self::skip_array),
+            b'[' => self.nested(|c| c.array(Self::skip_value)),
             b'{' => self.nested(|c| c.object(|c, _| c.skip_value())),
             _ => None,
         }
@@ -170,26 +202,6 @@ impl<'a> Cursor<'a> {
         let skipped = skip(self);
         self.depth -= 1;
         skipped
-    }
-
-    /// `[ value, … ]`.
-    fn skip_array(&mut self) -> Option<()> {
-        self.eat(b'[')?;
-        if self.peek()? == b']' {
-            self.i += 1;
-            return Some(());
-        }
-        loop {
-            self.skip_value()?;
-            match self.peek()? {
-                b',' => self.i += 1,
-                b']' => {
-                    self.i += 1;
-                    return Some(());
-                }
-                _ => return None,
-            }
-        }
     }
 
     /// JSON's number grammar: `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`.
@@ -274,5 +286,33 @@ mod tests {
         assert!(!skips(&deep), "too deep: serde's");
         let fits = "[".repeat(MAX_SKIP_DEPTH) + &"]".repeat(MAX_SKIP_DEPTH);
         assert!(skips(&fits));
+    }
+}
+
+/// Values the fast paths' property tests build their lines from.
+#[cfg(test)]
+#[allow(clippy::expect_used)]
+pub(super) mod strategies {
+    use proptest::prelude::*;
+
+    /// Any JSON value the scanners meet, or nearly: literals, numbers
+    /// (some malformed), strings (some with escapes or a tab), nested
+    /// arrays, and objects of `keys` (a regex alternation) with plain values.
+    pub(in crate::adapter) fn value(keys: &'static str) -> BoxedStrategy<String> {
+        prop_oneof![
+            Just("null".to_owned()),
+            Just("true".to_owned()),
+            Just("false".to_owned()),
+            Just("{}".to_owned()),
+            Just("[]".to_owned()),
+            Just("[1,[2],{\"a\":null}]".to_owned()),
+            "-?[0-9]{1,21}(\\.[0-9]{0,2})?([eE][+-]?[0-9]{0,2})?",
+            "\"[a-z \\\\\"\\t\u{e9}]{0,6}\"",
+            proptest::string::string_regex(&format!(
+                "\\{{(\"({keys})\":(null|\"[a-z]{{0,3}}\"|1|\\[\\]),?){{0,3}}\\}}"
+            ))
+            .expect("a regex"),
+        ]
+        .boxed()
     }
 }

@@ -29,23 +29,10 @@ pub(super) fn parse(data: &str) -> Option<CompletionJson<'_>> {
     let text = plain(data.as_bytes())?;
     let mut c = Cursor::new(text);
     let mut out = CompletionJson::default();
-    let mut seen = 0u8;
-    c.object(|c, key| {
-        let bit = match key {
-            "model" => 1,
-            "choices" => 2,
-            "usage" => 4,
-            "error" => 8,
-            _ => return c.skip_value(),
-        };
-        if seen & bit != 0 {
-            // serde refuses a repeated field.
-            return None;
-        }
-        seen |= bit;
-        match key {
-            "model" => out.model = c.opt(Cursor::plain_str)?.map(Cow::Borrowed),
-            "choices" => out.choices = c.opt(choices)?,
+    c.fields(&["model", "choices", "usage", "error"], |c, i| {
+        match i {
+            0 => out.model = c.opt(Cursor::plain_str)?.map(Cow::Borrowed),
+            1 => out.choices = c.opt(choices)?,
             // Usage (once, at the end) and an error: serde's unless null.
             _ => c.opt(|_| None::<()>)?.unwrap_or(()),
         }
@@ -58,50 +45,26 @@ pub(super) fn parse(data: &str) -> Option<CompletionJson<'_>> {
 
 /// `[ choice, … ]`.
 fn choices<'a>(c: &mut Cursor<'a>) -> Option<SmallVec<[ChoiceJson<'a>; 1]>> {
-    c.eat(b'[')?;
     let mut all = SmallVec::new();
-    if c.peek()? == b']' {
-        c.i += 1;
-        return Some(all);
-    }
-    loop {
+    c.array(|c| {
         all.push(choice(c)?);
-        match c.peek()? {
-            b',' => c.i += 1,
-            b']' => {
-                c.i += 1;
-                return Some(all);
-            }
-            _ => return None,
-        }
-    }
+        Some(())
+    })?;
+    Some(all)
 }
 
 /// One choice: its index, message, finish and stop reasons.
 fn choice<'a>(c: &mut Cursor<'a>) -> Option<ChoiceJson<'a>> {
     let mut out = ChoiceJson::default();
-    let mut seen = 0u8;
-    c.object(|c, key| {
-        let bit = match key {
-            "index" => 1,
-            "delta" => 2,
-            "message" => 4,
-            "finish_reason" => 8,
-            "stop_reason" => 16,
-            "logprobs" => 32,
-            _ => return c.skip_value(),
-        };
-        if seen & bit != 0 {
-            return None;
-        }
-        seen |= bit;
-        match key {
+    let keys = ["index", "delta", "message", "finish_reason", "stop_reason", "logprobs"];
+    c.fields(&keys, |c, i| {
+        match i {
             // serde refuses an index beyond u32.
-            "index" => out.index = c.opt(Cursor::u64)?.map(u32::try_from).transpose().ok()?,
-            "delta" => out.delta = c.opt(message)?,
-            "message" => out.message = c.opt(message)?,
-            "finish_reason" => out.finish_reason = c.opt(Cursor::plain_str)?.map(str::to_owned),
-            "stop_reason" => out.stop_reason = c.opt(Cursor::plain_str)?.map(|s| Value::String(s.to_owned())),
+            0 => out.index = c.opt(Cursor::u64)?.map(u32::try_from).transpose().ok()?,
+            1 => out.delta = c.opt(message)?,
+            2 => out.message = c.opt(message)?,
+            3 => out.finish_reason = c.opt(Cursor::plain_str)?.map(str::to_owned),
+            4 => out.stop_reason = c.opt(Cursor::plain_str)?.map(|s| Value::String(s.to_owned())),
             // Log probabilities: serde's unless null.
             _ => c.opt(|_| None::<()>)?.unwrap_or(()),
         }
@@ -114,28 +77,16 @@ fn choice<'a>(c: &mut Cursor<'a>) -> Option<ChoiceJson<'a>> {
 /// serde's unless null.
 fn message(c: &mut Cursor<'_>) -> Option<MessageJson> {
     let mut out = MessageJson::default();
-    let mut seen = 0u8;
-    c.object(|c, key| {
-        let bit = match key {
-            "content" => 1,
-            "reasoning_content" => 2,
-            "reasoning" => 4,
-            "refusal" => 8,
-            "tool_calls" => 16,
-            _ => return c.skip_value(),
-        };
-        if seen & bit != 0 {
-            return None;
-        }
-        seen |= bit;
-        if bit == 16 {
+    let keys = ["content", "reasoning_content", "reasoning", "refusal", "tool_calls"];
+    c.fields(&keys, |c, i| {
+        if i == 4 {
             return c.opt(|_| None::<()>).map(drop);
         }
         let text = c.opt(Cursor::plain_str)?.map(|s| Value::String(crate::spare::text(s)));
-        match bit {
-            1 => out.content = text,
-            2 => out.reasoning_content = text,
-            4 => out.reasoning = text,
+        match i {
+            0 => out.content = text,
+            1 => out.reasoning_content = text,
+            2 => out.reasoning = text,
             _ => out.refusal = text,
         }
         Some(())
@@ -221,16 +172,7 @@ mod tests {
     }
 
     fn value() -> impl Strategy<Value = String> {
-        prop_oneof![
-            Just("null".to_owned()),
-            Just("true".to_owned()),
-            Just("{}".to_owned()),
-            Just("[]".to_owned()),
-            Just("[1,[2],{\"a\":null}]".to_owned()),
-            "-?[0-9]{1,11}(\\.[0-9]{0,2})?",
-            "\"[a-z \\\\\"\u{e9}]{0,6}\"",
-            "\\{(\"(content|reasoning_content|reasoning|refusal|role|tool_calls|x)\":(null|\"[a-z]{0,3}\"|1|\\[\\]),?){0,3}\\}",
-        ]
+        super::super::json_scan::strategies::value("content|reasoning_content|reasoning|refusal|role|tool_calls|x")
     }
 
     fn choice() -> impl Strategy<Value = String> {
