@@ -144,20 +144,12 @@ pub fn run_frame_by_hand(payload: &Bytes) -> Option<RunFrame> {
     let (mut run_id, mut seq, mut count) = (None, 0, 0usize);
     if lone {
         // The id and number, then the event: exactly one short text.
-        while let Some(&key) = payload.get(at) {
-            match key {
-                RUN_ID_KEY => {
-                    at += 1;
-                    let len = usize::try_from(varint(payload, &mut at)?).ok()?;
-                    let end = at.checked_add(len).filter(|&end| end <= payload.len())?;
-                    run_id = Some(at..end);
-                    at = end;
-                }
-                SEQ_KEY => {
-                    at += 1;
-                    seq = varint(payload, &mut at)?;
-                }
-                _ => break,
+        while let Some(&key @ (RUN_ID_KEY | SEQ_KEY)) = payload.get(at) {
+            at += 1;
+            match field(payload, key, &mut at)? {
+                Field::RunId(range) => run_id = Some(range),
+                Field::Seq(n) => seq = n,
+                Field::Event(_) | Field::Other => return None,
             }
         }
         let (_, text) = super::event::short_text_parts(&payload[at..])?;
