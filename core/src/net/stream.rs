@@ -2,7 +2,7 @@
 //! every reader and writer of the edge and the node use, so the two share
 //! every code path above this module.
 
-use std::{cell::RefCell, io, rc::Rc};
+use std::{cell::RefCell, future::Future, io, rc::Rc};
 
 use monoio::{
     buf::{IoBuf, IoBufMut, IoVecBuf, IoVecBufMut},
@@ -15,6 +15,7 @@ use monoio::{
 use rustls_pki_types::CertificateDer;
 
 use super::tls_io::{self, Inbound, Session};
+use crate::rt::either::Either;
 
 /// A connection, plain or TLS (handshake done).
 pub enum Stream {
@@ -218,11 +219,14 @@ pub struct TlsWrite {
 
 // The TLS arms are boxed: an I/O future of a plain connection (held by
 // every open stream, e.g. its posted read) stays the size of a plain one.
+// Reads and writes of a half return the arm's future itself (`Either`:
+// plain left, TLS right), not an `async fn` over both: that would hold the
+// buffer a second time.
 impl AsyncReadRent for ReadHalf {
-    async fn read<T: IoBufMut>(&mut self, buf: T) -> BufResult<usize, T> {
+    fn read<T: IoBufMut>(&mut self, buf: T) -> impl Future<Output = BufResult<usize, T>> {
         match self {
-            ReadHalf::Plain(r) => r.read(buf).await,
-            ReadHalf::Tls(t) => Box::pin(tls_io::read(&mut t.tcp, &t.session, &mut t.inbound, buf, None)).await,
+            ReadHalf::Plain(r) => Either::Left { fut: r.read(buf) },
+            ReadHalf::Tls(t) => Either::Right { fut: Box::pin(tls_io::read(&mut t.tcp, &t.session, &mut t.inbound, buf, None)) },
         }
     }
 
@@ -236,23 +240,29 @@ impl AsyncReadRent for ReadHalf {
 }
 
 impl AsyncWriteRent for WriteHalf {
-    async fn write<T: IoBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+    fn write<T: IoBuf>(&mut self, buf: T) -> impl Future<Output = BufResult<usize, T>> {
         match self {
-            WriteHalf::Plain(w) => w.write(buf).await,
-            WriteHalf::Tls(t) => {
-                let res = Box::pin(tls_io::write(&mut t.tcp, &t.session, &mut t.out, tls_io::write_bytes(&buf))).await;
-                (res, buf)
-            }
+            WriteHalf::Plain(w) => Either::Left { fut: w.write(buf) },
+            WriteHalf::Tls(t) => Either::Right {
+                fut: async move {
+                    let res =
+                        Box::pin(tls_io::write(&mut t.tcp, &t.session, &mut t.out, tls_io::write_bytes(&buf))).await;
+                    (res, buf)
+                },
+            },
         }
     }
 
-    async fn writev<T: IoVecBuf>(&mut self, buf: T) -> BufResult<usize, T> {
+    fn writev<T: IoVecBuf>(&mut self, buf: T) -> impl Future<Output = BufResult<usize, T>> {
         match self {
-            WriteHalf::Plain(w) => w.writev(buf).await,
-            WriteHalf::Tls(t) => {
-                let res = Box::pin(tls_io::write(&mut t.tcp, &t.session, &mut t.out, tls_io::write_slices(&buf))).await;
-                (res, buf)
-            }
+            WriteHalf::Plain(w) => Either::Left { fut: w.writev(buf) },
+            WriteHalf::Tls(t) => Either::Right {
+                fut: async move {
+                    let res =
+                        Box::pin(tls_io::write(&mut t.tcp, &t.session, &mut t.out, tls_io::write_slices(&buf))).await;
+                    (res, buf)
+                },
+            },
         }
     }
 

@@ -9,7 +9,7 @@
 //! the memory it points to while the write is in flight), and no type it
 //! ships can hold `Bytes`.
 
-use std::io;
+use std::{future::Future, io};
 
 use bytes::{Buf, Bytes, BytesMut};
 use monoio::{buf::IoVecBuf, io::AsyncWriteRent};
@@ -136,37 +136,43 @@ impl Gather {
     /// Writes everything queued to `io` with vectored writes; the queue is
     /// empty afterwards, also on error (what was not written is dropped:
     /// a failed write ends the connection).
-    pub async fn write_to<W: AsyncWriteRent>(&mut self, io: &mut W) -> io::Result<()> {
+    pub fn write_to<'a, W: AsyncWriteRent>(&'a mut self, io: &'a mut W) -> impl Future<Output = io::Result<()>> + 'a {
         self.seal();
-        let mut slices =
-            IoSlices { bufs: std::mem::take(&mut self.segments), iovecs: std::mem::take(&mut self.iovecs), start: 0 };
-        let res = write_all(io, &mut slices).await;
-        // Keep both lists' allocations for the next round.
-        slices.bufs.clear();
-        slices.iovecs.clear();
-        self.segments = slices.bufs;
-        self.iovecs = slices.iovecs;
-        self.len = 0;
-        res
-    }
-}
-
-async fn write_all<W: AsyncWriteRent>(io: &mut W, slices: &mut IoSlices) -> io::Result<()> {
-    while slices.start < slices.bufs.len() {
-        slices.fill_iovecs();
-        let (res, back) = io.writev(std::mem::take(slices)).await;
-        *slices = back;
-        let n = res?;
-        if n == 0 {
-            return Err(io::ErrorKind::WriteZero.into());
+        // The lists go to the kernel inside the write and come back after
+        // it: only the write's own state holds them while it is in flight
+        // (this future lives under every open stream's write).
+        async move {
+            let mut start = 0;
+            let res = loop {
+                if start >= self.segments.len() {
+                    break Ok(());
+                }
+                let slices = IoSlices::describe(std::mem::take(&mut self.segments), std::mem::take(&mut self.iovecs), start);
+                let (res, mut back) = io.writev(slices).await;
+                let res = match res {
+                    Ok(0) => Err(io::ErrorKind::WriteZero.into()),
+                    res => res,
+                };
+                if let Ok(n) = res {
+                    back.advance(n);
+                }
+                start = back.start;
+                self.segments = back.bufs;
+                self.iovecs = back.iovecs;
+                if let Err(e) = res {
+                    break Err(e);
+                }
+            };
+            // Keep both lists' allocations for the next round.
+            self.segments.clear();
+            self.iovecs.clear();
+            self.len = 0;
+            res
         }
-        slices.advance(n);
     }
-    Ok(())
 }
 
 /// Segments handed to the kernel: `bufs[start..]`, described by `iovecs`.
-#[derive(Default)]
 struct IoSlices {
     bufs: Vec<Bytes>,
     iovecs: Vec<libc::iovec>,
@@ -174,6 +180,13 @@ struct IoSlices {
 }
 
 impl IoSlices {
+    /// `bufs[start..]`, up to [`MAX_IOVECS`] of them described.
+    fn describe(bufs: Vec<Bytes>, iovecs: Vec<libc::iovec>, start: usize) -> Self {
+        let mut slices = Self { bufs, iovecs, start };
+        slices.fill_iovecs();
+        slices
+    }
+
     /// Describes up to [`MAX_IOVECS`] segments from `start`.
     fn fill_iovecs(&mut self) {
         self.iovecs.clear();

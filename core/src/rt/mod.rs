@@ -8,6 +8,7 @@
 pub mod alloc;
 pub mod blocking;
 pub mod clock;
+pub mod either;
 pub mod frames;
 pub mod gather;
 pub mod handoff;

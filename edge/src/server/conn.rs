@@ -9,9 +9,16 @@
 //! `read_timeout`. An expired deadline with a request begun is answered with
 //! 408 and the connection closed.
 
-use std::{io, rc::Rc, sync::atomic::Ordering, time::Duration};
+use std::{
+    cell::RefCell,
+    io,
+    rc::Rc,
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
 
 use bytes::BytesMut;
+use iop_core::config::{EdgeConfig, HttpSettings};
 use iop_core::net::{Stream, WriteHalf};
 use iop_core::{
     http::{self, BodyDecoder, BodyKind, Framing, HttpError, Limits, RequestHead, StreamFraming},
@@ -172,19 +179,14 @@ struct Logging {
 }
 
 /// What a connection is served with, read from the config at accept.
-struct Setup {
+struct Settings {
     limits: Limits,
     timeouts: Timeouts,
     logging: Logging,
-    /// The first head is timed from accept: a connection that never sends
-    /// a byte does not hold its slot for a whole idle timeout.
-    accepted: Instant,
 }
 
-impl Setup {
-    fn of(worker: &Ctx) -> Self {
-        let cfg = worker.config.borrow();
-        let h = &cfg.http;
+impl Settings {
+    fn of(h: &HttpSettings) -> Self {
         Self {
             limits: Limits {
                 max_head_bytes: h.max_header_bytes,
@@ -198,8 +200,36 @@ impl Setup {
                 read: h.read_timeout,
             },
             logging: Logging { access_log: h.access_log, session_header: h.session_header.clone() },
-            accepted: Instant::now(),
         }
+    }
+}
+
+/// A connection's [`Settings`] and when it was accepted.
+struct Setup {
+    /// Shared by the connections a core accepts under one config: a copy
+    /// in each would be 112 bytes more under every open stream.
+    settings: Rc<Settings>,
+    /// The first head is timed from accept: a connection that never sends
+    /// a byte does not hold its slot for a whole idle timeout.
+    accepted: Instant,
+}
+
+impl Setup {
+    fn of(worker: &Ctx) -> Self {
+        thread_local! {
+            /// This core's settings and the config they were read from.
+            static LAST: RefCell<Option<(Arc<EdgeConfig>, Rc<Settings>)>> = const { RefCell::new(None) };
+        }
+        let cfg = worker.config.borrow();
+        let settings = LAST.with_borrow_mut(|last| match last {
+            Some((read_from, settings)) if Arc::ptr_eq(read_from, &cfg) => settings.clone(),
+            _ => {
+                let settings = Rc::new(Settings::of(&cfg.http));
+                *last = Some((cfg.clone(), settings.clone()));
+                settings
+            }
+        });
+        Self { settings, accepted: Instant::now() }
     }
 }
 
@@ -252,7 +282,8 @@ pub async fn serve_tls<H: Handler>(
     let stream = match &worker.shared.http_tls {
         None => Stream::Plain(tcp),
         // The handshake counts against the first head's deadline.
-        Some(tls) => match iop_core::rt::time::timeout(setup.timeouts.header, Box::pin(tls.accept(tcp))).await {
+        Some(tls) => match iop_core::rt::time::timeout(setup.settings.timeouts.header, Box::pin(tls.accept(tcp))).await
+        {
             Ok(Ok(s)) => s,
             Ok(Err(e)) => return handshake_failed(peer, &e.to_string()),
             Err(_) => return handshake_failed(peer, "timed out"),
@@ -285,91 +316,121 @@ fn served<H: Handler>(
     }
 }
 
-/// Reads and answers requests until the connection must close.
-async fn requests<H: Handler>(worker: &Rc<Ctx>, handler: &H, conn: &mut Conn, setup: &Setup) {
-    let mut accepted = Some(setup.accepted);
-    loop {
-        // Read in a function of its own: what reading needs (and the head's
-        // storage, which a borrow would keep) is not held beside the
-        // answer's state.
-        let Some((head, body)) = read_request(worker, handler, conn, setup, accepted.take()).await else {
-            return;
-        };
-        let asked_keep_alive = head.keep_alive;
-        let keep_alive = {
-            let _active = ActiveRequest::new(&worker.shared);
-            handler.handle(worker, conn, head, body).await
-        };
-        conn.exchange.done(setup.logging.access_log);
-        if !keep_alive || !asked_keep_alive || worker.shared.draining.load(Ordering::Acquire) {
-            return;
+/// Reads and answers requests until the connection must close. A block,
+/// as [`served`]: the references are held once.
+#[allow(clippy::manual_async_fn)]
+fn requests<'a, H: Handler>(
+    worker: &'a Rc<Ctx>,
+    handler: &'a H,
+    conn: &'a mut Conn,
+    setup: &'a Setup,
+) -> impl std::future::Future<Output = ()> + 'a {
+    async move {
+        let mut accepted = Some(setup.accepted);
+        loop {
+            // Read in a function of its own: what reading needs (and the head's
+            // storage, which a borrow would keep) is not held beside the
+            // answer's state.
+            let Some((head, body)) = read_request(worker, handler, conn, setup, accepted.take()).await else {
+                return;
+            };
+            let asked_keep_alive = head.keep_alive;
+            let keep_alive = {
+                let _active = ActiveRequest::new(&worker.shared);
+                handler.handle(worker, conn, head, body).await
+            };
+            conn.exchange.done(setup.settings.logging.access_log);
+            if !keep_alive || !asked_keep_alive || worker.shared.draining.load(Ordering::Acquire) {
+                return;
+            }
+            conn.shrink();
         }
-        conn.shrink();
     }
 }
 
 /// Reads the next request whole: its head, a `100 Continue` when asked, its
 /// body. `None`: the connection must close (what could be answered was).
 /// `accepted`: when the connection was, for its first head.
-async fn read_request<H: Handler>(
-    worker: &Rc<Ctx>,
-    handler: &H,
-    conn: &mut Conn,
-    setup: &Setup,
+#[allow(clippy::manual_async_fn)]
+fn read_request<'a, H: Handler>(
+    worker: &'a Rc<Ctx>,
+    handler: &'a H,
+    conn: &'a mut Conn,
+    setup: &'a Setup,
     accepted: Option<Instant>,
-) -> Option<(RequestHead, Body)> {
-    let Setup { limits, timeouts, logging, .. } = setup;
-    let access_log = logging.access_log;
-    let (head, read_deadline) = match read_head(conn, limits, timeouts, accepted).await {
-        Ok(Some(head)) => head,
-        Ok(None) => return None,
-        Err(e) => {
-            conn.exchange.begin_unread();
-            Box::pin(fail(conn, handler, e, 0, access_log)).await;
-            return None;
-        }
-    };
-    conn.head_only = head.method == "HEAD";
-    conn.stream_framing = StreamFraming::for_version(head.version);
-    conn.exchange.begin(&head, logging.session_header.as_deref());
-    let declared = match head.body {
-        BodyKind::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
-        _ => 0,
-    };
-    let permit = match reserve_body(worker, &head) {
-        Ok(p) => p,
-        // Not read; drained so the client sees the 503.
-        Err(e) => {
-            Box::pin(fail(conn, handler, e, declared, access_log)).await;
-            return None;
-        }
-    };
-    // Never set for HTTP/1.0, which must not get a 100 (RFC 9110 §10.1.1).
-    if head.expect_continue && head.body != BodyKind::Empty {
-        conn.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
-        if conn.flush().await.is_err() {
-            return None;
+) -> impl std::future::Future<Output = Option<(RequestHead, Body)>> + 'a {
+    // Blocks, not async fns (their arguments would be held twice), and the
+    // head's wait apart from the rest: each laid out in a state of its own,
+    // not side by side in one (an idle connection waits in the first).
+    async move {
+        let Settings { limits, timeouts, logging } = &*setup.settings;
+        match read_head(conn, limits, timeouts, accepted).await {
+            Ok(Some((head, read_deadline))) => read_rest(worker, handler, conn, setup, head, read_deadline).await,
+            Ok(None) => None,
+            Err(e) => {
+                conn.exchange.begin_unread();
+                Box::pin(fail(conn, handler, e, 0, logging.access_log)).await;
+                None
+            }
         }
     }
-    let read = match body_at_hand(conn, &head, permit) {
-        Ok(body) => Ok(body),
-        // Boxed: a body still to come is rarer than one read with its head,
-        // and the wait's state would size every reading's.
-        Err(permit) => Box::pin(read_body(conn, worker, &head, limits, permit, timeouts, read_deadline)).await,
-    };
-    let body = match read {
-        Ok(body) => body,
-        Err(e) => {
-            Box::pin(fail(conn, handler, e, 0, access_log)).await;
-            return None;
+}
+
+/// What follows a request's head: a `100 Continue` when asked, its body.
+#[allow(clippy::manual_async_fn)]
+fn read_rest<'a, H: Handler>(
+    worker: &'a Rc<Ctx>,
+    handler: &'a H,
+    conn: &'a mut Conn,
+    setup: &'a Setup,
+    head: RequestHead,
+    read_deadline: Instant,
+) -> impl std::future::Future<Output = Option<(RequestHead, Body)>> + 'a {
+    async move {
+        let Settings { limits, timeouts, logging } = &*setup.settings;
+        let access_log = logging.access_log;
+        conn.head_only = head.method == "HEAD";
+        conn.stream_framing = StreamFraming::for_version(head.version);
+        conn.exchange.begin(&head, logging.session_header.as_deref());
+        let declared = match head.body {
+            BodyKind::Length(n) => usize::try_from(n).unwrap_or(usize::MAX),
+            _ => 0,
+        };
+        let permit = match reserve_body(worker, &head) {
+            Ok(p) => p,
+            // Not read; drained so the client sees the 503.
+            Err(e) => {
+                Box::pin(fail(conn, handler, e, declared, access_log)).await;
+                return None;
+            }
+        };
+        // Never set for HTTP/1.0, which must not get a 100 (RFC 9110 §10.1.1).
+        if head.expect_continue && head.body != BodyKind::Empty {
+            conn.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            if conn.flush().await.is_err() {
+                return None;
+            }
         }
-    };
-    if conn.buf.is_empty() {
-        // The request is read: its read buffer is not kept for the
-        // (maybe long) response. A next request gets a fresh one.
-        conn.buf = BytesMut::new();
+        let read = match body_at_hand(conn, &head, permit) {
+            Ok(body) => Ok(body),
+            // Boxed: a body still to come is rarer than one read with its head,
+            // and the wait's state would size every reading's.
+            Err(permit) => Box::pin(read_body(conn, worker, &head, limits, permit, timeouts, read_deadline)).await,
+        };
+        let body = match read {
+            Ok(body) => body,
+            Err(e) => {
+                Box::pin(fail(conn, handler, e, 0, access_log)).await;
+                return None;
+            }
+        };
+        if conn.buf.is_empty() {
+            // The request is read: its read buffer is not kept for the
+            // (maybe long) response. A next request gets a fresh one.
+            conn.buf = BytesMut::new();
+        }
+        Some((head, body))
     }
-    Some((head, body))
 }
 
 /// A client whose TLS handshake failed (plain HTTP on a TLS port among

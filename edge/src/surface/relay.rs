@@ -143,90 +143,96 @@ pub enum BodyEnd {
 /// already holds (the response head). `sse`: the body is an event stream in
 /// that dialect, so a failure mid-body is told as its error event. A write
 /// that makes no progress for `write_timeout` fails with `TimedOut`.
-pub async fn relay_body<W: AsyncWriteRent, S: Source>(
-    wr: &mut W,
-    out: &mut Gather,
-    src: &mut S,
-    frame: &mut Frame,
+///
+/// A function returning its loop, not an `async fn`: that would keep every
+/// argument twice in the state an open stream holds.
+#[allow(clippy::manual_async_fn)]
+pub fn relay_body<'a, 'c, W: AsyncWriteRent, S: Source>(
+    wr: &'a mut W,
+    out: &'a mut Gather,
+    src: &'a mut S,
+    frame: &'a mut Frame,
     sse: Option<Dialect>,
     write_timeout: Duration,
-    clock: &mut WriteClock<'_>,
-) -> std::io::Result<BodyEnd> {
-    let mut pacing = Pacing::default();
-    loop {
-        // Gather what is queued into one write (bounded).
-        let mut end = None;
-        let mut next = src.try_next();
-        if next.is_none() {
-            // Between bursts (the last wait was long: tokens paced by the
-            // model, not a backlog) the write queue's memory goes back while
-            // waiting; a busy stream keeps it.
-            if pacing.paced() {
-                out.release();
-                src.shrink();
+    clock: &'a mut WriteClock<'c>,
+) -> impl Future<Output = std::io::Result<BodyEnd>> + use<'a, 'c, W, S> {
+    async move {
+        let mut pacing = Pacing::default();
+        loop {
+            // Gather what is queued into one write (bounded).
+            let mut end = None;
+            let mut next = src.try_next();
+            if next.is_none() {
+                // Between bursts (the last wait was long: tokens paced by the
+                // model, not a backlog) the write queue's memory goes back while
+                // waiting; a busy stream keeps it.
+                if pacing.paced() {
+                    out.release();
+                    src.shrink();
+                }
+                next = pacing.wait(src.next()).await;
             }
-            next = pacing.wait(src.next()).await;
-        }
-        while let Some(item) = next.take() {
-            match item {
-                TunnelItem::Body(b) => {
-                    if !append(out, frame, std::slice::from_ref(&b)) {
-                        end = Some(BodyEnd::Broken);
-                        break;
-                    }
-                }
-                TunnelItem::Parts(parts) => {
-                    if !append(out, frame, &parts) {
-                        end = Some(BodyEnd::Broken);
-                        break;
-                    }
-                }
-                TunnelItem::End { .. } => {
-                    end = Some(match *frame {
-                        Frame::Streamed(s) => {
-                            s.gather_last(out);
-                            BodyEnd::Complete
+            while let Some(item) = next.take() {
+                match item {
+                    TunnelItem::Body(b) => {
+                        if !append(out, frame, std::slice::from_ref(&b)) {
+                            end = Some(BodyEnd::Broken);
+                            break;
                         }
-                        Frame::Length(0) => BodyEnd::Complete,
-                        // Fewer bytes than announced: the client must see a cut.
-                        Frame::Length(_) => BodyEnd::Broken,
-                    });
-                    break;
-                }
-                TunnelItem::Error(f) => {
-                    tracing::debug!(run = %src.id(), code = f.code, "tunnel failed mid-body");
-                    if let (Some(d), Frame::Streamed(s)) = (sse, *frame) {
-                        // Said in the stream's own language, then a clean end,
-                        // so an SDK raises instead of ending quietly.
-                        let mut event = bytes::BytesMut::new();
-                        d.stream_error(&mut event, &f);
-                        s.gather(out, event.freeze());
-                        s.gather_last(out);
                     }
-                    end = Some(BodyEnd::Broken);
+                    TunnelItem::Parts(parts) => {
+                        if !append(out, frame, &parts) {
+                            end = Some(BodyEnd::Broken);
+                            break;
+                        }
+                    }
+                    TunnelItem::End { .. } => {
+                        end = Some(match *frame {
+                            Frame::Streamed(s) => {
+                                s.gather_last(out);
+                                BodyEnd::Complete
+                            }
+                            Frame::Length(0) => BodyEnd::Complete,
+                            // Fewer bytes than announced: the client must see a cut.
+                            Frame::Length(_) => BodyEnd::Broken,
+                        });
+                        break;
+                    }
+                    TunnelItem::Error(f) => {
+                        tracing::debug!(run = %src.id(), code = f.code, "tunnel failed mid-body");
+                        if let (Some(d), Frame::Streamed(s)) = (sse, *frame) {
+                            // Said in the stream's own language, then a clean end,
+                            // so an SDK raises instead of ending quietly.
+                            let mut event = bytes::BytesMut::new();
+                            d.stream_error(&mut event, &f);
+                            s.gather(out, event.freeze());
+                            s.gather_last(out);
+                        }
+                        end = Some(BodyEnd::Broken);
+                        break;
+                    }
+                    TunnelItem::Start { .. } | TunnelItem::Whole(_) => {
+                        end = Some(BodyEnd::Broken);
+                        break;
+                    }
+                }
+                if out.len() >= MAX_WRITE_BATCH {
                     break;
                 }
-                TunnelItem::Start { .. } | TunnelItem::Whole(_) => {
-                    end = Some(BodyEnd::Broken);
-                    break;
-                }
+                next = src.try_next();
             }
-            if out.len() >= MAX_WRITE_BATCH {
-                break;
+            if !out.is_empty() {
+                // A timed-out write closes the connection, so dropping it loses nothing.
+                let Ok(res) = iop_core::rt::time::timeout(write_timeout, out.write_to(wr)).await else {
+                    return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading"));
+                };
+                res?;
+                clock.wrote();
+                src.written();
             }
-            next = src.try_next();
-        }
-        if !out.is_empty() {
-            // A timed-out write closes the connection, so dropping it loses nothing.
-            let Ok(res) = iop_core::rt::time::timeout(write_timeout, out.write_to(wr)).await else {
-                return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, "client stopped reading"));
-            };
-            res?;
-            clock.wrote();
-            src.written();
-        }
-        if let Some(end) = end {
-            return Ok(end);
+            if let Some(end) = end {
+                return Ok(end);
+            }
         }
     }
 }

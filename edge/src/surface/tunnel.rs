@@ -99,61 +99,99 @@ pub fn run<'a>(
     }
 }
 
-async fn relay(
-    conn: &mut Conn,
-    stream: &mut TunnelStream,
+/// The answer under the client's disconnect watch (a block, as `answer`).
+#[allow(clippy::manual_async_fn)]
+fn relay<'a>(
+    conn: &'a mut Conn,
+    stream: &'a mut TunnelStream,
     d: Dialect,
     keep: bool,
     streamed: bool,
     write_timeout: Duration,
-    chance: &mut ReplayChance,
-) -> bool {
-    // One disconnect watch for the whole answer, status to last byte (each
-    // watch is a read and its cancellation on the client's socket).
-    let (head_only, stream_framing) = (conn.head_only, conn.stream_framing);
-    let Conn { rd, wr, buf, out, exchange, .. } = conn;
-    let mut w = Responder { wr, out, head_only, stream_framing, ex: exchange };
-    let answer = std::pin::pin!(answer(&mut w, stream, d, keep, write_timeout, chance));
-    // None: the client left; dropping the stream cancels the tunnel.
-    let watched = if streamed {
-        with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, answer).await
-    } else {
-        with_disconnect_watch::<WHOLE_WATCH, _, _>(rd, buf, answer).await
-    };
-    watched.unwrap_or(false)
+    chance: &'a mut ReplayChance,
+) -> impl Future<Output = bool> + 'a {
+    async move {
+        // One disconnect watch for the whole answer, status to last byte (each
+        // watch is a read and its cancellation on the client's socket).
+        let (head_only, stream_framing) = (conn.head_only, conn.stream_framing);
+        let Conn { rd, wr, buf, out, exchange, .. } = conn;
+        let mut w = Responder { wr, out, head_only, stream_framing, ex: exchange };
+        let answer = std::pin::pin!(answer(&mut w, stream, d, keep, write_timeout, chance));
+        // None: the client left; dropping the stream cancels the tunnel.
+        let watched = if streamed {
+            with_disconnect_watch::<STREAM_WATCH, _, _>(rd, buf, answer).await
+        } else {
+            with_disconnect_watch::<WHOLE_WATCH, _, _>(rd, buf, answer).await
+        };
+        watched.unwrap_or(false)
+    }
 }
 
-/// The provider's status, headers and body to the client.
-async fn answer(
+/// The provider's status, headers and body to the client. A function
+/// returning its block, and the body's relay a future of its own built
+/// after the head is written: an open stream's state holds neither the
+/// arguments twice nor the first item and the head's parts beside the body.
+#[allow(clippy::manual_async_fn)]
+fn answer<'a, 'r>(
+    w: &'a mut Responder<'r>,
+    stream: &'a mut TunnelStream,
+    d: Dialect,
+    keep: bool,
+    write_timeout: Duration,
+    chance: &'a mut ReplayChance,
+) -> impl Future<Output = bool> + use<'a, 'r> {
+    async move {
+        // What a client has not read stays within the stream's window.
+        stream.credit_on_write();
+        match stream.next().await {
+            Some(TunnelItem::Start { status, headers }) => {
+                // The provider's status goes out now: no replay from here.
+                chance.commit();
+                body(w, stream, d, keep, write_timeout, status, headers).await
+            }
+            first => Box::pin(other_answer(w, stream, d, keep, write_timeout, chance, first)).await,
+        }
+    }
+}
+
+/// An answer that did not begin with a status and headers: a whole answer,
+/// or a failure before any byte.
+async fn other_answer(
     w: &mut Responder<'_>,
     stream: &mut TunnelStream,
     d: Dialect,
     keep: bool,
     write_timeout: Duration,
     chance: &mut ReplayChance,
+    first: Option<TunnelItem>,
 ) -> bool {
-    // What a client has not read stays within the stream's window.
-    stream.credit_on_write();
-    let (status, headers) = match stream.next().await {
-        Some(TunnelItem::Start { status, headers }) => {
-            // The provider's status goes out now: no replay from here.
-            chance.commit();
-            (status, headers)
-        }
+    match first {
         Some(TunnelItem::Whole(whole)) => {
             chance.commit();
-            return answer_whole(w, stream.run_id(), d, *whole, keep, write_timeout).await;
+            answer_whole(w, stream.run_id(), d, *whole, keep, write_timeout).await
         }
         // Before any byte: maybe held back for a replay elsewhere.
         Some(TunnelItem::Error(f)) => match chance.hold(f) {
-            Some(f) => return reply::failure(w, d, &f, keep).await,
-            None => return false,
+            Some(f) => reply::failure(w, d, &f, keep).await,
+            None => false,
         },
         _ => {
             let msg = "node answered the tunnel without a status";
-            return reply::error(w, d, 502, msg, "upstream_protocol", keep).await;
+            reply::error(w, d, 502, msg, "upstream_protocol", keep).await
         }
-    };
+    }
+}
+
+/// The head (written into the queue now) and the body relayed after it.
+fn body<'a, 'r>(
+    w: &'a mut Responder<'r>,
+    stream: &'a mut TunnelStream,
+    d: Dialect,
+    keep: bool,
+    write_timeout: Duration,
+    status: u16,
+    headers: Vec<(http::HeaderName, Bytes)>,
+) -> impl Future<Output = bool> + use<'a, 'r> {
     let length = headers
         .iter()
         .find(|(n, _)| n == "content-length")
@@ -169,10 +207,12 @@ async fn answer(
     // The header values are slices of the link's read buffer: not kept for
     // the whole answer.
     drop(headers);
-    let mut clock = WriteClock::new(&mut w.ex.first_byte, sse.then_some(crate::metrics::Path::Tunnel));
-    match relay_body(w.wr, &mut out, stream, &mut frame, sse.then_some(d), write_timeout, &mut clock).await {
-        Ok(BodyEnd::Complete) => keep,
-        _ => false,
+    async move {
+        let mut clock = WriteClock::new(&mut w.ex.first_byte, sse.then_some(crate::metrics::Path::Tunnel));
+        match relay_body(w.wr, &mut out, stream, &mut frame, sse.then_some(d), write_timeout, &mut clock).await {
+            Ok(BodyEnd::Complete) => keep,
+            _ => false,
+        }
     }
 }
 
