@@ -248,19 +248,26 @@ impl Adapter {
     }
 
     /// Relays `spec` to the provider (see [`crate::tunnel`]); a provider that
-    /// takes no tunnels answers with an error.
-    pub async fn tunnel<S: crate::tunnel::TunnelSink>(&self, spec: crate::tunnel::TunnelSpec, sink: &mut S) {
+    /// takes no tunnels answers with an error. The arm's own future (not an
+    /// `async fn` over both): the tunnel's request is held once, by it.
+    pub fn tunnel<'a, S: crate::tunnel::TunnelSink>(
+        &'a self,
+        spec: crate::tunnel::TunnelSpec,
+        sink: &'a mut S,
+    ) -> impl std::future::Future<Output = ()> + 'a {
         match self {
-            Adapter::OpenAiCompat(a) => a.tunnel(spec, sink).await,
-            Adapter::Mock(_) | Adapter::Ollama(_) => {
-                let f = RunFailure::new(
-                    codes::INVALID_REQUEST,
-                    501,
-                    FailureSource::Node,
-                    format!("provider `{}` does not speak the OpenAI HTTP API", self.id()),
-                );
-                let _ = sink.send(iop_core::tunnel::TunnelItem::Error(f)).await;
-            }
+            Adapter::OpenAiCompat(a) => iop_core::rt::either::Either::Left { fut: a.tunnel(spec, sink) },
+            Adapter::Mock(_) | Adapter::Ollama(_) => iop_core::rt::either::Either::Right {
+                fut: async move {
+                    let f = RunFailure::new(
+                        codes::INVALID_REQUEST,
+                        501,
+                        FailureSource::Node,
+                        format!("provider `{}` does not speak the OpenAI HTTP API", self.id()),
+                    );
+                    let _ = sink.send(iop_core::tunnel::TunnelItem::Error(f)).await;
+                },
+            },
         }
     }
 

@@ -20,25 +20,36 @@ use crate::{
 
 impl OpenAiCompatAdapter {
     /// Sends `spec` to the provider and relays its answer to `sink`:
-    /// `Start`, body chunks, then `End` (with usage) or `Error`.
-    pub async fn tunnel<S: TunnelSink>(&self, mut spec: TunnelSpec, sink: &mut S) {
-        let limit = spec.deadline.map_or(self.request_timeout, |d| d.min(self.request_timeout));
-        let failure = match iop_core::rt::time::timeout(limit, self.relay(&mut spec, sink)).await {
-            Ok(Ok(())) | Ok(Err(Halt::Sink)) => return,
-            Ok(Err(Halt::Fail(f))) => f,
-            // The attempt (and its connection) was dropped.
-            Err(_) => RunFailure::new(
-                codes::UPSTREAM_TIMEOUT,
-                504,
-                FailureSource::Provider,
-                format!("upstream did not finish within {} ms", limit.as_millis()),
-            ),
-        };
-        tracing::debug!(tunnel = %spec.id, provider = %self.id, code = failure.code, status = failure.status, "tunnel failed");
-        let _ = sink.send(TunnelItem::Error(failure)).await;
+    /// `Start`, body chunks, then `End` (with usage) or `Error`. A function
+    /// returning its block: an `async fn` would hold `spec` twice for the
+    /// whole answer.
+    #[allow(clippy::manual_async_fn)]
+    pub fn tunnel<'a, S: TunnelSink>(
+        &'a self,
+        mut spec: TunnelSpec,
+        sink: &'a mut S,
+    ) -> impl std::future::Future<Output = ()> + 'a {
+        async move {
+            let limit = spec.deadline.map_or(self.request_timeout, |d| d.min(self.request_timeout));
+            let failure = match iop_core::rt::time::timeout(limit, self.relay(&mut spec, sink)).await {
+                Ok(Ok(())) | Ok(Err(Halt::Sink)) => return,
+                Ok(Err(Halt::Fail(f))) => f,
+                // The attempt (and its connection) was dropped.
+                Err(_) => RunFailure::new(
+                    codes::UPSTREAM_TIMEOUT,
+                    504,
+                    FailureSource::Provider,
+                    format!("upstream did not finish within {} ms", limit.as_millis()),
+                ),
+            };
+            tracing::debug!(tunnel = %spec.id, provider = %self.id, code = failure.code, status = failure.status, "tunnel failed");
+            let _ = sink.send(TunnelItem::Error(failure)).await;
+        }
     }
 
-    async fn relay<S: TunnelSink>(&self, spec: &mut TunnelSpec, sink: &mut S) -> Result<(), Halt> {
+    /// Sends `spec`'s request to the provider: its parts are this
+    /// function's, not kept in the relay's state for the whole answer.
+    async fn send(&self, spec: &TunnelSpec) -> Result<crate::upstream::Response, Halt> {
         let target = [self.url.path_prefix.as_str(), spec.path].concat();
         // Room for the credential: no second allocation.
         let mut headers: Vec<(&str, &[u8])> = Vec::with_capacity(spec.headers.len() + 1);
@@ -56,11 +67,13 @@ impl OpenAiCompatAdapter {
             body: &spec.body,
             tls: self.tls.as_ref(),
         };
+        super::send_upstream(&self.client, &req, &self.id, &spec.id).await.map_err(Halt::Fail)
+    }
+
+    async fn relay<S: TunnelSink>(&self, spec: &mut TunnelSpec, sink: &mut S) -> Result<(), Halt> {
         // Boxed: connecting and sending are brief, and a stream's task then
         // holds only the relay loop's state for the rest of the answer.
-        let sent = Box::pin(super::send_upstream(&self.client, &req, &self.id, &spec.id)).await;
-        let mut resp = sent.map_err(Halt::Fail)?;
-        drop(headers);
+        let mut resp = Box::pin(self.send(spec)).await?;
         // Sent: the request's bytes are slices of the link's read buffer, which
         // they must not keep alive for the whole (maybe long) answer.
         spec.body = Bytes::new();

@@ -20,7 +20,7 @@ use super::{
 /// Reads (head and body) start this small (a paced stream brings a few hundred bytes
 /// per read, and a read buffer per open stream is what its memory is) and
 /// double, up to [`MAX_BODY_READ`], while reads fill them.
-const MIN_READ: usize = 1024;
+const MIN_READ: usize = 512;
 const MAX_BODY_READ: usize = 64 * 1024;
 /// Largest first body read (see `Inner::read_hint`).
 const MAX_READ_HINT: usize = 16 * 1024;
@@ -215,10 +215,14 @@ impl UpstreamClient {
             Err(e) => return Err(Attempt::NothingSent(UpstreamError::Io(e))),
         }
         let limits = self.inner.cfg.limits;
-        // The head's header values are slices of this buffer and live as
-        // long as the response: it starts small and grows only for a big head.
-        let mut buf = BytesMut::with_capacity(MIN_READ);
+        // The head's header values are slices of this buffer, and the body's
+        // reads go on in it: it is the room the last response's reads ended
+        // with (a paced stream's few hundred bytes, a small answer's head and
+        // body at once), and it grows only for a big head.
+        let room = self.inner.read_hint.get().max(MIN_READ);
+        let mut buf = BytesMut::with_capacity(room);
         let mut received = false;
+        let mut filled = false;
         let head = loop {
             if received {
                 if let Some(head) =
@@ -232,7 +236,11 @@ impl UpstreamClient {
                     return Err(Attempt::Failed(UpstreamError::Closed("in the middle of the response head")))
                 }
                 Ok(0) => return Err(Attempt::Failed(UpstreamError::Closed("before responding"))),
-                Ok(_) => received = true,
+                Ok(n) => {
+                    // The first read filled its room: more is waiting.
+                    filled |= !received && n >= room;
+                    received = true;
+                }
                 Err(e) => return Err(Attempt::Failed(UpstreamError::Io(e))),
             }
         };
@@ -246,7 +254,7 @@ impl UpstreamClient {
             key,
             reused,
             done: false,
-            read_size: self.inner.read_hint.get(),
+            read_size: if filled { (room * 2).min(MAX_BODY_READ) } else { self.inner.read_hint.get() },
             pacer: Pacer::default(),
         };
         if resp.decoder.is_done() {
@@ -543,7 +551,8 @@ mod tests {
         let (first, second) = iop_core::rt::block_on_current(async {
             // A big body sent at once: the reads grow as they fill.
             let mut resp = client.send(&get(port)).await.unwrap();
-            assert_eq!(resp.read_size, MIN_READ);
+            // The head's read filled its room: the body's reads start at twice it.
+            assert_eq!(resp.read_size, 2 * MIN_READ);
             while resp.chunk().await.unwrap().is_some() {}
             let grown = resp.read_size;
             drop(resp);
