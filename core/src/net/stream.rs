@@ -226,7 +226,9 @@ impl AsyncReadRent for ReadHalf {
     fn read<T: IoBufMut>(&mut self, buf: T) -> impl Future<Output = BufResult<usize, T>> {
         match self {
             ReadHalf::Plain(r) => Either::Left { fut: r.read(buf) },
-            ReadHalf::Tls(t) => Either::Right { fut: Box::pin(tls_io::read(&mut t.tcp, &t.session, &mut t.inbound, buf, None)) },
+            ReadHalf::Tls(t) => {
+                Either::Right { fut: Box::pin(tls_io::read(&mut t.tcp, &t.session, &mut t.inbound, buf, None)) }
+            }
         }
     }
 

@@ -147,7 +147,8 @@ impl Gather {
                 if start >= self.segments.len() {
                     break Ok(());
                 }
-                let slices = IoSlices::describe(std::mem::take(&mut self.segments), std::mem::take(&mut self.iovecs), start);
+                let slices =
+                    IoSlices::describe(std::mem::take(&mut self.segments), std::mem::take(&mut self.iovecs), start);
                 let (res, mut back) = io.writev(slices).await;
                 let res = match res {
                     Ok(0) => Err(io::ErrorKind::WriteZero.into()),
