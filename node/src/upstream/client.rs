@@ -429,8 +429,12 @@ impl Response {
                 // The read filled what it had: ask for more next time.
                 Ok(n) if n >= ask => self.read_size = (self.read_size * 2).min(MAX_BODY_READ),
                 // Far less came than was asked for (a paced stream): a
-                // smaller room, which the read holds while it waits.
-                Ok(n) if n > 0 && n * 4 < self.read_size => self.read_size = (self.read_size / 2).max(MIN_READ),
+                // smaller room, which the read holds while it waits. Not for
+                // a body of known length: its last read brings what is left,
+                // and the next answer's head read should still take it whole.
+                Ok(n) if n > 0 && n * 4 < self.read_size && self.length_left().is_none() => {
+                    self.read_size = (self.read_size / 2).max(MIN_READ)
+                }
                 _ => {}
             }
             if let Some(started) = started {
@@ -562,6 +566,29 @@ mod tests {
         .unwrap();
         assert!(first > MIN_READ, "{first}");
         assert_eq!(second, first.min(MAX_READ_HINT));
+    }
+
+    #[test]
+    fn a_small_answer_is_read_with_its_head_from_the_second_on() {
+        // Head and body together larger than the first read's room, smaller than twice it.
+        let body = "x".repeat(MIN_READ + 100);
+        let replies = (0..3).map(|_| Reply::keep(with_body(200, "text/plain", &body))).collect();
+        let server = TestServer::start(replies);
+        let port = server.addr.port();
+        let client = UpstreamClient::default();
+        let whole_at_once = iop_core::rt::block_on_current(async {
+            let mut at_once = Vec::new();
+            for _ in 0..3 {
+                let mut resp = client.send(&get(port)).await.unwrap();
+                at_once.push(resp.length_left() == Some(0));
+                while resp.chunk().await.unwrap().is_some() {}
+            }
+            at_once
+        })
+        .unwrap();
+        // The first is read in two; its last read, small, does not shrink the
+        // room the next head is read into.
+        assert_eq!(whole_at_once, vec![false, true, true]);
     }
 
     #[test]
