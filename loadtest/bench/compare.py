@@ -266,6 +266,23 @@ def targets(agg, workers):
                         verdict(None if r is None else r >= 0.7)))
         if agg.value("S1L", "haproxy2", w, "req_s") is not None:
             at_least("S1L", "req_s", s, "haproxy2", "req/s ≥ 1.0× haproxy2")
+    # S4 (issue 29): an open stream costs the two iop processes together no
+    # more than it costs two HAProxy together (the floor), and each iop
+    # process no more than one HAProxy's (the goal).
+    two = [agg.value("S4", "haproxy2", w, "rss_haproxy-" + g) for g in ("back", "front")]
+    one = agg.value("S4", "haproxy1", w, "rss_haproxy")
+    for s in IOP:
+        mine = [agg.value("S4", s, w, "rss_" + g) for g in ("edge", "node")]
+        if None in mine:
+            continue
+        if None not in two:
+            r = ratio(sum(mine), sum(two))
+            out.append(("S4", "memory/stream, both processes ≤ haproxy2's", s,
+                        "%s against %s KiB (%s×)" % (fmt(sum(mine)), fmt(sum(two)), fmt(r)), verdict(r <= 1.0)))
+        if one is not None:
+            r = ratio(max(mine), one)
+            out.append(("S4", "goal: memory/stream, each process ≤ haproxy1's", s,
+                        "%s against %s KiB (%s×)" % (fmt(max(mine)), fmt(one), fmt(r)), verdict(r <= 1.0)))
     if any(agg.value(sid, "haproxy1", w, "completed") is not None for sid in ("S1", "S2")):
         for s in IOP:
             at_least("S1", "req_s", s, "haproxy1", "goal: req/s ≥ 1.0× haproxy1")
