@@ -67,6 +67,27 @@ pub(super) enum Halt {
     Fail(RunFailure),
 }
 
+impl Halt {
+    /// The failure to end with after an attempt bounded by `limit`: none
+    /// when it ended itself (its terminal sent, or its sink gone).
+    pub(super) fn failure(
+        attempt: Result<Result<(), Halt>, iop_core::rt::time::Elapsed>,
+        limit: std::time::Duration,
+    ) -> Option<RunFailure> {
+        match attempt {
+            Ok(Ok(())) | Ok(Err(Halt::Sink)) => None,
+            Ok(Err(Halt::Fail(f))) => Some(f),
+            // The attempt (and its connection) was dropped.
+            Err(_) => Some(RunFailure::new(
+                codes::UPSTREAM_TIMEOUT,
+                504,
+                FailureSource::Provider,
+                format!("upstream did not finish within {} ms", limit.as_millis()),
+            )),
+        }
+    }
+}
+
 impl From<SinkClosed> for Halt {
     fn from(_: SinkClosed) -> Self {
         Halt::Sink
@@ -133,17 +154,7 @@ impl OpenAiCompatAdapter {
     /// Streams one chat completion for `spec`.
     pub async fn execute<S: EventSink>(&self, spec: RunSpec, sink: &mut S) {
         let outcome = iop_core::rt::time::timeout(self.request_timeout, self.attempt(&spec, sink)).await;
-        let failure = match outcome {
-            Ok(Ok(())) | Ok(Err(Halt::Sink)) => return,
-            Ok(Err(Halt::Fail(f))) => f,
-            // The attempt (and its connection) was dropped.
-            Err(_) => RunFailure::new(
-                codes::UPSTREAM_TIMEOUT,
-                504,
-                FailureSource::Provider,
-                format!("upstream did not finish within {} ms", self.request_timeout.as_millis()),
-            ),
-        };
+        let Some(failure) = Halt::failure(outcome, self.request_timeout) else { return };
         tracing::debug!(run_id = %spec.run_id, provider = %self.id, code = failure.code, status = failure.status, "run failed");
         let _ = sink.emit(ExecEvent::Error(failure)).await;
     }

@@ -3,10 +3,7 @@
 //! back byte for byte, with the usage read on the way.
 
 use bytes::Bytes;
-use iop_core::{
-    exec::{codes, FailureSource, RunFailure},
-    tunnel::{self, TunnelItem, Whole},
-};
+use iop_core::tunnel::{self, TunnelItem, Whole};
 
 // A tunnel stops like a run: its sink gone (no terminal) or with a failure.
 use super::{
@@ -31,17 +28,8 @@ impl OpenAiCompatAdapter {
     ) -> impl std::future::Future<Output = ()> + 'a {
         async move {
             let limit = spec.deadline.map_or(self.request_timeout, |d| d.min(self.request_timeout));
-            let failure = match iop_core::rt::time::timeout(limit, self.relay(&mut spec, sink)).await {
-                Ok(Ok(())) | Ok(Err(Halt::Sink)) => return,
-                Ok(Err(Halt::Fail(f))) => f,
-                // The attempt (and its connection) was dropped.
-                Err(_) => RunFailure::new(
-                    codes::UPSTREAM_TIMEOUT,
-                    504,
-                    FailureSource::Provider,
-                    format!("upstream did not finish within {} ms", limit.as_millis()),
-                ),
-            };
+            let outcome = iop_core::rt::time::timeout(limit, self.relay(&mut spec, sink)).await;
+            let Some(failure) = Halt::failure(outcome, limit) else { return };
             tracing::debug!(tunnel = %spec.id, provider = %self.id, code = failure.code, status = failure.status, "tunnel failed");
             let _ = sink.send(TunnelItem::Error(failure)).await;
         }
@@ -223,7 +211,11 @@ fn coalesce(out: &mut Vec<Bytes>) {
 mod tests {
     use std::time::Duration;
 
-    use iop_core::{config::UpstreamUrl, exec::Usage, http::HeaderName};
+    use iop_core::{
+        config::UpstreamUrl,
+        exec::{codes, Usage},
+        http::HeaderName,
+    };
 
     use super::*;
     use crate::run::SinkClosed;
