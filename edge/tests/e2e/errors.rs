@@ -86,8 +86,7 @@ fn upstream_error_status_is_mapped() {
 
 #[test]
 fn unreachable_upstream_is_502() {
-    // Nothing listens on a port we bound and closed.
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let (_guard, port) = closed_port();
     let edge = Edge::start(&edge_config(&format!("http://127.0.0.1:{port}/v1"), ""));
     let _node = edge.node(NODE_TOKEN, &[]);
     edge.wait_nodes_ready(1);

@@ -162,6 +162,17 @@ impl MockProv {
     }
 }
 
+/// A local port nothing listens on, kept so while the guard lives: the
+/// local end of a connection, which no other socket can be given. (A port
+/// bound and closed can be handed to another test's listener meanwhile,
+/// which then answers in its place.)
+pub fn closed_port() -> (std::net::TcpStream, u16) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let guard = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+    let port = guard.local_addr().unwrap().port();
+    (guard, port)
+}
+
 /// Edge config: node `n1` with one provider `up` of `kind` at `base`
 /// (`provider_extra`: more of its keys) and model `m` on it, named
 /// `upstream_model` upstream.

@@ -447,8 +447,7 @@ fn while_a_response_queues_a_ping_is_answered_and_a_close_leaves_the_queue() {
 #[test]
 fn a_provider_that_cannot_be_reached_is_replaced_before_the_first_frame() {
     for (mode, native) in MODES {
-        // Nothing listens on a port we bound and closed.
-        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+        let (_guard, closed) = closed_port();
         let mut flags = vec!["--tokens", "3"];
         if !native {
             flags.extend(["--without", "responses"]);
