@@ -381,3 +381,58 @@ fn a_kind_holds_path_operation_and_background() {
         assert_eq!(kind_names(kind_code(path, op, background)), names, "{path:?} {op:?} {background}");
     }
 }
+
+/// What `RUN` answers for `r`.
+fn answer(r: &RunRow) -> Value {
+    let q = r.queued_at_ms as i64;
+    let (path, operation, background) =
+        super::row::kind_names(super::row::kind_code(r.path, r.operation, r.background));
+    let session = Some(r.names.session_id()).filter(|s| !s.is_empty());
+    json!({
+        "run_id": r.names.run_id(), "session_id": session, "adapter": r.names.adapter(), "target": r.names.target(),
+        "path": path, "operation": operation, "background": background, "status": r.status.as_str(), "code": r.code,
+        "queued_at_ms": q, "started_at_ms": r.started_ms.map(|o| q + o as i64),
+        "first_byte_at_ms": r.first_byte_ms.map(|o| q + o as i64), "ended_at_ms": q + r.ended_ms as i64,
+        "usage": r.usage.as_ref().map(|u| json!({
+            "input": u.input_tokens, "output": u.output_tokens, "reasoning": u.reasoning_tokens, "cached": u.cached_input_tokens,
+        })),
+        "error_class": r.error_class,
+    })
+}
+
+#[test]
+fn every_row_reads_back_as_recorded_whatever_the_row_before_it_in_its_place_bound() {
+    // The writer binds a value only where it differs from what the last
+    // execution left in that place: rows whose fields change with
+    // different periods (NULL to a value and back, text to NULL), over
+    // several packed statements and the one-row statement after them.
+    let d = dir("places");
+    let store = Store::open_with(&settings(&d), tuning()).unwrap();
+    let rows: Vec<Box<RunRow>> = (0..16 * 3 + 5)
+        .map(|n| {
+            let mut r = row(n, 0);
+            if n % 7 < 3 {
+                (r.status, r.code, r.error_class) =
+                    (Status::Error, Some(502), Some(iop_core::exec::codes::UPSTREAM_CONNECT));
+            }
+            if n % 5 == 1 {
+                (r.status, r.code, r.usage, r.started_ms, r.first_byte_ms) =
+                    (Status::Cancelled, None, None, None, None);
+            }
+            if n % 11 == 0 {
+                if let Some(u) = r.usage.as_mut() {
+                    u.reasoning_tokens = Some(n * 3);
+                }
+            }
+            r
+        })
+        .collect();
+    for r in &rows {
+        store.record(r.clone());
+    }
+    for r in &rows {
+        assert_eq!(query(&store, Query::Run { run_id: r.names.run_id().to_owned() }).unwrap(), answer(r));
+    }
+    store.close();
+    let _ = std::fs::remove_dir_all(&d);
+}

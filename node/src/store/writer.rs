@@ -160,19 +160,25 @@ impl Writer {
             // Rows bound in place, [`PACK`] to a statement: a statement's
             // own work (its cursor, its start and end) is then paid once
             // for all of them; the rest one at a time.
+            // A value the same as the one bound in its place by the last
+            // execution is not bound again: SQLite keeps a statement's
+            // bindings across executions, and a statement starts a batch
+            // with all of them NULL (new, or cleared by the cache).
             let mut packs = batch.chunks_exact(PACK);
             let mut stmt = tx.prepare_cached(&self.insert_packed)?;
+            let mut bound = Bound::new(PACK);
             for pack in &mut packs {
                 for (i, r) in pack.iter().enumerate() {
                     let route = self.routes.id(&tx, r.names.adapter(), r.names.target())?;
-                    bind_row(&mut stmt, i * COLUMNS, r, route)?;
+                    bound.row(&mut stmt, i * COLUMNS, r, route)?;
                 }
                 stmt.raw_execute()?;
             }
             let mut stmt = tx.prepare_cached(INSERT)?;
+            let mut bound = Bound::new(1);
             for r in packs.remainder() {
                 let route = self.routes.id(&tx, r.names.adapter(), r.names.target())?;
-                bind_row(&mut stmt, 0, r, route)?;
+                bound.row(&mut stmt, 0, r, route)?;
                 stmt.raw_execute()?;
             }
         }
@@ -334,24 +340,75 @@ fn packed_insert(rows: usize) -> String {
     sql
 }
 
-/// Binds row `r` to the parameters after `at` (the row's first is `at + 1`).
-fn bind_row(stmt: &mut rusqlite::CachedStatement<'_>, at: usize, r: &RunRow, route: i64) -> rusqlite::Result<()> {
-    let usage = r.usage.as_ref();
-    stmt.raw_bind_parameter(at + 1, r.names.run_id())?;
-    stmt.raw_bind_parameter(at + 2, Some(r.names.session_id()).filter(|s| !s.is_empty()))?;
-    stmt.raw_bind_parameter(at + 3, route)?;
-    stmt.raw_bind_parameter(at + 4, row::kind_code(r.path, r.operation, r.background))?;
-    stmt.raw_bind_parameter(at + 5, r.status.code())?;
-    stmt.raw_bind_parameter(at + 6, r.code)?;
-    stmt.raw_bind_parameter(at + 7, r.error_class)?;
-    stmt.raw_bind_parameter(at + 8, sat(r.queued_at_ms.saturating_add(r.ended_ms)))?;
-    stmt.raw_bind_parameter(at + 9, sat(r.ended_ms))?;
-    stmt.raw_bind_parameter(at + 10, r.started_ms.map(sat))?;
-    stmt.raw_bind_parameter(at + 11, r.first_byte_ms.map(sat))?;
-    stmt.raw_bind_parameter(at + 12, usage.map(|u| sat(u.input_tokens)))?;
-    stmt.raw_bind_parameter(at + 13, usage.map(|u| sat(u.output_tokens)))?;
-    stmt.raw_bind_parameter(at + 14, usage.and_then(|u| u.reasoning_tokens).map(sat))?;
-    stmt.raw_bind_parameter(at + 15, usage.and_then(|u| u.cached_input_tokens).map(sat))
+/// What each parameter of a statement holds now: an integer, [`NULL`] or
+/// [`OTHER`] (text). Of a row's 15 values, most are as the last row had
+/// them in the same place (the route, kind, status and code, the NULLs):
+/// not bound again, each saves rusqlite's and SQLite's work on it.
+struct Bound(Vec<i64>);
+
+/// A parameter bound to NULL. No value bound is negative.
+const NULL: i64 = i64::MIN;
+/// A parameter bound to text: bound again each time.
+const OTHER: i64 = i64::MIN + 1;
+
+impl Bound {
+    /// A statement of `rows` rows, as prepared or as the cache clears it.
+    fn new(rows: usize) -> Self {
+        Self(vec![NULL; rows * COLUMNS])
+    }
+
+    /// Binds row `r` to the parameters after `at` (the row's first is `at + 1`).
+    fn row(
+        &mut self,
+        stmt: &mut rusqlite::CachedStatement<'_>,
+        at: usize,
+        r: &RunRow,
+        route: i64,
+    ) -> rusqlite::Result<()> {
+        let usage = r.usage.as_ref();
+        self.text(stmt, at + 1, Some(r.names.run_id()))?;
+        self.text(stmt, at + 2, Some(r.names.session_id()).filter(|s| !s.is_empty()))?;
+        self.int(stmt, at + 3, Some(route))?;
+        self.int(stmt, at + 4, Some(row::kind_code(r.path, r.operation, r.background)))?;
+        self.int(stmt, at + 5, Some(r.status.code()))?;
+        self.int(stmt, at + 6, r.code.map(i64::from))?;
+        self.text(stmt, at + 7, r.error_class)?;
+        self.int(stmt, at + 8, Some(sat(r.queued_at_ms.saturating_add(r.ended_ms))))?;
+        self.int(stmt, at + 9, Some(sat(r.ended_ms)))?;
+        self.int(stmt, at + 10, r.started_ms.map(sat))?;
+        self.int(stmt, at + 11, r.first_byte_ms.map(sat))?;
+        self.int(stmt, at + 12, usage.map(|u| sat(u.input_tokens)))?;
+        self.int(stmt, at + 13, usage.map(|u| sat(u.output_tokens)))?;
+        self.int(stmt, at + 14, usage.and_then(|u| u.reasoning_tokens).map(sat))?;
+        self.int(stmt, at + 15, usage.and_then(|u| u.cached_input_tokens).map(sat))
+    }
+
+    /// Binds `v` (none: NULL) to parameter `i` (one-based) unless it holds it already.
+    #[inline]
+    fn int(&mut self, stmt: &mut rusqlite::CachedStatement<'_>, i: usize, v: Option<i64>) -> rusqlite::Result<()> {
+        let v = v.unwrap_or(NULL);
+        if let Some(slot) = self.0.get_mut(i.wrapping_sub(1)) {
+            if *slot == v {
+                return Ok(());
+            }
+            *slot = v;
+        }
+        if v == NULL {
+            stmt.raw_bind_parameter(i, rusqlite::types::Null)
+        } else {
+            stmt.raw_bind_parameter(i, v)
+        }
+    }
+
+    /// Binds `v` (none: NULL) to parameter `i`.
+    #[inline]
+    fn text(&mut self, stmt: &mut rusqlite::CachedStatement<'_>, i: usize, v: Option<&str>) -> rusqlite::Result<()> {
+        let Some(s) = v else { return self.int(stmt, i, None) };
+        if let Some(slot) = self.0.get_mut(i.wrapping_sub(1)) {
+            *slot = OTHER;
+        }
+        stmt.raw_bind_parameter(i, s)
+    }
 }
 
 /// SQLite integers are signed.
