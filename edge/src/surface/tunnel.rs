@@ -149,27 +149,26 @@ fn answer<'a, 'r>(
                 chance.commit();
                 body(w, stream, d, keep, write_timeout, status, headers).await
             }
-            first => Box::pin(other_answer(w, stream, d, keep, write_timeout, chance, first)).await,
+            // Not streamed (S1's usual case): inline, no allocation of its own.
+            Some(TunnelItem::Whole(whole)) => {
+                chance.commit();
+                answer_whole(w, stream.run_id(), d, *whole, keep, write_timeout).await
+            }
+            first => Box::pin(other_answer(w, d, keep, chance, first)).await,
         }
     }
 }
 
-/// An answer that did not begin with a status and headers: a whole answer,
-/// or a failure before any byte.
+/// An answer that began with neither a head nor a whole answer: a failure
+/// before any byte (boxed: rare, and its replies' futures are large).
 async fn other_answer(
     w: &mut Responder<'_>,
-    stream: &mut TunnelStream,
     d: Dialect,
     keep: bool,
-    write_timeout: Duration,
     chance: &mut ReplayChance,
     first: Option<TunnelItem>,
 ) -> bool {
     match first {
-        Some(TunnelItem::Whole(whole)) => {
-            chance.commit();
-            answer_whole(w, stream.run_id(), d, *whole, keep, write_timeout).await
-        }
         // Before any byte: maybe held back for a replay elsewhere.
         Some(TunnelItem::Error(f)) => match chance.hold(f) {
             Some(f) => reply::failure(w, d, &f, keep).await,
@@ -216,16 +215,18 @@ fn body<'a, 'r>(
     }
 }
 
-/// A whole answer (it arrived at once): head and body in one write, framed
-/// by the body's length.
-async fn answer_whole(
-    w: &mut Responder<'_>,
+/// A whole answer (it arrived at once): head and body queued now, then
+/// one write, framed by the body's length. A function returning its block
+/// (as `body`): the block holds the queue and the write, not the answer.
+#[allow(clippy::manual_async_fn)]
+fn answer_whole<'a, 'r>(
+    w: &'a mut Responder<'r>,
     request_id: &str,
     d: Dialect,
     whole: tunnel::Whole,
     keep: bool,
     write_timeout: Duration,
-) -> bool {
+) -> impl Future<Output = bool> + use<'a, 'r> {
     let mut out = Gather::new();
     let sse = is_sse(&whole.headers);
     put_head(&mut out, whole.status, &whole.headers, request_id, d, Framing::Length(whole.body_len()), keep);
@@ -233,14 +234,16 @@ async fn answer_whole(
     if !w.head_only {
         whole.body.into_iter().for_each(|p| out.push(p));
     }
-    let mut clock = WriteClock::new(&mut w.ex.first_byte, sse.then_some(crate::metrics::Path::Tunnel));
-    // A timed-out write closes the connection, so dropping it loses nothing.
-    match iop_core::rt::time::timeout(write_timeout, out.write_to(w.wr)).await {
-        Ok(Ok(_)) => {
-            clock.wrote();
-            keep
+    async move {
+        let mut clock = WriteClock::new(&mut w.ex.first_byte, sse.then_some(crate::metrics::Path::Tunnel));
+        // A timed-out write closes the connection, so dropping it loses nothing.
+        match iop_core::rt::time::timeout(write_timeout, out.write_to(w.wr)).await {
+            Ok(Ok(_)) => {
+                clock.wrote();
+                keep
+            }
+            _ => false,
         }
-        _ => false,
     }
 }
 
