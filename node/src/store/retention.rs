@@ -29,8 +29,7 @@ pub(crate) struct Policy {
 /// Deletes at most [`STEP_ROWS`] rows the policy no longer keeps; returns
 /// how many went (0: nothing left to delete).
 pub(crate) fn delete_step(conn: &Connection, policy: Policy) -> rusqlite::Result<usize> {
-    let (min, max): (Option<i64>, Option<i64>) =
-        conn.query_row("SELECT min(id), max(id) FROM runs", [], |r| Ok((r.get(0)?, r.get(1)?)))?;
+    let (min, max): (Option<i64>, Option<i64>) = conn.query_row(ENDS, [], |r| Ok((r.get(0)?, r.get(1)?)))?;
     let (Some(min), Some(max)) = (min, max) else { return Ok(0) };
     let window_end = min.saturating_add(STEP_ROWS);
     // Keep the newest `max_rows`.
@@ -38,19 +37,25 @@ pub(crate) fn delete_step(conn: &Connection, policy: Policy) -> rusqlite::Result
     // The first row of this step's window that is recent enough; the scan
     // stops there, so it reads at most one step of old rows.
     let by_age: i64 = conn
-        .query_row(
-            "SELECT id FROM runs WHERE id < ?1 AND ended_at_ms >= ?2 ORDER BY id LIMIT 1",
-            params![window_end, policy.cutoff_ms],
-            |r| r.get(0),
-        )
+        .query_row(FIRST_RECENT, params![window_end, policy.cutoff_ms], |r| r.get(0))
         .optional()?
         .unwrap_or(window_end);
     let keep_from = by_count.max(by_age).min(window_end);
     if keep_from <= min {
         return Ok(0);
     }
-    conn.execute("DELETE FROM runs WHERE id < ?1", params![keep_from])
+    conn.execute(DELETE_BEFORE, params![keep_from])
 }
+
+/// The first and last ids: two subqueries, each one seek at an end of the
+/// table. `min(id), max(id)` in one SELECT escapes SQLite's min/max
+/// optimization and reads every row: at a million rows each step took
+/// a second, the writer fell behind and rows were dropped.
+pub(crate) const ENDS: &str = "SELECT (SELECT min(id) FROM runs), (SELECT max(id) FROM runs)";
+/// The first id of a step's window recent enough to keep.
+pub(crate) const FIRST_RECENT: &str = "SELECT id FROM runs WHERE id < ?1 AND ended_at_ms >= ?2 ORDER BY id LIMIT 1";
+/// A step's delete.
+pub(crate) const DELETE_BEFORE: &str = "DELETE FROM runs WHERE id < ?1";
 
 /// Forgets routes no row uses, once there are many.
 pub(crate) fn sweep_routes(conn: &Connection) -> rusqlite::Result<bool> {

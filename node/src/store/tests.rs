@@ -350,7 +350,7 @@ fn a_uri_path_and_a_session_id_too_long_are_handled() {
 }
 
 #[test]
-fn the_status_filter_reads_the_partial_index_and_a_run_scans_newest_first() {
+fn the_status_filter_reads_the_partial_index_a_run_scans_newest_first_and_retention_seeks() {
     let c = Connection::open_in_memory().unwrap();
     schema::migrate(&c, schema::MIGRATIONS).unwrap();
     let plan = |sql: &str| -> String {
@@ -365,6 +365,12 @@ fn the_status_filter_reads_the_partial_index_and_a_run_scans_newest_first() {
     assert!(!p.contains("TEMP B-TREE"), "newest first without a sort: {p}");
     let p = plan(&super::query::run_sql());
     assert!(!p.contains("TEMP B-TREE"), "newest first without a sort: {p}");
+    // Retention's statements seek; none reads the whole table.
+    use super::retention::{DELETE_BEFORE, ENDS, FIRST_RECENT};
+    for sql in [ENDS, FIRST_RECENT, DELETE_BEFORE] {
+        let p = plan(sql);
+        assert!(!p.contains("SCAN runs"), "{sql}: {p}");
+    }
 }
 
 #[test]
