@@ -47,7 +47,9 @@ pub struct RunManager {
     /// Managed mode: what credential leases are checked against.
     leases: RefCell<Option<super::lease::NodeLeases>>,
     /// Where each stream's row goes when it ends (none: `store = false`).
-    store: std::cell::OnceCell<crate::store::Store>,
+    /// This core's handle: a record takes it without touching a count
+    /// the other cores share (an atomic increment and decrement a run).
+    store: std::cell::OnceCell<std::rc::Rc<crate::store::Store>>,
     /// Which of the node's edges this link goes to (its streams are counted
     /// as that edge's in the gates), and the process's share table when
     /// the node serves several.
@@ -160,12 +162,12 @@ impl RunManager {
 
     /// Records every stream from now on in `store`.
     pub fn set_store(&self, store: crate::store::Store) {
-        let _ = self.store.set(store);
+        let _ = self.store.set(std::rc::Rc::new(store));
     }
 
     /// The run store, when on.
     pub fn store(&self) -> Option<&crate::store::Store> {
-        self.store.get()
+        self.store.get().map(|s| &**s)
     }
 
     /// A stream's record, when the store is on.

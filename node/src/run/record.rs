@@ -6,6 +6,8 @@ use iop_core::{
     exec::{ExecEvent, RunFailure, Usage},
     tunnel::TunnelItem,
 };
+use std::rc::Rc;
+
 use monoio::time::Instant;
 
 use crate::store::{Names, Path, RunRow, Status, Store};
@@ -16,7 +18,7 @@ use crate::store::{Names, Path, RunRow, Status, Store};
 /// thread as it is. (A row boxed from the start, with a string per name,
 /// was about 0.3 KiB of every open stream's memory.)
 pub struct Record {
-    store: Store,
+    store: Rc<Store>,
     /// Moved into the row when it is built.
     names: Option<Names>,
     path: Path,
@@ -54,7 +56,7 @@ pub(crate) struct Origin<'a> {
 
 impl Record {
     /// A stream that arrived now.
-    pub(crate) fn new(store: Store, o: Origin<'_>) -> Self {
+    pub(crate) fn new(store: Rc<Store>, o: Origin<'_>) -> Self {
         Self {
             store,
             names: Some(Names::new(o.run_id, o.session_id, o.adapter, o.target)),

@@ -153,19 +153,19 @@ fn a_tunnel_row_keeps_its_provider_status_usage_and_first_byte() {
         let usage =
             Usage { input_tokens: 7, output_tokens: 5, reasoning_tokens: Some(2), cached_input_tokens: Some(4) };
         let mut e = Emitter::<TunnelItem>::new(writer(), "ok".into())
-            .with_record(Some(Record::new(store.clone(), origin("ok"))));
+            .with_record(Some(Record::new(std::rc::Rc::new(store.clone()), origin("ok"))));
         e.send(TunnelItem::Start { status: 200, headers: vec![] }).await.unwrap();
         e.send(TunnelItem::Body(Bytes::from_static(b"data: {}\n\n"))).await.unwrap();
         e.send(TunnelItem::End { usage: Some(usage) }).await.unwrap();
         // Failed after the provider's head: its status stays.
         let mut e2 = Emitter::<TunnelItem>::new(writer(), "broke".into())
-            .with_record(Some(Record::new(store.clone(), origin("broke"))));
+            .with_record(Some(Record::new(std::rc::Rc::new(store.clone()), origin("broke"))));
         e2.send(TunnelItem::Start { status: 200, headers: vec![] }).await.unwrap();
         let f = RunFailure::new(codes::UPSTREAM_PROTOCOL, 502, FailureSource::Provider, "cut");
         e2.send(TunnelItem::Error(f)).await.unwrap();
         // Gone without a terminal: cancelled.
         let e3 = Emitter::<TunnelItem>::new(writer(), "gone".into())
-            .with_record(Some(Record::new(store.clone(), origin("gone"))));
+            .with_record(Some(Record::new(std::rc::Rc::new(store.clone()), origin("gone"))));
         drop(e3);
         committed(&store, 3).await;
 
