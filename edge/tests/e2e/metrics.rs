@@ -188,7 +188,14 @@ fn metrics_and_access_log_name_only_closed_sets_and_never_a_secret() {
     assert!(text.contains(r#"iop_edge_provider_health_transitions_total{outcome="lowered"} 1"#), "{text}");
     assert!(text.contains(r#"iop_edge_provider_health_transitions_total{outcome="recovered"} 1"#), "{text}");
 
-    // The access log: one line per answered request, with its id and numbers only.
+    // The access log: one line per answered request, with its id and numbers
+    // only. Written off the reactors: its lines may land a moment late.
+    let chat_lines = |log: &str| {
+        log.lines().filter(|l| l.contains("iop::access") && l.contains("path=\"/v1/chat/completions\"")).count()
+    };
+    eventually(std::time::Duration::from_secs(10), "seven chat lines in the access log", || {
+        chat_lines(&edge.proc.log_text()) >= 7
+    });
     let log = edge.proc.log_text();
     let chats: Vec<&str> =
         log.lines().filter(|l| l.contains("iop::access") && l.contains("path=\"/v1/chat/completions\"")).collect();
