@@ -6,6 +6,23 @@ use rusqlite::{Connection, OpenFlags};
 
 use super::StoreError;
 
+/// `runs_view`: a row with its names, as the commands answer it
+/// (migrations 3 and 4 create it, the same each time).
+macro_rules! runs_view {
+    () => {
+        "CREATE VIEW runs_view AS SELECT r.id, r.run_id, r.session_id, ro.adapter, ro.target,
+            CASE WHEN r.kind & 15 = 15 THEN 'tunnel' ELSE 'normalized' END AS path,
+            CASE r.kind & 15 WHEN 0 THEN 'chat' WHEN 1 THEN 'embeddings' WHEN 2 THEN 'tokenize' END AS operation,
+            (r.kind >> 4) & 1 AS background,
+            CASE r.status WHEN 0 THEN 'complete' WHEN 1 THEN 'error' ELSE 'cancelled' END AS status,
+            r.code, r.error_class, r.ended_at_ms - r.total_ms AS queued_at_ms,
+            r.ended_at_ms - r.total_ms + r.start_ms AS started_at_ms,
+            r.ended_at_ms - r.total_ms + r.first_byte_ms AS first_byte_at_ms, r.ended_at_ms,
+            r.input_tokens, r.output_tokens, r.reasoning_tokens, r.cached_tokens
+        FROM runs r JOIN routes ro ON ro.id = r.route;"
+    };
+}
+
 /// Migration `i` brings the schema from version `i` to `i + 1`.
 pub(crate) const MIGRATIONS: &[&str] = &[
     // 1: names (provider ids and targets, each stored once) and one row per
@@ -49,7 +66,8 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     // target become one `routes` id (a pair stored once), and path,
     // operation and the background flag one `kind` (`row::kind_code`).
     // `runs_view` shows a row with its names, as the commands answer it.
-    "CREATE TABLE routes (
+    concat!(
+        "CREATE TABLE routes (
         id INTEGER PRIMARY KEY,
         adapter TEXT NOT NULL,
         target TEXT NOT NULL,
@@ -86,22 +104,16 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     DROP TABLE names;
     ALTER TABLE runs_v3 RENAME TO runs;
     CREATE INDEX runs_not_complete ON runs(status) WHERE status != 0;
-    CREATE VIEW runs_view AS SELECT r.id, r.run_id, r.session_id, ro.adapter, ro.target,
-            CASE WHEN r.kind & 15 = 15 THEN 'tunnel' ELSE 'normalized' END AS path,
-            CASE r.kind & 15 WHEN 0 THEN 'chat' WHEN 1 THEN 'embeddings' WHEN 2 THEN 'tokenize' END AS operation,
-            (r.kind >> 4) & 1 AS background,
-            CASE r.status WHEN 0 THEN 'complete' WHEN 1 THEN 'error' ELSE 'cancelled' END AS status,
-            r.code, r.error_class, r.ended_at_ms - r.total_ms AS queued_at_ms,
-            r.ended_at_ms - r.total_ms + r.start_ms AS started_at_ms,
-            r.ended_at_ms - r.total_ms + r.first_byte_ms AS first_byte_at_ms, r.ended_at_ms,
-            r.input_tokens, r.output_tokens, r.reasoning_tokens, r.cached_tokens
-        FROM runs r JOIN routes ro ON ro.id = r.route;",
+    ",
+        runs_view!()
+    ),
     // 4: the same columns, declared without a type and without NOT NULL:
     // an insert then applies no affinity and checks no constraint value
     // by value (measured: ~460 of ~3,100 instructions of SQLite's a row
     // at 15 columns). The writer is the only one that writes, and binds
     // each column as its comment says; `runs_view` is unchanged.
-    "CREATE TABLE runs_v4 (
+    concat!(
+        "CREATE TABLE runs_v4 (
         id INTEGER PRIMARY KEY,
         run_id,            -- text, always
         session_id,        -- text, or NULL: none
@@ -125,16 +137,9 @@ pub(crate) const MIGRATIONS: &[&str] = &[
     DROP TABLE runs;
     ALTER TABLE runs_v4 RENAME TO runs;
     CREATE INDEX runs_not_complete ON runs(status) WHERE status != 0;
-    CREATE VIEW runs_view AS SELECT r.id, r.run_id, r.session_id, ro.adapter, ro.target,
-            CASE WHEN r.kind & 15 = 15 THEN 'tunnel' ELSE 'normalized' END AS path,
-            CASE r.kind & 15 WHEN 0 THEN 'chat' WHEN 1 THEN 'embeddings' WHEN 2 THEN 'tokenize' END AS operation,
-            (r.kind >> 4) & 1 AS background,
-            CASE r.status WHEN 0 THEN 'complete' WHEN 1 THEN 'error' ELSE 'cancelled' END AS status,
-            r.code, r.error_class, r.ended_at_ms - r.total_ms AS queued_at_ms,
-            r.ended_at_ms - r.total_ms + r.start_ms AS started_at_ms,
-            r.ended_at_ms - r.total_ms + r.first_byte_ms AS first_byte_at_ms, r.ended_at_ms,
-            r.input_tokens, r.output_tokens, r.reasoning_tokens, r.cached_tokens
-        FROM runs r JOIN routes ro ON ro.id = r.route;",
+    ",
+        runs_view!()
+    ),
 ];
 
 /// Opens `path` (a file path or a `file:` URI) and applies its settings.
